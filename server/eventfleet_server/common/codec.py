@@ -1,0 +1,222 @@
+"""Conversion between SBS values (hat-sbs data) and the model.
+
+hat-sbs represents a Record as a dict, a Choice as ``(name, value)`` and an
+Optional as ``('value', x)`` / ``('none', None)``. Decoders raise `ValueError` with
+the offending field named so a connection can answer with a clear error.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+
+from hat import sbs
+
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Order,
+    OrderBy,
+    QueryLatestParams,
+    QueryParams,
+    QueryResult,
+    QueryServerParams,
+    QueryTimeseriesParams,
+    RegisterEvent,
+    Status,
+    Timestamp,
+)
+
+NONE = ("none", None)
+
+
+def _load_repo() -> sbs.Repository:
+    folder = importlib.resources.files(__package__) / "sbs"
+    texts = [
+        (folder / name).read_text()
+        for name in ("HatChatter.sbs", "HatEventer.sbs", "HatSyncer.sbs")
+    ]
+    return sbs.Repository(*texts)
+
+
+repo: sbs.Repository = _load_repo()
+"""The SBS repository with the HatChatter, HatEventer and HatSyncer modules."""
+
+
+def opt(value):
+    return NONE if value is None else ("value", value)
+
+
+def _unopt(data):
+    return data[1] if data[0] == "value" else None
+
+
+def timestamp_to_sbs(t: Timestamp) -> dict:
+    return {"s": t.s, "us": t.us}
+
+
+def timestamp_from_sbs(data: dict) -> Timestamp:
+    return Timestamp(data["s"], data["us"])
+
+
+def event_id_to_sbs(i: EventId) -> dict:
+    return {"server": i.server, "session": i.session, "instance": i.instance}
+
+
+def event_id_from_sbs(data: dict) -> EventId:
+    return EventId(data["server"], data["session"], data["instance"])
+
+
+def status_to_sbs(status: Status) -> tuple:
+    return (status.value, None)
+
+
+def status_from_sbs(data: tuple) -> Status:
+    return Status(data[0])
+
+
+def payload_to_sbs(payload) -> tuple:
+    if payload is None:
+        return NONE
+    if isinstance(payload, EventPayloadJson):
+        return ("value", ("json", payload.data))
+    return ("value", ("binary", {"type": payload.type, "data": payload.data}))
+
+
+def payload_from_sbs(data: tuple):
+    if data[0] != "value":
+        return None
+    kind, value = data[1]
+    if kind == "json":
+        return EventPayloadJson(value)
+    return EventPayloadBinary(value["type"], bytes(value["data"]))
+
+
+def event_to_sbs(e: Event) -> dict:
+    st = e.source_timestamp
+    return {
+        "id": {"server": e.id.server, "session": e.id.session, "instance": e.id.instance},
+        "type": list(e.type),
+        "timestamp": {"s": e.timestamp.s, "us": e.timestamp.us},
+        "sourceTimestamp": NONE if st is None else ("value", {"s": st.s, "us": st.us}),
+        "payload": payload_to_sbs(e.payload),
+    }
+
+
+def event_from_sbs(data: dict) -> Event:
+    st = data["sourceTimestamp"]
+    return Event(
+        id=event_id_from_sbs(data["id"]),
+        type=tuple(data["type"]),
+        timestamp=timestamp_from_sbs(data["timestamp"]),
+        source_timestamp=None if st[0] != "value" else timestamp_from_sbs(st[1]),
+        payload=payload_from_sbs(data["payload"]),
+    )
+
+
+def register_event_to_sbs(e: RegisterEvent) -> dict:
+    st = e.source_timestamp
+    return {
+        "type": list(e.type),
+        "sourceTimestamp": NONE if st is None else ("value", timestamp_to_sbs(st)),
+        "payload": payload_to_sbs(e.payload),
+    }
+
+
+def register_event_from_sbs(data: dict) -> RegisterEvent:
+    st = data["sourceTimestamp"]
+    return RegisterEvent(
+        type=tuple(data["type"]),
+        source_timestamp=None if st[0] != "value" else timestamp_from_sbs(st[1]),
+        payload=payload_from_sbs(data["payload"]),
+    )
+
+
+def _types_to_sbs(types):
+    return NONE if types is None else ("value", [list(t) for t in types])
+
+
+def _types_from_sbs(data):
+    return None if data[0] != "value" else [tuple(t) for t in data[1]]
+
+
+def _ts_opt_to_sbs(t):
+    return NONE if t is None else ("value", timestamp_to_sbs(t))
+
+
+def _ts_opt_from_sbs(data):
+    return None if data[0] != "value" else timestamp_from_sbs(data[1])
+
+
+def _id_opt_to_sbs(i):
+    return NONE if i is None else ("value", event_id_to_sbs(i))
+
+
+def _id_opt_from_sbs(data):
+    return None if data[0] != "value" else event_id_from_sbs(data[1])
+
+
+def query_params_to_sbs(params: QueryParams) -> tuple:
+    if isinstance(params, QueryLatestParams):
+        return ("latest", {"eventTypes": _types_to_sbs(params.event_types)})
+    if isinstance(params, QueryTimeseriesParams):
+        return (
+            "timeseries",
+            {
+                "eventTypes": _types_to_sbs(params.event_types),
+                "tFrom": _ts_opt_to_sbs(params.t_from),
+                "tTo": _ts_opt_to_sbs(params.t_to),
+                "sourceTFrom": _ts_opt_to_sbs(params.source_t_from),
+                "sourceTTo": _ts_opt_to_sbs(params.source_t_to),
+                "order": (params.order.value, None),
+                "orderBy": (params.order_by.value, None),
+                "maxResults": opt(params.max_results),
+                "lastEventId": _id_opt_to_sbs(params.last_event_id),
+            },
+        )
+    if isinstance(params, QueryServerParams):
+        return (
+            "server",
+            {
+                "serverId": params.server_id,
+                "persisted": params.persisted,
+                "maxResults": opt(params.max_results),
+                "lastEventId": _id_opt_to_sbs(params.last_event_id),
+            },
+        )
+    raise TypeError(f"unsupported query params {params!r}")
+
+
+def query_params_from_sbs(data: tuple) -> QueryParams:
+    kind, value = data
+    if kind == "latest":
+        return QueryLatestParams(event_types=_types_from_sbs(value["eventTypes"]))
+    if kind == "timeseries":
+        return QueryTimeseriesParams(
+            event_types=_types_from_sbs(value["eventTypes"]),
+            t_from=_ts_opt_from_sbs(value["tFrom"]),
+            t_to=_ts_opt_from_sbs(value["tTo"]),
+            source_t_from=_ts_opt_from_sbs(value["sourceTFrom"]),
+            source_t_to=_ts_opt_from_sbs(value["sourceTTo"]),
+            order=Order(value["order"][0]),
+            order_by=OrderBy(value["orderBy"][0]),
+            max_results=_unopt(value["maxResults"]),
+            last_event_id=_id_opt_from_sbs(value["lastEventId"]),
+        )
+    if kind == "server":
+        return QueryServerParams(
+            server_id=value["serverId"],
+            persisted=value["persisted"],
+            max_results=_unopt(value["maxResults"]),
+            last_event_id=_id_opt_from_sbs(value["lastEventId"]),
+        )
+    raise ValueError(f"unsupported query type {kind!r}")
+
+
+def query_result_to_sbs(result: QueryResult) -> dict:
+    return {"events": [event_to_sbs(e) for e in result.events], "moreFollows": result.more_follows}
+
+
+def query_result_from_sbs(data: dict) -> QueryResult:
+    return QueryResult([event_from_sbs(e) for e in data["events"]], data["moreFollows"])

@@ -1,0 +1,135 @@
+"""The event model (HatEventer 0.9 records as Python values).
+
+Timestamps travel as ``{s, us}`` and are stored as one integer of microseconds;
+`timestamp_to_us` rejects values that would not round-trip (``us`` outside
+0..999999 or beyond the signed 64-bit range), so ordering by the stored integer is
+the same as ordering by ``(s, us)``.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from typing import NamedTuple
+
+EventType = tuple[str, ...]
+
+_US = 1_000_000
+_MAX_US = (1 << 63) - 1
+
+
+class Timestamp(NamedTuple):
+    s: int
+    us: int
+
+
+class EventId(NamedTuple):
+    server: int
+    session: int
+    instance: int
+
+
+class EventPayloadBinary(NamedTuple):
+    type: str
+    data: bytes
+
+
+class EventPayloadJson(NamedTuple):
+    """A JSON payload, kept as the text the client sent (it is not re-parsed)."""
+
+    data: str
+
+
+Payload = EventPayloadBinary | EventPayloadJson | None
+
+
+class Event(NamedTuple):
+    id: EventId
+    type: EventType
+    timestamp: Timestamp
+    source_timestamp: Timestamp | None
+    payload: Payload
+
+
+class RegisterEvent(NamedTuple):
+    type: EventType
+    source_timestamp: Timestamp | None
+    payload: Payload
+
+
+class Status(enum.Enum):
+    STANDBY = "standby"
+    STARTING = "starting"
+    OPERATIONAL = "operational"
+    STOPPING = "stopping"
+
+
+class Order(enum.Enum):
+    DESCENDING = "descending"
+    ASCENDING = "ascending"
+
+
+class OrderBy(enum.Enum):
+    TIMESTAMP = "timestamp"
+    SOURCE_TIMESTAMP = "sourceTimestamp"
+
+
+class QueryLatestParams(NamedTuple):
+    event_types: list[EventType] | None = None
+
+
+class QueryTimeseriesParams(NamedTuple):
+    event_types: list[EventType] | None = None
+    t_from: Timestamp | None = None
+    t_to: Timestamp | None = None
+    source_t_from: Timestamp | None = None
+    source_t_to: Timestamp | None = None
+    order: Order = Order.DESCENDING
+    order_by: OrderBy = OrderBy.TIMESTAMP
+    max_results: int | None = None
+    last_event_id: EventId | None = None
+
+
+class QueryServerParams(NamedTuple):
+    server_id: int
+    persisted: bool = False
+    max_results: int | None = None
+    last_event_id: EventId | None = None
+
+
+QueryParams = QueryLatestParams | QueryTimeseriesParams | QueryServerParams
+
+
+class QueryResult(NamedTuple):
+    events: list[Event]
+    more_follows: bool
+
+
+def timestamp_to_us(t: Timestamp) -> int:
+    """Microseconds since the epoch; `ValueError` naming the value if it cannot be stored."""
+    if not 0 <= t.us < _US:
+        raise ValueError(f"timestamp {t.s}.{t.us}: us must be in 0..999999")
+    value = t.s * _US + t.us
+    if not -_MAX_US <= value <= _MAX_US:
+        raise ValueError(f"timestamp {t.s}.{t.us}: outside the storable range")
+    return value
+
+
+def timestamp_from_us(value: int) -> Timestamp:
+    s, us = divmod(value, _US)
+    return Timestamp(s, us)
+
+
+def now() -> Timestamp:
+    return timestamp_from_us(time.time_ns() // 1000)
+
+
+def natural_key(event: Event) -> tuple[int, int, int, int]:
+    """Total order used as the secondary order of every query.
+
+    hat-event orders events of one server by id and events of different servers by
+    timestamp. The engine keeps timestamps non-decreasing per server id, so
+    ``(timestamp, server, session, instance)`` agrees with both rules and is total.
+    """
+    t = event.timestamp
+    return (t.s * _US + t.us, event.id.server, event.id.session, event.id.instance)
