@@ -1,0 +1,5 @@
+import sys
+
+from eventfleet_cli import main
+
+sys.exit(main())

@@ -1,0 +1,214 @@
+"""One chatter connection: framing, conversations and pings."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
+from eventfleet_server.common.codec import repo
+
+log = logging.getLogger(__name__)
+
+_PING = "HatChatter.Ping"
+_PONG = "HatChatter.Pong"
+DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
+
+
+class FrameError(Exception):
+    """The peer sent something that is not a valid chatter frame (message names why)."""
+
+
+class Conversation(NamedTuple):
+    owner: bool
+    first_id: int
+
+
+class Msg(NamedTuple):
+    type: str
+    data: bytes
+    conv: Conversation
+    first: bool
+    last: bool
+    token: bool
+
+
+class Connection:
+    """A chatter connection; `receive` yields application messages (pings are answered here)."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
+        ping_delay: float | None = 20.0,
+        ping_timeout: float = 20.0,
+    ):
+        self._reader = reader
+        self._writer = writer
+        self._transport = writer.transport
+        self._max_msg_size = max_msg_size
+        self._next_id = 1
+        self._closed = asyncio.get_running_loop().create_future()
+        self._close_reason: str | None = None
+        self._activity = asyncio.Event()
+        peer = writer.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self._ping_task = (
+            asyncio.get_running_loop().create_task(self._ping_loop(ping_delay, ping_timeout))
+            if ping_delay
+            else None
+        )
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed.done()
+
+    @property
+    def close_reason(self) -> str | None:
+        return self._close_reason
+
+    @property
+    def write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size()
+
+    async def receive(self) -> Msg:
+        """Next application message; `ConnectionError` once closed, `FrameError` on garbage."""
+        while True:
+            msg = await self._read()
+            if msg.type == _PING:
+                self.send(_PONG, b"", conv=msg.conv)
+                continue
+            if msg.type == _PONG:
+                continue
+            return msg
+
+    def send(
+        self,
+        msg_type: str,
+        data: bytes,
+        *,
+        conv: Conversation | None = None,
+        last: bool = True,
+        token: bool = True,
+    ) -> Conversation:
+        """Queue one message on the transport (no await: the transport buffers it)."""
+        if self.is_closed:
+            raise ConnectionError(f"connection {self.peer} is closed")
+        msg_id = self._next_id
+        self._next_id += 1
+        if conv is None:
+            conv = Conversation(True, msg_id)
+        body = repo.encode(
+            "HatChatter.Msg",
+            {
+                "id": msg_id,
+                "first": conv.first_id,
+                "owner": conv.owner,
+                "token": token,
+                "last": last,
+                "data": {"type": msg_type, "data": data},
+            },
+        )
+        size = len(body)
+        size_bytes = size.to_bytes(max((size.bit_length() + 7) // 8, 1), "big")
+        self._writer.write(bytes((len(size_bytes),)) + size_bytes + body)
+        return conv
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def close(self, reason: str | None = None) -> None:
+        """Close now; `reason` (if any) is logged once and kept in `close_reason`."""
+        if self.is_closed:
+            return
+        self._close_reason = reason
+        if reason:
+            log.warning("closing chatter connection %s: %s", self.peer, reason)
+        self._closed.set_result(None)
+        if self._ping_task:
+            self._ping_task.cancel()
+        self._writer.close()
+
+    async def wait_closed(self) -> None:
+        await asyncio.shield(self._closed)
+        with contextlib.suppress(Exception):
+            await self._writer.wait_closed()
+
+    async def close_after_flush(self, timeout: float, reason: str | None = None) -> None:
+        """Give the peer up to `timeout` s to read what is queued and close its side."""
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self._writer.drain(), timeout)
+            # The peer is expected to close after an init error; wait for its EOF.
+            await asyncio.wait_for(self._reader.read(), timeout)
+        self.close(reason)
+
+    async def _read(self) -> Msg:
+        try:
+            n = (await self._reader.readexactly(1))[0]
+            if not 1 <= n <= 8:
+                raise FrameError(f"invalid length-of-length byte {n}")
+            size = int.from_bytes(await self._reader.readexactly(n), "big")
+            if size > self._max_msg_size:
+                raise FrameError(
+                    f"message of {size} bytes exceeds the limit of {self._max_msg_size}"
+                )
+            body = await self._reader.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
+            self.close()
+            raise ConnectionError(f"connection {self.peer} closed") from e
+        self._activity.set()
+        try:
+            raw = repo.decode("HatChatter.Msg", body)
+        except Exception as e:
+            raise FrameError(f"undecodable chatter message: {e}") from e
+        data = raw["data"]
+        return Msg(
+            type=data["type"],
+            data=data["data"],
+            conv=Conversation(not raw["owner"], raw["first"]),
+            first=raw["owner"] and raw["first"] == raw["id"],
+            last=raw["last"],
+            token=raw["token"],
+        )
+
+    async def _ping_loop(self, delay: float, timeout: float) -> None:
+        try:
+            while not self.is_closed:
+                self._activity.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._activity.wait(), delay)
+                    continue
+                self.send(_PING, b"", last=False)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._activity.wait(), timeout)
+                    continue
+                self.close(f"no answer to ping within {timeout} s")
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+
+
+ConnectionCb = Callable[[Connection], Awaitable[None]]
+
+
+async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs) -> asyncio.Server:
+    """Listen on host:port; `connection_cb` runs per connection, which is closed after it."""
+
+    async def on_client(reader, writer):
+        conn = Connection(reader, writer, **conn_kwargs)
+        try:
+            await connection_cb(conn)
+        except Exception:
+            log.exception("chatter connection %s: handler failed", conn.peer)
+        finally:
+            conn.close()
+
+    return await asyncio.start_server(on_client, host, port, limit=1 << 20)
+
+
+async def connect(host: str, port: int, **conn_kwargs) -> Connection:
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+    return Connection(reader, writer, **conn_kwargs)

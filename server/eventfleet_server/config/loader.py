@@ -1,0 +1,143 @@
+"""Load, merge and validate replica configuration."""
+
+from __future__ import annotations
+
+import copy
+import importlib.resources
+import json
+import os
+import pathlib
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import jsonschema
+import yaml
+
+SCHEMA = json.loads((importlib.resources.files(__package__) / "schema.json").read_text())
+
+DEFAULTS: dict[str, Any] = {
+    "server_id": 1,
+    "host": "127.0.0.1",
+    "data_dir": "./data",
+    "token_file": None,
+    "allow_empty_start": True,
+    "eventer": {
+        "port": 23012,
+        "max_msg_size": 16 * 1024 * 1024,
+        "max_queued_events": 100_000,
+        "max_results_cap": 10_000,
+        "ack_every": 32,
+        "ack_window": 4,
+    },
+    "syncer": {"port": 23013, "subscriptions": [["*"]]},
+    "bus": {"port": 23030, "enabled": True},
+    "http": {"port": 23080},
+    "storage": {
+        "synchronous": "NORMAL",
+        "max_uncommitted": 100_000,
+        "retention": {"max_age_seconds": None, "max_events": None, "check_interval_seconds": 60},
+    },
+    "peers": [],
+    "log": {"level": "INFO", "format": "text"},
+}
+
+
+class ConfigError(Exception):
+    """Invalid configuration; the message names the key and the bad value."""
+
+
+def merge(base: Mapping, override: Mapping) -> dict:
+    """Deep-merge mappings; lists and scalars in `override` replace those in `base`."""
+    out = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def validate(conf: Mapping, source: str = "configuration") -> None:
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    errors = sorted(validator.iter_errors(conf), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = []
+        for err in errors:
+            where = ".".join(str(p) for p in err.absolute_path) or "(top level)"
+            lines.append(f"{where}: {err.message}")
+        raise ConfigError(f"{source} is invalid:\n  " + "\n  ".join(lines))
+
+
+def load_file(path: pathlib.Path) -> dict:
+    """Read and validate one YAML file (not merged with defaults)."""
+    try:
+        text = pathlib.Path(path).read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from e
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    validate(data, str(path))
+    return data
+
+
+def server_id_from_pod_name(pod_name: str) -> int:
+    """StatefulSet pod ``name-N`` → server id N + 1."""
+    match = re.search(r"-(\d+)$", pod_name)
+    if not match:
+        raise ConfigError(f"EVENTFLEET_POD_NAME={pod_name!r} does not end in -<ordinal>")
+    return int(match.group(1)) + 1
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict:
+    out: dict[str, Any] = {}
+    if environ.get("EVENTFLEET_POD_NAME"):
+        out["server_id"] = server_id_from_pod_name(environ["EVENTFLEET_POD_NAME"])
+    if environ.get("EVENTFLEET_SERVER_ID"):
+        try:
+            out["server_id"] = int(environ["EVENTFLEET_SERVER_ID"])
+        except ValueError as e:
+            raise ConfigError(
+                f"EVENTFLEET_SERVER_ID={environ['EVENTFLEET_SERVER_ID']!r} is not an integer"
+            ) from e
+    if environ.get("EVENTFLEET_TOKEN_FILE"):
+        out["token_file"] = environ["EVENTFLEET_TOKEN_FILE"]
+    return out
+
+
+def load(
+    path: pathlib.Path | None = None,
+    *,
+    overrides: Mapping | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> dict:
+    """Defaults < file < environment < `overrides` (flags), validated as a whole."""
+    conf = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        conf = merge(conf, load_file(path))
+    conf = merge(conf, env_overrides(os.environ if environ is None else environ))
+    if overrides:
+        conf = merge(conf, overrides)
+    validate(conf)
+    return conf
+
+
+def read_token(conf: Mapping, environ: Mapping[str, str] | None = None) -> str | None:
+    """The token from ``EVENTFLEET_TOKEN`` or ``token_file``; never from a flag."""
+    environ = os.environ if environ is None else environ
+    if environ.get("EVENTFLEET_TOKEN"):
+        return environ["EVENTFLEET_TOKEN"]
+    path = conf.get("token_file")
+    if not path:
+        return None
+    try:
+        token = pathlib.Path(path).read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"token_file {path}: {e.strerror}") from e
+    if not token:
+        raise ConfigError(f"token_file {path} is empty")
+    return token

@@ -1,0 +1,341 @@
+"""Id assignment, group commit and fan-out."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    QueryParams,
+    QueryResult,
+    QueryServerParams,
+    RegisterEvent,
+    Status,
+    Timestamp,
+    timestamp_from_us,
+    timestamp_to_us,
+)
+from eventfleet_server.storage import Storage
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[list[Event], bool], None]
+"""Called with the events of one session and whether they are now persisted.
+
+Listeners run synchronously on the event loop and must not block: they hand events
+to their own bounded per-connection queues.
+"""
+
+StatusListener = Callable[[Status], None]
+
+_OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
+
+
+class EngineError(Exception):
+    """Base class of engine errors."""
+
+
+class NotOperationalError(EngineError):
+    """Registration attempted while the engine is not operational."""
+
+
+class RegisterError(EngineError):
+    """A register request was rejected as a whole (the message names the bad event)."""
+
+
+class Engine:
+    """The replica's hub.
+
+    Ids: ``instance`` strictly increases for every event this server id ever creates and
+    ``session`` never decreases, across restarts. The last committed own id is stored in
+    the same transaction as the events; at most `max_uncommitted` ids can be handed out
+    beyond it (registration waits for the writer past that), so on restart the engine
+    continues `max_uncommitted` + 1 above the stored id: ids that were shown to
+    ``persisted=false`` subscribers but never committed are never reused.
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        server_id: int,
+        *,
+        max_uncommitted: int = 100_000,
+        max_results_cap: int = 10_000,
+    ):
+        if server_id < 1:
+            raise ValueError(f"server_id must be >= 1, got {server_id}")
+        self._storage = storage
+        self._server_id = server_id
+        self._max_uncommitted = max_uncommitted
+        self._max_results_cap = max_results_cap
+        self._status = Status.STANDBY
+        self._listeners: list[Listener] = []
+        self._status_listeners: list[StatusListener] = []
+        self._session = 0
+        self._instance = 0
+        self._last_ts_us = 0
+        self._pending: list[Event] = []
+        self._pending_sessions: list[tuple[int, int]] = []  # (start index, end index) per session
+        self._pending_futures: list[asyncio.Future] = []
+        self._uncommitted = 0
+        self._wakeup = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self._writer_task: asyncio.Task | None = None
+        self._last_future: asyncio.Future | None = None
+        self._commit_listeners: list[Callable[[int, float], None]] = []
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def server_id(self) -> int:
+        return self._server_id
+
+    @property
+    def status(self) -> Status:
+        return self._status
+
+    @property
+    def storage(self) -> Storage:
+        return self._storage
+
+    @property
+    def last_id(self) -> EventId:
+        """The last id this engine handed out (or restored)."""
+        return EventId(self._server_id, self._session, self._instance)
+
+    @property
+    def max_results_cap(self) -> int:
+        return self._max_results_cap
+
+    async def start(self, *, continue_after: EventId | None = None) -> None:
+        """Restore id counters and start the writer; status becomes ``starting``.
+
+        `continue_after` is the highest own id learned elsewhere (peers), if any.
+        """
+        self._set_status(Status.STARTING)
+        stored = await self._storage.get_meta(_OWN_KEY)
+        session, instance, ts_us = stored if stored else (0, 0, 0)
+        held = self._storage.last_ids.get(self._server_id)
+        candidates = [EventId(self._server_id, session, instance)]
+        if held:
+            candidates.append(held)
+        if continue_after:
+            candidates.append(continue_after)
+        session = max(c.session for c in candidates)
+        instance = max(c.instance for c in candidates)
+        if stored or held or continue_after:
+            # Skip over ids that may have been handed out but never committed.
+            session += self._max_uncommitted + 1
+            instance += self._max_uncommitted + 1
+        self._session, self._instance, self._last_ts_us = session, instance, ts_us
+        log.info(
+            "engine starting: server_id=%s next session=%s next instance=%s",
+            self._server_id,
+            session + 1,
+            instance + 1,
+        )
+        self._writer_task = asyncio.get_running_loop().create_task(self._writer_loop())
+
+    def set_operational(self) -> None:
+        self._set_status(Status.OPERATIONAL)
+
+    async def stop(self) -> None:
+        """Status ``stopping``, commit what is pending, stop the writer."""
+        self._set_status(Status.STOPPING)
+        await self.flush()
+        if self._writer_task:
+            self._writer_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer_task
+            self._writer_task = None
+
+    async def flush(self) -> None:
+        """Wait until everything registered so far is committed."""
+        # The writer commits in registration order: the newest future is the last to finish.
+        if self._last_future is not None:
+            await asyncio.gather(self._last_future, return_exceptions=True)
+
+    def _set_status(self, status: Status) -> None:
+        if status == self._status:
+            return
+        log.info("status %s -> %s", self._status.value, status.value)
+        self._status = status
+        for cb in list(self._status_listeners):
+            cb(status)
+
+    # -- listeners -------------------------------------------------------------------------
+
+    def add_listener(self, listener: Listener) -> Callable[[], None]:
+        self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
+
+    def add_status_listener(self, listener: StatusListener) -> Callable[[], None]:
+        self._status_listeners.append(listener)
+        return lambda: self._status_listeners.remove(listener)
+
+    def add_commit_listener(self, listener: Callable[[int, float], None]) -> Callable[[], None]:
+        """Called after each commit with (event count, commit seconds); for metrics."""
+        self._commit_listeners.append(listener)
+        return lambda: self._commit_listeners.remove(listener)
+
+    def _fan_out(self, events: list[Event], persisted: bool) -> None:
+        for listener in self._listeners:
+            try:
+                listener(events, persisted)
+            except Exception:
+                log.exception("listener %r failed", listener)
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, events: Sequence[RegisterEvent]) -> tuple[list[Event], asyncio.Future]:
+        """Create one session from `events`; returns the events and a commit future.
+
+        Synchronous so that protocol handlers can keep reading while the commit runs. The
+        request is atomic: it is validated as a whole before any id is assigned, and the
+        commit future fails for all of its events or none. `persisted=false` listeners
+        see the events before this returns.
+        """
+        if self._status != Status.OPERATIONAL:
+            raise NotOperationalError(f"server is {self._status.value}, not operational")
+        if not self._room.is_set():
+            raise RegisterError("too many uncommitted events; retry later")
+        if not events:
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result(None)
+            return [], fut
+        for i, e in enumerate(events):
+            _validate_register_event(i, e)
+        ts_us = max(time.time_ns() // 1000, self._last_ts_us)
+        self._last_ts_us = ts_us
+        ts = timestamp_from_us(ts_us)
+        self._session += 1
+        session = self._session
+        first = self._instance + 1
+        self._instance += len(events)
+        server = self._server_id
+        created = [
+            Event(EventId(server, session, first + i), e.type, ts, e.source_timestamp, e.payload)
+            for i, e in enumerate(events)
+        ]
+        start = len(self._pending)
+        self._pending.extend(created)
+        self._pending_sessions.append((start, len(self._pending)))
+        fut = asyncio.get_running_loop().create_future()
+        self._pending_futures.append(fut)
+        self._last_future = fut
+        self._uncommitted += len(created)
+        if self._uncommitted >= self._max_uncommitted:
+            self._room.clear()
+        self._wakeup.set()
+        self._fan_out(created, False)
+        return created, fut
+
+    async def register_wait(self, events: Sequence[RegisterEvent]) -> list[Event]:
+        """Register and wait until committed."""
+        created, fut = self.register(events)
+        await fut
+        return created
+
+    async def merge(self, events: Sequence[Event]) -> list[Event]:
+        """Store events created elsewhere (replication); returns those that were new.
+
+        Every listener is told after the commit, once with ``persisted=False`` and once
+        with ``True``, one session at a time.
+        """
+        inserted = [e for _, e in await self._storage.write(events)]
+        for group in _sessions(inserted):
+            self._fan_out(group, False)
+            self._fan_out(group, True)
+        return inserted
+
+    async def _writer_loop(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            if not self._pending:
+                continue
+            batch, self._pending = self._pending, []
+            sessions, self._pending_sessions = self._pending_sessions, []
+            futures, self._pending_futures = self._pending_futures, []
+            last = batch[-1]
+            meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
+            started = time.perf_counter()
+            try:
+                await self._storage.write(batch, meta)
+            except Exception as e:
+                log.error("commit of %d events failed: %s", len(batch), e)
+                for fut in futures:
+                    if not fut.done():
+                        fut.set_exception(EngineError(f"commit failed: {e}"))
+                self._release(len(batch))
+                continue
+            elapsed = time.perf_counter() - started
+            self._release(len(batch))
+            for fut in futures:
+                if not fut.done():
+                    fut.set_result(None)
+            for start, end in sessions:
+                self._fan_out(batch[start:end], True)
+            for cb in self._commit_listeners:
+                cb(len(batch), elapsed)
+
+    def _release(self, count: int) -> None:
+        self._uncommitted -= count
+        if self._uncommitted < self._max_uncommitted:
+            self._room.set()
+
+    # -- queries ---------------------------------------------------------------------------
+
+    async def query(self, params: QueryParams) -> QueryResult:
+        """Run a query; a `server` query with ``persisted=False`` includes uncommitted events."""
+        result = await self._storage.query(params, max_results_cap=self._max_results_cap)
+        if (
+            isinstance(params, QueryServerParams)
+            and not params.persisted
+            and params.server_id == self._server_id
+            and self._pending
+            and not result.more_follows
+        ):
+            after = result.events[-1].id.instance if result.events else 0
+            if params.last_event_id:
+                after = max(after, params.last_event_id.instance)
+            limit = min(params.max_results or self._max_results_cap, self._max_results_cap)
+            extra = [e for e in self._pending if e.id.instance > after]
+            room = max(limit - len(result.events), 0)
+            result = QueryResult(result.events + extra[:room], len(extra) > room)
+        return result
+
+
+def _sessions(events: list[Event]) -> list[list[Event]]:
+    groups: list[list[Event]] = []
+    for e in events:
+        if groups and groups[-1][0].id[:2] == e.id[:2]:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    return groups
+
+
+def _validate_register_event(i: int, e: RegisterEvent) -> None:
+    if not isinstance(e.type, tuple) or not all(isinstance(s, str) for s in e.type):
+        raise RegisterError(f"event {i}: type {e.type!r} must be a list of strings")
+    if any(s in ("?", "*") for s in e.type):
+        raise RegisterError(f"event {i}: type {list(e.type)!r} contains a wildcard segment")
+    if e.source_timestamp is not None:
+        if not isinstance(e.source_timestamp, Timestamp):
+            raise RegisterError(f"event {i}: sourceTimestamp {e.source_timestamp!r} is invalid")
+        try:
+            timestamp_to_us(e.source_timestamp)
+        except ValueError as err:
+            raise RegisterError(f"event {i}: sourceTimestamp {err}") from err
+    p = e.payload
+    if p is not None and not isinstance(p, EventPayloadJson | EventPayloadBinary):
+        raise RegisterError(f"event {i}: payload {p!r} is invalid")

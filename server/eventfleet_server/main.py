@@ -1,0 +1,112 @@
+"""The replica process: wires storage, engine and protocols, and handles signals."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import pathlib
+import signal
+from collections.abc import Mapping
+
+from eventfleet_server.engine import Engine
+from eventfleet_server.eventer import EventerLimits, EventerServer
+from eventfleet_server.storage import Retention, Storage
+
+log = logging.getLogger(__name__)
+
+
+class Replica:
+    """One replica built from a validated configuration mapping."""
+
+    def __init__(self, conf: Mapping, token: str | None):
+        self.conf = conf
+        self.token = token
+        self.storage: Storage | None = None
+        self.engine: Engine | None = None
+        self.eventer: EventerServer | None = None
+        self._retention_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        conf = self.conf
+        data_dir = pathlib.Path(conf["data_dir"])
+        retention_conf = conf["storage"]["retention"]
+        self.storage = await Storage.open(
+            data_dir / "events.sqlite",
+            synchronous=conf["storage"]["synchronous"],
+            retention=Retention(
+                max_age_seconds=retention_conf.get("max_age_seconds"),
+                max_events=retention_conf.get("max_events"),
+            ),
+        )
+        ev = conf["eventer"]
+        self.engine = Engine(
+            self.storage,
+            conf["server_id"],
+            max_uncommitted=conf["storage"]["max_uncommitted"],
+            max_results_cap=ev["max_results_cap"],
+        )
+        await self.engine.start()
+        self.eventer = EventerServer(
+            self.engine,
+            conf["host"],
+            ev["port"],
+            token=self.token,
+            limits=EventerLimits(
+                max_msg_size=ev["max_msg_size"],
+                max_queued_events=ev["max_queued_events"],
+                ack_every=ev["ack_every"],
+                ack_window=ev["ack_window"],
+            ),
+        )
+        await self.eventer.start()
+        if retention_conf.get("max_age_seconds") or retention_conf.get("max_events"):
+            self._retention_task = asyncio.get_running_loop().create_task(
+                self._retention_loop(retention_conf["check_interval_seconds"])
+            )
+        self.engine.set_operational()
+        log.info(
+            "replica server_id=%s operational: eventer=%s:%s data=%s",
+            conf["server_id"],
+            conf["host"],
+            self.eventer.port,
+            data_dir,
+        )
+
+    async def stop(self) -> None:
+        """Graceful: status stopping (clients are told), commit, close listeners and storage."""
+        if self._retention_task:
+            self._retention_task.cancel()
+        if self.engine:
+            await self.engine.stop()
+        if self.eventer:
+            await self.eventer.stop()
+        if self.storage:
+            await self.storage.close()
+        log.info("replica stopped")
+
+    async def _retention_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                deleted = await self.storage.enforce_retention()
+                if deleted:
+                    log.info("retention deleted %d events", deleted)
+            except Exception:
+                log.exception("retention pass failed")
+
+
+async def run(conf: Mapping, token: str | None) -> None:
+    """Run a replica until SIGTERM/SIGINT, then stop gracefully."""
+    replica = Replica(conf, token)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await replica.start()
+        await stop.wait()
+        log.info("stop requested")
+    finally:
+        await replica.stop()

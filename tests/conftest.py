@@ -1,0 +1,41 @@
+"""Shared fixtures: in-process replicas on 127.0.0.1 with ephemeral ports."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from eventfleet_server import config
+from eventfleet_server.main import Replica
+
+
+@contextlib.asynccontextmanager
+async def running_replica(data_dir, *, server_id=1, token=None, **overrides):
+    """Start a replica in this process (Eventer on an ephemeral port) and stop it after."""
+    conf = config.load(
+        None,
+        environ={},
+        overrides=config.merge(
+            {
+                "server_id": server_id,
+                "data_dir": str(data_dir),
+                "eventer": {"port": 0},
+                "syncer": {"port": 0},
+                "http": {"port": 0},
+                "bus": {"port": 0, "enabled": False},
+            },
+            overrides,
+        ),
+    )
+    replica = Replica(conf, token)
+    await replica.start()
+    try:
+        yield replica
+    finally:
+        await replica.stop()
+
+
+@pytest.fixture
+async def replica(tmp_path):
+    async with running_replica(tmp_path / "r1") as r:
+        yield r

@@ -1,0 +1,244 @@
+"""Interoperability with the real hat-event 0.9.44 Eventer client, every message type."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from hat.drivers import net
+from hat.event import common as hat
+from hat.event.eventer import client as hat_client
+
+from tests.conftest import running_replica
+
+
+def addr(replica):
+    return net.TcpAddress("127.0.0.1", replica.eventer.port)
+
+
+def reg(type_, payload=None, source=None):
+    return hat.RegisterEvent(type=tuple(type_), source_timestamp=source, payload=payload)
+
+
+async def collect(queue, count, timeout=5.0):
+    out = []
+    async with asyncio.timeout(timeout):
+        while len(out) < count:
+            out.extend(await queue.get())
+    return out
+
+
+async def test_init_reports_operational_status(replica):
+    client = await hat_client.connect(addr(replica), "test/status")
+    try:
+        assert client.status == hat.Status.OPERATIONAL
+    finally:
+        await client.async_close()
+
+
+async def test_register_with_response_returns_ids_in_order(replica):
+    client = await hat_client.connect(addr(replica), "test/register")
+    try:
+        payload = hat.EventPayloadJson({"value": 1})
+        first = await client.register([reg(("a", "b")), reg(("a", "c"), payload)], True)
+        second = await client.register([reg(("a", "d"))], True)
+        assert [e.type for e in first] == [("a", "b"), ("a", "c")]
+        assert first[1].payload == payload
+        assert {e.id.server for e in first + second} == {1}
+        assert first[0].id.session == first[1].id.session < second[0].id.session
+        instances = [e.id.instance for e in first + second]
+        assert instances == sorted(instances) and len(set(instances)) == 3
+    finally:
+        await client.async_close()
+
+
+async def test_register_without_response_is_stored(replica):
+    client = await hat_client.connect(addr(replica), "test/noresp")
+    try:
+        assert await client.register([reg(("x", "1"))]) is None
+        for _ in range(100):
+            res = await client.query(hat.QueryLatestParams([("x", "*")]))
+            if res.events:
+                break
+            await asyncio.sleep(0.02)
+        assert [e.type for e in res.events] == [("x", "1")]
+    finally:
+        await client.async_close()
+
+
+@pytest.mark.parametrize("persisted", [False, True])
+async def test_notifications_honour_subscriptions(replica, persisted):
+    queue = asyncio.Queue()
+    sub = await hat_client.connect(
+        addr(replica),
+        "test/sub",
+        subscriptions=[("a", "?"), ("b", "*")],
+        persisted=persisted,
+        events_cb=lambda _, events: queue.put_nowait(events),
+    )
+    pub = await hat_client.connect(addr(replica), "test/pub")
+    try:
+        await pub.register([reg(("a", "1")), reg(("c",)), reg(("a", "1", "2"))], True)
+        await pub.register([reg(("b",)), reg(("b", "x", "y"))], True)
+        got = await collect(queue, 3)
+        assert [e.type for e in got] == [("a", "1"), ("b",), ("b", "x", "y")]
+        await asyncio.sleep(0.1)
+        assert queue.empty()
+    finally:
+        await sub.async_close()
+        await pub.async_close()
+
+
+async def test_one_session_per_notify_message(replica):
+    batches = asyncio.Queue()
+    sub = await hat_client.connect(
+        addr(replica),
+        "test/s",
+        subscriptions=[("*",)],
+        events_cb=lambda _, e: batches.put_nowait(e),
+    )
+    pub = await hat_client.connect(addr(replica), "test/p")
+    try:
+        await asyncio.gather(*(pub.register([reg(("t", str(i)))] * 3, True) for i in range(10)))
+        for _ in range(10):
+            async with asyncio.timeout(5):
+                events = await batches.get()
+            assert len(events) == 3
+            assert len({e.id.session for e in events}) == 1
+    finally:
+        await sub.async_close()
+        await pub.async_close()
+
+
+async def test_server_id_filter(replica):
+    mine, other = asyncio.Queue(), asyncio.Queue()
+    sub1 = await hat_client.connect(
+        addr(replica),
+        "s1",
+        subscriptions=[("*",)],
+        server_id=1,
+        events_cb=lambda _, e: mine.put_nowait(e),
+    )
+    sub2 = await hat_client.connect(
+        addr(replica),
+        "s2",
+        subscriptions=[("*",)],
+        server_id=2,
+        events_cb=lambda _, e: other.put_nowait(e),
+    )
+    pub = await hat_client.connect(addr(replica), "p")
+    try:
+        await pub.register([reg(("z",))], True)
+        assert len(await collect(mine, 1)) == 1
+        await asyncio.sleep(0.1)
+        assert other.empty()
+    finally:
+        for c in (sub1, sub2, pub):
+            await c.async_close()
+
+
+async def test_token(tmp_path):
+    async with running_replica(tmp_path / "t", token="s3cret") as replica:
+        ok = await hat_client.connect(addr(replica), "good", client_token="s3cret")
+        await ok.async_close()
+        anonymous = await hat_client.connect(addr(replica), "anonymous")
+        await anonymous.async_close()
+        with pytest.raises(hat_client.EventerInitError, match="token"):
+            await hat_client.connect(addr(replica), "bad", client_token="wrong")
+
+
+async def test_token_given_to_tokenless_server_is_rejected(replica):
+    with pytest.raises(hat_client.EventerInitError):
+        await hat_client.connect(addr(replica), "bad", client_token="anything")
+
+
+async def test_invalid_subscription_is_an_init_error(replica):
+    with pytest.raises(hat_client.EventerInitError, match=r"'\*' is only valid as the last"):
+        await hat_client.connect(addr(replica), "bad", subscriptions=[("a", "*", "b")])
+
+
+async def test_status_notify_on_stop(tmp_path):
+    statuses = []
+    async with running_replica(tmp_path / "s") as replica:
+        client = await hat_client.connect(
+            addr(replica), "watcher", status_cb=lambda _, s: statuses.append(s)
+        )
+    await asyncio.wait_for(client.wait_closed(), 5)
+    assert statuses == [hat.Status.STOPPING]
+
+
+async def test_queries(replica):
+    client = await hat_client.connect(addr(replica), "q")
+    try:
+        created = []
+        for i in range(25):
+            source = hat.Timestamp(1000 - i, 0)
+            payload = hat.EventPayloadBinary("raw", bytes([i]))
+            created += await client.register([reg(("q", str(i % 5)), payload, source)], True)
+        latest = await client.query(hat.QueryLatestParams([("q", "?")]))
+        assert sorted(e.id for e in latest.events) == sorted(e.id for e in created[-5:])
+
+        ts = await client.query(
+            hat.QueryTimeseriesParams(
+                event_types=[("q", "1")],
+                order=hat.Order.ASCENDING,
+                order_by=hat.OrderBy.TIMESTAMP,
+                max_results=3,
+            )
+        )
+        assert [e.id for e in ts.events] == [e.id for e in created if e.type == ("q", "1")][:3]
+        assert ts.more_follows
+
+        page2 = await client.query(
+            hat.QueryTimeseriesParams(
+                event_types=[("q", "1")],
+                order=hat.Order.ASCENDING,
+                order_by=hat.OrderBy.TIMESTAMP,
+                max_results=3,
+                last_event_id=ts.events[-1].id,
+            )
+        )
+        assert [e.id for e in page2.events] == [e.id for e in created if e.type == ("q", "1")][3:]
+        assert not page2.more_follows
+
+        by_source = await client.query(
+            hat.QueryTimeseriesParams(
+                order=hat.Order.ASCENDING,
+                order_by=hat.OrderBy.SOURCE_TIMESTAMP,
+                source_t_from=hat.Timestamp(980, 0),
+                source_t_to=hat.Timestamp(990, 0),
+            )
+        )
+        assert [e.source_timestamp.s for e in by_source.events] == list(range(980, 991))
+
+        desc = await client.query(hat.QueryTimeseriesParams(max_results=2))
+        assert [e.id for e in desc.events] == [e.id for e in reversed(created)][:2]
+
+        server = await client.query(
+            hat.QueryServerParams(server_id=1, persisted=True, max_results=10)
+        )
+        assert [e.id for e in server.events] == [e.id for e in created[:10]]
+        assert server.more_follows
+        rest = await client.query(
+            hat.QueryServerParams(server_id=1, persisted=False, last_event_id=server.events[-1].id)
+        )
+        assert [e.id for e in rest.events] == [e.id for e in created[10:]]
+        assert not rest.more_follows
+        assert (await client.query(hat.QueryServerParams(server_id=7))).events == []
+    finally:
+        await client.async_close()
+
+
+async def test_restart_continues_ids(tmp_path):
+    async with running_replica(tmp_path / "d") as replica:
+        client = await hat_client.connect(addr(replica), "c")
+        before = await client.register([reg(("r",))] * 3, True)
+        await client.async_close()
+    async with running_replica(tmp_path / "d") as replica:
+        client = await hat_client.connect(addr(replica), "c")
+        after = await client.register([reg(("r",))], True)
+        res = await client.query(hat.QueryServerParams(server_id=1))
+        await client.async_close()
+    assert after[0].id.instance > before[-1].id.instance
+    assert after[0].id.session > before[-1].id.session
+    assert [e.id for e in res.events] == [e.id for e in before + after]
