@@ -73,15 +73,10 @@ the e2e suite starts the real operator with exactly what the Deployment renders.
 - --all-namespaces
 {{- end }}
 - --liveness=http://0.0.0.0:{{ .Values.operator.healthPort }}/healthz
-{{- if eq .Values.operator.logLevel "quiet" }}
-- --quiet
-{{- else if eq .Values.operator.logLevel "verbose" }}
+- --resync-seconds={{ .Values.operator.resyncSeconds }}
+- --log-format={{ .Values.operator.logFormat }}
+{{- if eq .Values.operator.logLevel "debug" }}
 - --verbose
-{{- else if eq .Values.operator.logLevel "debug" }}
-- --debug
-{{- end }}
-{{- if .Values.metrics.enabled }}
-- --metrics-port={{ .Values.metrics.port }}
 {{- end }}
 {{- range .Values.operator.extraArgs }}
 - {{ . | quote }}

@@ -164,7 +164,17 @@ def test_operator_pod_is_locked_down(default_docs):
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert "--liveness=http://0.0.0.0:8080/healthz" in container["args"]
+    assert container["command"] == ["eventfleet"] and container["args"][0] == "operator"
     assert one(default_docs, "Deployment")["spec"]["strategy"]["type"] == "Recreate"
+
+
+def test_metrics_endpoint_is_passed_by_environment_and_matches_the_service(everything_docs):
+    container = one(everything_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    port = next(p for p in container["ports"] if p["name"] == "metrics")["containerPort"]
+    assert env["EVENTFLEET_OPERATOR_METRICS"] == f"http://0.0.0.0:{port}/metrics"
+    assert "--verbose" in container["args"] and "--log-format=json" in container["args"]
+    assert container["args"][-1] == "--status-timeout=5"  # extraArgs come last
 
 
 def test_image_digest_wins_over_tag(everything_docs, default_docs):
