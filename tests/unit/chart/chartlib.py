@@ -146,7 +146,9 @@ def structural_to_jsonschema(schema: dict) -> dict:
 
 
 def external_crd(relpath: str) -> dict:
-    path = EXTERNAL_CRDS / relpath
-    if not path.exists():
-        pytest.skip(f"external CRD {path} is not present (it lives in the shared/ folder)")
-    return yaml.safe_load(path.read_text())
+    """An upstream CRD from the shared folder beside the checkout, else the e2e copy."""
+    name = pathlib.PurePosixPath(relpath).name
+    for path in (EXTERNAL_CRDS / relpath, REPO / "e2e" / "k8s" / "external-crds" / name):
+        if path.exists():
+            return yaml.safe_load(path.read_text())
+    pytest.fail(f"external CRD {relpath} is neither in {EXTERNAL_CRDS} nor in e2e/k8s/")
