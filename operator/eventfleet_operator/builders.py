@@ -1,0 +1,421 @@
+"""Pure builders of the child manifests of one ``EventServer``.
+
+Every function takes the parsed :class:`~eventfleet_operator.model.FleetSpec` (plus the
+few facts that are not in the spec, such as how many replicas the StatefulSet may run
+right now) and returns a plain dict ready to send to the API server. No I/O, no clock,
+no randomness: the same input always gives the same manifest, which is what makes the
+reconciliation idempotent and the builders testable against the real schemas.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from typing import Any
+
+import yaml
+
+from eventfleet_operator import naming
+from eventfleet_operator.model import FleetSpec
+
+# Keys of the replica config that the replica re-reads without a restart. They stay
+# out of the config hash so that scaling never restarts the surviving replicas.
+HOT_RELOADED_KEYS = ("peers", "allow_empty_start")
+
+
+def _metadata(spec: FleetSpec, name: str, component: str) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": spec.namespace,
+        "labels": naming.labels(spec.name, component),
+    }
+    if spec.uid:
+        meta["ownerReferences"] = [naming.owner_reference(spec.name, spec.uid)]
+    return meta
+
+
+def peers(spec: FleetSpec, count: int) -> list[dict[str, Any]]:
+    """The Syncer mesh for ``count`` replicas; each replica skips its own server id."""
+    return [
+        {
+            "name": naming.pod(spec.name, ordinal),
+            "host": naming.peer_host(spec.name, spec.namespace, ordinal),
+            "port": spec.ports.syncer,
+            "server_id": naming.server_id(ordinal),
+        }
+        for ordinal in range(count)
+    ]
+
+
+def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool) -> dict[str, Any]:
+    """The replica's YAML config (schema: eventfleet_server/config/schema.json).
+
+    ``server_id`` is absent on purpose: each replica derives it from its pod name
+    (``EVENTFLEET_POD_NAME``, ordinal + 1), so one ConfigMap serves every pod.
+    """
+    retention = {
+        "max_age_seconds": spec.retention.max_age_seconds,
+        "max_events": spec.retention.max_events,
+    }
+    return {
+        "host": "0.0.0.0",
+        "data_dir": naming.DATA_DIR,
+        "token_file": naming.TOKEN_PATH,
+        "allow_empty_start": allow_empty_start,
+        "eventer": {"port": spec.ports.eventer},
+        "syncer": {
+            "port": spec.ports.syncer,
+            "subscriptions": [list(s) for s in spec.subscriptions],
+        },
+        "bus": {"port": spec.ports.bus, "enabled": spec.bus_enabled},
+        "http": {"port": spec.ports.http},
+        "storage": {"synchronous": spec.storage.synchronous, "retention": retention},
+        "log": {"level": spec.log_level, "format": "json"},
+        "peers": peers(spec, peer_count),
+    }
+
+
+def config_hash(spec: FleetSpec, config: dict[str, Any]) -> str:
+    """Hash of what needs a restart: the config minus hot-reloaded keys, plus the token ref."""
+    restart_relevant = {k: v for k, v in config.items() if k not in HOT_RELOADED_KEYS}
+    token = spec.token_ref
+    restart_relevant["_token_secret"] = [token.secret_name, token.key]
+    canonical = json.dumps(restart_relevant, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def configmap(spec: FleetSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """ConfigMap holding ``config.yaml`` (mounted as a directory so kubelet updates it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(spec, naming.configmap(spec.name), "config"),
+        "data": {naming.CONFIG_FILE: yaml.safe_dump(config, sort_keys=False)},
+    }
+
+
+def token_secret(spec: FleetSpec, token: str) -> dict[str, Any]:
+    """The generated token Secret; ``token`` comes from the live Secret once it exists."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, naming.token_secret(spec.name), "token"),
+        "type": "Opaque",
+        # `data`, not `stringData`: the live object only ever has `data`, so the
+        # drift check can compare like with like.
+        "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def _bus_ports(spec: FleetSpec) -> list[tuple[str, int]]:
+    if not spec.bus_enabled:
+        return []
+    base = spec.ports.bus
+    return [("bus-snapshot", base), ("bus-publisher", base + 1), ("bus-collector", base + 2)]
+
+
+def peer_service(spec: FleetSpec) -> dict[str, Any]:
+    """Headless Service giving every pod a stable DNS name for the Syncer mesh."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, naming.peer_service(spec.name), "peers"),
+        "spec": {
+            "clusterIP": "None",
+            # Replicas are ready only after their initial sync, which needs the peers:
+            # DNS must resolve pods before they are ready, or a new fleet never starts.
+            "publishNotReadyAddresses": True,
+            "selector": naming.selector_labels(spec.name),
+            "ports": [
+                {
+                    "name": "syncer",
+                    "port": spec.ports.syncer,
+                    "targetPort": "syncer",
+                    "protocol": "TCP",
+                },
+                {"name": "http", "port": spec.ports.http, "targetPort": "http", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def client_service(spec: FleetSpec) -> dict[str, Any]:
+    """ClusterIP Service for clients; only serving (not draining) replicas get traffic."""
+    ports = [
+        {"name": "eventer", "port": spec.ports.eventer, "targetPort": "eventer", "protocol": "TCP"}
+    ]
+    ports += [
+        {"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in _bus_ports(spec)
+    ]
+    ports.append({"name": "http", "port": spec.ports.http, "targetPort": "http", "protocol": "TCP"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(spec, naming.client_service(spec.name), "client"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {**naming.selector_labels(spec.name), naming.SERVING_LABEL: "true"},
+            "ports": ports,
+        },
+    }
+
+
+def _container(spec: FleetSpec) -> dict[str, Any]:
+    ports = [
+        {"name": "eventer", "containerPort": spec.ports.eventer, "protocol": "TCP"},
+        {"name": "syncer", "containerPort": spec.ports.syncer, "protocol": "TCP"},
+    ]
+    ports += [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in _bus_ports(spec)]
+    ports.append({"name": "http", "containerPort": spec.ports.http, "protocol": "TCP"})
+    container: dict[str, Any] = {
+        "name": "replica",
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["eventfleet", "server", "--config", naming.CONFIG_PATH],
+        "env": [
+            # The replica's server id is its ordinal + 1, read from the pod name.
+            {
+                "name": "EVENTFLEET_POD_NAME",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+            },
+            {
+                "name": "EVENTFLEET_NAMESPACE",
+                "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+            },
+        ],
+        "ports": ports,
+        # Liveness only asks "is the loop alive"; readiness waits for the initial sync, so a
+        # slow sync never gets the pod killed. The startup probe covers opening a big DB.
+        "startupProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 60,
+            "timeoutSeconds": 3,
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/healthz", "port": "http"},
+            "periodSeconds": 10,
+            "failureThreshold": 3,
+            "timeoutSeconds": 3,
+        },
+        "readinessProbe": {
+            "httpGet": {"path": "/readyz", "port": "http"},
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+            "timeoutSeconds": 3,
+        },
+        "securityContext": {
+            "runAsNonRoot": True,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [
+            {"name": "data", "mountPath": naming.DATA_DIR},
+            # A directory mount, never subPath: kubelet only refreshes directory mounts,
+            # and the replica hot-reloads the peer list from this file.
+            {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
+            {"name": "token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
+    }
+    if spec.resources:
+        container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
+    return container
+
+
+def _affinity(spec: FleetSpec) -> dict[str, Any]:
+    if spec.affinity:
+        return dict(spec.affinity)
+    # Redundancy is the point: prefer one replica per node unless the user decides.
+    return {
+        "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "kubernetes.io/hostname",
+                        "labelSelector": {"matchLabels": naming.selector_labels(spec.name)},
+                    },
+                }
+            ]
+        }
+    }
+
+
+def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str, Any]:
+    """The replicas. ``replicas`` is what is safe right now, not always ``spec.replicas``."""
+    token = spec.token_ref
+    pod_labels = {
+        **spec.pod_labels,
+        **naming.selector_labels(spec.name),
+        naming.SERVING_LABEL: "true",
+    }
+    pod_annotations = {**spec.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash}
+    pod_spec: dict[str, Any] = {
+        "automountServiceAccountToken": False,  # replicas never talk to the API server
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": spec.termination_grace_period_seconds,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": spec.security.run_as_user,
+            "runAsGroup": spec.security.run_as_group,
+            "fsGroup": spec.security.fs_group,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "affinity": _affinity(spec),
+        "containers": [_container(spec)],
+        "volumes": [
+            {"name": "config", "configMap": {"name": naming.configmap(spec.name)}},
+            {
+                "name": "token",
+                "secret": {
+                    "secretName": token.secret_name,
+                    "items": [{"key": token.key, "path": "token"}],
+                    "defaultMode": 0o440,
+                },
+            },
+            {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
+        ],
+    }
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [dict(t) for t in spec.tolerations]
+    if spec.priority_class_name:
+        pod_spec["priorityClassName"] = spec.priority_class_name
+    if spec.image_pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in spec.image_pull_secrets]
+    claim_spec: dict[str, Any] = {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": spec.storage.size}},
+    }
+    if spec.storage.storage_class_name:
+        claim_spec["storageClassName"] = spec.storage.storage_class_name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(spec, naming.statefulset(spec.name), "replica"),
+        "spec": {
+            "replicas": replicas,
+            "serviceName": naming.peer_service(spec.name),
+            "podManagementPolicy": "Parallel",
+            "revisionHistoryLimit": 5,
+            "selector": {"matchLabels": naming.selector_labels(spec.name)},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": spec.storage.when_deleted,
+                "whenScaled": spec.storage.when_scaled,
+            },
+            "template": {
+                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+                "spec": pod_spec,
+            },
+            "volumeClaimTemplates": [
+                {
+                    "metadata": {"name": "data", "labels": naming.selector_labels(spec.name)},
+                    "spec": claim_spec,
+                }
+            ],
+        },
+    }
+
+
+def pod_disruption_budget(spec: FleetSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": _metadata(spec, naming.pdb(spec.name), "replica"),
+        "spec": {
+            "maxUnavailable": 1,
+            "selector": {"matchLabels": naming.selector_labels(spec.name)},
+        },
+    }
+
+
+def service_monitor(spec: FleetSpec) -> dict[str, Any]:
+    """prometheus-operator ServiceMonitor scraping every replica through the peer Service."""
+    labels = {**naming.labels(spec.name, "monitoring"), **dict(spec.service_monitor.labels)}
+    meta = _metadata(spec, naming.service_monitor(spec.name), "monitoring")
+    meta["labels"] = labels
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": meta,
+        "spec": {
+            "selector": {"matchLabels": naming.labels(spec.name, "peers")},
+            "endpoints": [
+                {
+                    "port": "http",
+                    "path": "/metrics",
+                    "scheme": "http",
+                    "interval": spec.service_monitor.interval,
+                }
+            ],
+        },
+    }
+
+
+def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
+    """spark-operator ScheduledSparkApplication running the aggregation job."""
+    agg = spec.aggregation
+    eventer = f"{naming.client_service(spec.name)}.{spec.namespace}.svc:{spec.ports.eventer}"
+    token = spec.token_ref
+    token_env = [
+        {
+            "name": "EVENTFLEET_TOKEN",
+            "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.key}},
+        }
+    ]
+    pod_labels = naming.labels(spec.name, "aggregation")
+    return {
+        "apiVersion": "sparkoperator.k8s.io/v1beta2",
+        "kind": "ScheduledSparkApplication",
+        "metadata": _metadata(spec, naming.spark_app(spec.name), "aggregation"),
+        "spec": {
+            "schedule": agg.schedule,
+            "timeZone": agg.time_zone,
+            # Always explicit: spark-operator skips every run after the first when unset.
+            "concurrencyPolicy": agg.concurrency_policy,
+            "suspend": agg.suspend,
+            "successfulRunHistoryLimit": 3,
+            "failedRunHistoryLimit": 3,
+            "template": {
+                "type": "Python",
+                "pythonVersion": "3",
+                "mode": "cluster",
+                "image": agg.image,
+                "imagePullPolicy": spec.image_pull_policy,
+                "mainApplicationFile": naming.SPARK_MAIN,
+                "arguments": [
+                    "--eventer",
+                    eventer,
+                    "--bucket",
+                    str(agg.bucket_seconds),
+                    "--output",
+                    agg.output,
+                    "--window",
+                    str(agg.window_seconds),
+                ],
+                "sparkVersion": agg.spark_version,
+                "restartPolicy": {"type": "Never"},
+                "driver": {
+                    "cores": agg.driver.cores,
+                    "memory": agg.driver.memory,
+                    "serviceAccount": agg.service_account_name,
+                    "labels": pod_labels,
+                    "env": token_env,
+                },
+                "executor": {
+                    "instances": agg.executor.instances,
+                    "cores": agg.executor.cores,
+                    "memory": agg.executor.memory,
+                    "labels": pod_labels,
+                    "env": token_env,
+                },
+            },
+        },
+    }

@@ -1,0 +1,117 @@
+"""Kopf wiring: every cause (create, update, resume, timer) runs the same reconciliation.
+
+Handlers are registered into a given registry so that the CLI runs with its own
+registry and options, and ``kopf run -m eventfleet_operator.kopf_module`` uses Kopf's
+default registry with options from the environment.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from eventfleet_operator import GROUP, PLURAL, VERSION, kube, naming
+from eventfleet_operator.config import OperatorConfig
+from eventfleet_operator.reconcile import Context, cleanup, reconcile
+from eventfleet_operator.replicas import Endpoints, ReplicaClient
+
+
+def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    """Kopf state lives in our own annotations/finalizer; only explicit Events are posted."""
+    settings.persistence.finalizer = naming.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration"
+    )
+    settings.posting.reporting_component = naming.MANAGER
+    settings.posting.loggers = False  # Events come from emit(), not from every log line
+    settings.networking.request_timeout = config.api_timeout
+    # Re-list now and then even if a watch silently stalls (proxies, LB idle timeouts).
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+
+
+def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
+    """Register the operator's handlers into ``registry``."""
+    resource = dict(group=GROUP, version=VERSION, plural=PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    async def startup(
+        settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        configure_settings(settings, config)
+        memo.ctx = Context(
+            config=config,
+            kube=kube.KubeClient(kube.load_credentials(), timeout=config.api_timeout),
+            replicas=ReplicaClient(
+                status_timeout=config.status_timeout, flush_timeout=config.flush_timeout
+            ),
+            endpoints=Endpoints(config.replica_url_template, config.replica_urls_file),
+        )
+        memo.last_status = {}
+        logger.info(
+            "eventfleet operator starting: %s, resync every %ss",
+            "all namespaces"
+            if config.all_namespaces
+            else "namespaces " + ", ".join(config.namespaces),
+            config.resync_seconds,
+        )
+
+    @kopf.on.cleanup(registry=registry)
+    async def shutdown(memo: kopf.Memo, **_: Any) -> None:
+        ctx = getattr(memo, "ctx", None)
+        if ctx is not None:
+            await ctx.close()
+
+    async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
+        raw: dict[str, Any] = copy.deepcopy(dict(body))
+        uid = raw["metadata"].get("uid", "")
+        # The watch may not have delivered our last status write yet (short resync
+        # intervals): prefer what this process wrote last for this very object.
+        if uid in memo.last_status:
+            raw["status"] = memo.last_status[uid]
+
+        def emit(type_: str, reason: str, message: str) -> None:
+            kopf.event(body, type=type_, reason=reason, message=message[:1024])
+
+        memo.last_status[uid] = await reconcile(memo.ctx, raw, logger, emit)
+
+    @kopf.on.resume(**resource, registry=registry, id="reconcile-resume", backoff=5)
+    @kopf.on.create(**resource, registry=registry, id="reconcile-create", backoff=5)
+    @kopf.on.update(**resource, registry=registry, id="reconcile-update", backoff=5)
+    async def on_change(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        await run_pass(body, memo, logger)
+
+    @kopf.timer(
+        **resource,
+        registry=registry,
+        id="resync",
+        interval=config.resync_seconds,
+        initial_delay=config.resync_seconds,
+        errors=kopf.ErrorsMode.IGNORED,  # the next tick is the retry
+    )
+    async def on_timer(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        await run_pass(body, memo, logger)
+
+    @kopf.on.delete(**resource, registry=registry, id="cleanup", backoff=5)
+    async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        deleted = await cleanup(memo.ctx, copy.deepcopy(dict(body)), logger)
+        memo.last_status.pop(body.get("metadata", {}).get("uid", ""), None)
+        if deleted:
+            kopf.event(
+                body,
+                type="Normal",
+                reason="Deleted",
+                message="deleted " + ", ".join(deleted)[:1000],
+            )
+
+
+def namespaces_of(config: OperatorConfig) -> Mapping[str, Any]:
+    """kopf.run() arguments for the watched namespaces."""
+    if config.all_namespaces:
+        return {"clusterwide": True}
+    return {"namespaces": list(config.namespaces)}

@@ -1,0 +1,484 @@
+"""The parsed, validated ``EventServer`` spec.
+
+The CRD schema (``crds/eventfleet.io_eventservers.yaml``) rejects most bad input at the
+API server and applies the defaults. This module applies the same defaults again (the
+operator must not depend on API-server defaulting, e.g. for objects stored before a CRD
+upgrade) and checks what a structural schema cannot: cron syntax, port overlaps,
+cross-field rules, name limits. Every problem is a :class:`SpecError` naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eventfleet_operator import __version__
+
+DEFAULT_SERVER_IMAGE = f"eventfleet/server:{__version__}"
+DEFAULT_SPARK_IMAGE = f"eventfleet/spark:{__version__}"
+
+# StatefulSet pods get a `controller-revision-hash: <name>-<hash>` label (<= 63 chars,
+# hash up to 10) and Services need DNS-1035 names: the CRD has the same CEL rules.
+MAX_NAME_LENGTH = 52
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^([0-9]+(\.[0-9]+)?)([KMGTPE]i?|[numk])?$")
+_SPARK_MEMORY = re.compile(r"^[0-9]+[kmgt]?$")
+_DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")
+_CRON_DESCRIPTORS = {
+    "@yearly",
+    "@annually",
+    "@monthly",
+    "@weekly",
+    "@daily",
+    "@midnight",
+    "@hourly",
+}
+_CRON_FIELD = re.compile(r"^(\*|\?|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?$")
+SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
+RETENTION_POLICIES = ("Retain", "Delete")
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+class SpecError(ValueError):
+    """An ``EventServer`` spec the operator cannot act on; ``field`` is its JSON path."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclasses.dataclass(frozen=True)
+class Ports:
+    eventer: int = 23012
+    syncer: int = 23013
+    bus: int = 23030  # the Event BUS uses bus, bus+1 and bus+2
+    http: int = 23080
+
+
+@dataclasses.dataclass(frozen=True)
+class Storage:
+    size: str = "1Gi"
+    storage_class_name: str | None = None
+    synchronous: str = "FULL"
+    when_deleted: str = "Retain"
+    when_scaled: str = "Retain"
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenRef:
+    """Where the replicas' token lives: a user Secret, or the generated ``<name>-token``."""
+
+    secret_name: str
+    key: str = "token"
+    generated: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class Retention:
+    max_age_seconds: int | None = None
+    max_events: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceMonitorSpec:
+    enabled: bool = False
+    interval: str = "30s"
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class SparkPod:
+    cores: int = 1
+    memory: str = "512m"
+    instances: int = 1  # executors only
+
+
+@dataclasses.dataclass(frozen=True)
+class Aggregation:
+    enabled: bool = False
+    schedule: str = "*/10 * * * *"
+    time_zone: str = "UTC"
+    concurrency_policy: str = "Forbid"
+    suspend: bool = False
+    bucket_seconds: int = 60
+    window_seconds: int = 3600
+    output: str = "/tmp/eventfleet/aggregates"
+    image: str = DEFAULT_SPARK_IMAGE
+    spark_version: str = "4.0.1"
+    service_account_name: str = "spark"
+    driver: SparkPod = SparkPod()
+    executor: SparkPod = SparkPod()
+
+
+@dataclasses.dataclass(frozen=True)
+class SecurityContext:
+    run_as_user: int = 10001
+    run_as_group: int = 10001
+    fs_group: int = 10001
+
+
+@dataclasses.dataclass(frozen=True)
+class FleetSpec:
+    """Everything the builders need, immutable, with every default applied."""
+
+    name: str
+    namespace: str
+    uid: str = ""
+    replicas: int = 3
+    image: str = DEFAULT_SERVER_IMAGE
+    image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
+    resources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    storage: Storage = Storage()
+    ports: Ports = Ports()
+    token: TokenRef | None = None
+    bus_enabled: bool = True
+    retention: Retention = Retention()
+    subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
+    service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
+    aggregation: Aggregation = Aggregation()
+    node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    priority_class_name: str | None = None
+    pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    pod_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    security: SecurityContext = SecurityContext()
+    termination_grace_period_seconds: int = 60
+    log_level: str = "INFO"
+
+    @property
+    def token_ref(self) -> TokenRef:
+        return self.token or TokenRef(secret_name=f"{self.name}-token")
+
+
+def _get(spec: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...]) -> Any:
+    value = spec.get(key)
+    if value is None:
+        return None
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    # bool is an int in Python; a spec `replicas: true` must not pass as 1.
+    if isinstance(value, bool) and bool not in kinds:
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got a boolean")
+    if not isinstance(value, kind):
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {type(value).__name__}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {
+        dict: "an object",
+        list: "a list",
+        str: "a string",
+        int: "an integer",
+        bool: "a boolean",
+    }
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(k, k.__name__) for k in kinds)
+
+
+def _obj(spec: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
+    return _get(spec, key, path, dict) or {}
+
+
+def _int(
+    spec: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: int | None,
+    lo: int,
+    hi: int | None = None,
+) -> Any:
+    value = _get(spec, key, path, int)
+    if value is None:
+        return default
+    if value < lo or (hi is not None and value > hi):
+        bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
+        raise SpecError(f"{path}.{key}", f"must be {bound}, got {value}")
+    return value
+
+
+def _str(
+    spec: Mapping[str, Any], key: str, path: str, default: Any = None, choices: Sequence[str] = ()
+) -> Any:
+    value = _get(spec, key, path, str)
+    if value is None or (value == "" and default is not None):
+        return default
+    if choices and value not in choices:
+        raise SpecError(f"{path}.{key}", f"must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _bool(spec: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
+    value = _get(spec, key, path, bool)
+    return default if value is None else value
+
+
+def _str_map(spec: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
+    value = _obj(spec, key, path)
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise SpecError(f"{path}.{key}.{k}", f"expected a string, got {type(v).__name__}")
+    return dict(value)
+
+
+def validate_name(name: str) -> None:
+    """Names feed every child's name: the same limits as the CRD's CEL rules."""
+    if len(name) > MAX_NAME_LENGTH:
+        raise SpecError(
+            "metadata.name", f"must be at most {MAX_NAME_LENGTH} characters, got {len(name)}"
+        )
+    if not _DNS1035.match(name):
+        raise SpecError(
+            "metadata.name",
+            f"must be a DNS-1035 label (a-z, 0-9, '-', starts with a letter), got {name!r}",
+        )
+
+
+def validate_cron(schedule: str, field: str) -> None:
+    """The schedule syntax robfig/cron (spark-operator) accepts: 5 fields or a descriptor."""
+    text = schedule.strip()
+    if text in _CRON_DESCRIPTORS:
+        return
+    if text.startswith("@every "):
+        if not _DURATION.match(text[len("@every ") :].strip()) or text.endswith(" 0"):
+            raise SpecError(
+                field, f"'@every' needs a positive duration such as 10m, got {schedule!r}"
+            )
+        return
+    fields = text.split()
+    if len(fields) != 5:
+        raise SpecError(
+            field, f"must have 5 cron fields or be a descriptor like @hourly, got {schedule!r}"
+        )
+    for item in fields:
+        for part in item.split(","):
+            if not _CRON_FIELD.match(part):
+                raise SpecError(field, f"invalid cron field {part!r} in {schedule!r}")
+
+
+def _validate_ports(ports: Ports) -> None:
+    used: dict[int, str] = {}
+    claims = [
+        ("eventer", ports.eventer),
+        ("syncer", ports.syncer),
+        ("http", ports.http),
+        ("bus", ports.bus),
+        ("bus", ports.bus + 1),
+        ("bus", ports.bus + 2),
+    ]
+    for name, port in claims:
+        if port in used and used[port] != name:
+            raise SpecError(
+                f"spec.ports.{name}",
+                f"port {port} collides with spec.ports.{used[port]} "
+                "(the Event BUS uses bus, bus+1, bus+2)",
+            )
+        used[port] = name
+
+
+def _parse_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
+    resources = _obj(spec, "resources", "spec")
+    out: dict[str, Any] = {}
+    for section in ("requests", "limits"):
+        values = _obj(resources, section, "spec.resources")
+        for key, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise SpecError(
+                    f"spec.resources.{section}.{key}", "must be a quantity such as 500m or 1Gi"
+                )
+            if isinstance(value, str) and not _QUANTITY.match(value):
+                raise SpecError(
+                    f"spec.resources.{section}.{key}",
+                    f"{value!r} is not a quantity such as 500m or 1Gi",
+                )
+        if values:
+            out[section] = dict(values)
+    return out
+
+
+def _parse_storage(spec: Mapping[str, Any]) -> Storage:
+    storage = _obj(spec, "storage", "spec")
+    size = _str(storage, "size", "spec.storage", "1Gi")
+    if not _QUANTITY.match(size):
+        raise SpecError("spec.storage.size", f"{size!r} is not a quantity such as 1Gi")
+    policy = _obj(storage, "retentionPolicy", "spec.storage")
+    return Storage(
+        size=size,
+        storage_class_name=_str(storage, "storageClassName", "spec.storage") or None,
+        synchronous=_str(storage, "synchronous", "spec.storage", "FULL", SYNCHRONOUS_MODES),
+        when_deleted=_str(
+            policy, "whenDeleted", "spec.storage.retentionPolicy", "Retain", RETENTION_POLICIES
+        ),
+        when_scaled=_str(
+            policy, "whenScaled", "spec.storage.retentionPolicy", "Retain", RETENTION_POLICIES
+        ),
+    )
+
+
+def _parse_ports(spec: Mapping[str, Any]) -> Ports:
+    ports = _obj(spec, "ports", "spec")
+    parsed = Ports(
+        eventer=_int(ports, "eventer", "spec.ports", 23012, 1024, 65535),
+        syncer=_int(ports, "syncer", "spec.ports", 23013, 1024, 65535),
+        bus=_int(ports, "bus", "spec.ports", 23030, 1024, 65533),
+        http=_int(ports, "http", "spec.ports", 23080, 1024, 65535),
+    )
+    _validate_ports(parsed)
+    return parsed
+
+
+def _parse_token(spec: Mapping[str, Any]) -> TokenRef | None:
+    ref = _obj(_obj(spec, "token", "spec"), "secretRef", "spec.token")
+    if not ref:
+        return None
+    name = _str(ref, "name", "spec.token.secretRef")
+    if not name:
+        raise SpecError("spec.token.secretRef.name", "is required when secretRef is given")
+    return TokenRef(
+        secret_name=name, key=_str(ref, "key", "spec.token.secretRef", "token"), generated=False
+    )
+
+
+def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
+    subs = _get(_obj(spec, "syncer", "spec"), "subscriptions", "spec.syncer", list)
+    if subs is None:
+        return (("*",),)
+    if not subs:
+        raise SpecError("spec.syncer.subscriptions", "must list at least one event type")
+    out = []
+    for i, sub in enumerate(subs):
+        field = f"spec.syncer.subscriptions[{i}]"
+        if not isinstance(sub, list) or not sub or not all(isinstance(s, str) for s in sub):
+            raise SpecError(field, "must be a non-empty list of strings")
+        if "*" in sub[:-1]:
+            # hat-event semantics: '*' matches the rest and is only valid last.
+            raise SpecError(field, f"'*' is only valid as the last segment, got {sub!r}")
+        out.append(tuple(sub))
+    return tuple(out)
+
+
+def _parse_monitoring(spec: Mapping[str, Any]) -> ServiceMonitorSpec:
+    sm = _obj(_obj(spec, "monitoring", "spec"), "serviceMonitor", "spec.monitoring")
+    interval = _str(sm, "interval", "spec.monitoring.serviceMonitor", "30s")
+    if not _DURATION.match(interval):
+        raise SpecError(
+            "spec.monitoring.serviceMonitor.interval", f"{interval!r} is not a duration such as 30s"
+        )
+    labels = _str_map(sm, "labels", "spec.monitoring.serviceMonitor")
+    return ServiceMonitorSpec(
+        enabled=_bool(sm, "enabled", "spec.monitoring.serviceMonitor", False),
+        interval=interval,
+        labels=tuple(sorted(labels.items())),
+    )
+
+
+def _parse_spark_pod(agg: Mapping[str, Any], key: str) -> SparkPod:
+    path = f"spec.aggregation.{key}"
+    pod = _obj(agg, key, "spec.aggregation")
+    memory = _str(pod, "memory", path, "512m")
+    if not _SPARK_MEMORY.match(memory):
+        raise SpecError(
+            f"{path}.memory", f"{memory!r} is not a Spark memory size such as 512m or 2g"
+        )
+    return SparkPod(
+        cores=_int(pod, "cores", path, 1, 1),
+        memory=memory,
+        instances=_int(pod, "instances", path, 1, 1) if key == "executor" else 1,
+    )
+
+
+def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
+    agg = _obj(spec, "aggregation", "spec")
+    path = "spec.aggregation"
+    parsed = Aggregation(
+        enabled=_bool(agg, "enabled", path, False),
+        schedule=_str(agg, "schedule", path, "*/10 * * * *"),
+        time_zone=_str(agg, "timeZone", path, "UTC"),
+        concurrency_policy=_str(agg, "concurrencyPolicy", path, "Forbid", CONCURRENCY_POLICIES),
+        suspend=_bool(agg, "suspend", path, False),
+        bucket_seconds=_int(agg, "bucketSeconds", path, 60, 1),
+        window_seconds=_int(agg, "windowSeconds", path, 3600, 1),
+        output=_str(agg, "output", path, "/tmp/eventfleet/aggregates"),
+        image=_str(agg, "image", path, DEFAULT_SPARK_IMAGE),
+        spark_version=_str(agg, "sparkVersion", path, "4.0.1"),
+        service_account_name=_str(agg, "serviceAccountName", path, "spark"),
+        driver=_parse_spark_pod(agg, "driver"),
+        executor=_parse_spark_pod(agg, "executor"),
+    )
+    if parsed.enabled:
+        validate_cron(parsed.schedule, f"{path}.schedule")
+        if parsed.window_seconds < parsed.bucket_seconds:
+            raise SpecError(
+                f"{path}.windowSeconds",
+                f"must be at least bucketSeconds ({parsed.bucket_seconds}), "
+                f"got {parsed.window_seconds}",
+            )
+    return parsed
+
+
+def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    tolerations = _get(spec, "tolerations", "spec", list) or []
+    for i, tol in enumerate(tolerations):
+        if not isinstance(tol, dict):
+            raise SpecError(f"spec.tolerations[{i}]", "must be an object")
+    return tuple(dict(t) for t in tolerations)
+
+
+def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str = "") -> FleetSpec:
+    """Parse and validate an ``EventServer`` spec; raises :class:`SpecError`."""
+    validate_name(name)
+    spec = spec or {}
+    if not isinstance(spec, Mapping):
+        raise SpecError("spec", "must be an object")
+    pull_secrets = _get(spec, "imagePullSecrets", "spec", list) or []
+    for i, ref in enumerate(pull_secrets):
+        if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
+            raise SpecError(f"spec.imagePullSecrets[{i}].name", "is required")
+    security = _obj(spec, "securityContext", "spec")
+    retention = _obj(spec, "retention", "spec")
+    protocols = _obj(spec, "protocols", "spec")
+    affinity = _get(spec, "affinity", "spec", dict)
+    return FleetSpec(
+        name=name,
+        namespace=namespace,
+        uid=uid,
+        replicas=_int(spec, "replicas", "spec", 3, 1, 64),
+        image=_str(spec, "image", "spec", DEFAULT_SERVER_IMAGE),
+        image_pull_policy=_str(spec, "imagePullPolicy", "spec", "IfNotPresent", PULL_POLICIES),
+        image_pull_secrets=tuple(ref["name"] for ref in pull_secrets),
+        resources=_parse_resources(spec),
+        storage=_parse_storage(spec),
+        ports=_parse_ports(spec),
+        token=_parse_token(spec),
+        bus_enabled=_bool(
+            _obj(protocols, "bus", "spec.protocols"), "enabled", "spec.protocols.bus", True
+        ),
+        retention=Retention(
+            max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
+            max_events=_int(retention, "maxEvents", "spec.retention", None, 1),
+        ),
+        subscriptions=_parse_subscriptions(spec),
+        service_monitor=_parse_monitoring(spec),
+        aggregation=_parse_aggregation(spec),
+        node_selector=_str_map(spec, "nodeSelector", "spec"),
+        tolerations=_parse_tolerations(spec),
+        affinity=dict(affinity) if affinity else None,
+        priority_class_name=_str(spec, "priorityClassName", "spec") or None,
+        pod_labels=_str_map(spec, "podLabels", "spec"),
+        pod_annotations=_str_map(spec, "podAnnotations", "spec"),
+        security=SecurityContext(
+            run_as_user=_int(security, "runAsUser", "spec.securityContext", 10001, 1),
+            run_as_group=_int(security, "runAsGroup", "spec.securityContext", 10001, 1),
+            fs_group=_int(security, "fsGroup", "spec.securityContext", 10001, 1),
+        ),
+        termination_grace_period_seconds=_int(
+            spec, "terminationGracePeriodSeconds", "spec", 60, 10
+        ),
+        log_level=_str(spec, "logLevel", "spec", "INFO", LOG_LEVELS),
+    )

@@ -1,0 +1,118 @@
+"""Names, labels and paths shared by the builders, the scaling logic and the status."""
+
+from __future__ import annotations
+
+import hashlib
+
+from eventfleet_operator import GROUP, KIND, VERSION
+
+MANAGER = "eventfleet-operator"
+FIELD_MANAGER = "eventfleet-operator"
+FINALIZER = f"{GROUP}/cleanup"
+CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+SERVING_LABEL = f"{GROUP}/serving"  # client Service selects only serving="true" pods
+
+CONFIG_DIR = "/etc/eventfleet"
+CONFIG_FILE = "config.yaml"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
+TOKEN_DIR = "/var/run/secrets/eventfleet"
+TOKEN_PATH = f"{TOKEN_DIR}/token"
+DATA_DIR = "/var/lib/eventfleet"
+SPARK_MAIN = "local:///opt/eventfleet/aggregate.py"
+
+# spark-operator names each run `<name>-<unix nanos>` (+20 characters) and derives the
+# driver pod and the UI Service (a 63-character DNS label) from it.
+MAX_SPARK_APP_NAME = 30
+
+
+def statefulset(name: str) -> str:
+    return name
+
+
+def peer_service(name: str) -> str:
+    return f"{name}-peers"
+
+
+def client_service(name: str) -> str:
+    return name
+
+
+def configmap(name: str) -> str:
+    return f"{name}-config"
+
+
+def token_secret(name: str) -> str:
+    return f"{name}-token"
+
+
+def pdb(name: str) -> str:
+    return name
+
+
+def service_monitor(name: str) -> str:
+    return name
+
+
+def spark_app(name: str) -> str:
+    """A short, stable name for the ScheduledSparkApplication (see MAX_SPARK_APP_NAME)."""
+    full = f"{name}-agg"
+    if len(full) <= MAX_SPARK_APP_NAME:
+        return full
+    digest = hashlib.sha256(name.encode()).hexdigest()[:5]
+    prefix = name[: MAX_SPARK_APP_NAME - len(digest) - 5].rstrip("-")
+    return f"{prefix}-{digest}-agg"
+
+
+def pod(name: str, ordinal: int) -> str:
+    return f"{name}-{ordinal}"
+
+
+def server_id(ordinal: int) -> int:
+    """Server ids are ordinal + 1 (0 is not a valid Hat server id)."""
+    return ordinal + 1
+
+
+def peer_host(name: str, namespace: str, ordinal: int) -> str:
+    # Stop at `.svc`: the pods' resolv.conf search list completes the cluster domain,
+    # which is not always cluster.local.
+    return f"{pod(name, ordinal)}.{peer_service(name)}.{namespace}.svc"
+
+
+def selector_labels(name: str) -> dict[str, str]:
+    """Labels that select the replica pods (immutable in the StatefulSet selector)."""
+    return {
+        "app.kubernetes.io/name": "eventfleet",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": "replica",
+    }
+
+
+def selector_string(name: str) -> str:
+    """``status.selector`` for the scale subresource (what HPA and kubectl use)."""
+    return ",".join(f"{k}={v}" for k, v in selector_labels(name).items())
+
+
+def labels(name: str, component: str) -> dict[str, str]:
+    """Labels of every child; ``instance`` is what cleanup selects on."""
+    return {
+        "app.kubernetes.io/name": "eventfleet",
+        "app.kubernetes.io/instance": name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/managed-by": MANAGER,
+        "app.kubernetes.io/part-of": "eventfleet",
+    }
+
+
+def instance_selector(name: str) -> str:
+    return f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGER}"
+
+
+def owner_reference(name: str, uid: str) -> dict[str, object]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": name,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }

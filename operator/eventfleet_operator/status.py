@@ -1,0 +1,258 @@
+"""The ``EventServer`` status: pure functions from observations to the status object.
+
+Conditions (``kubectl wait --for=condition=Ready eventserver/NAME`` works):
+
+* ``Ready`` - spec valid, children applied, the StatefulSet at ``spec.replicas`` and
+  that many replicas ready.
+* ``PeersSynced`` - every replica reports every other replica's link as synced.
+* ``ScaleDownHeld`` - True while a scale-down waits for events to be replicated.
+* ``AggregationScheduled`` - the ScheduledSparkApplication exists.
+* ``MonitoringConfigured`` - the ServiceMonitor exists.
+
+``phase`` is for display only: Pending, Running, Scaling, Degraded or Failed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eventfleet_operator.replicas import ReplicaStatus
+from eventfleet_operator.scaling import Decision
+
+IN_SYNC_STATES = ("synced", "connected")
+
+
+@dataclasses.dataclass(frozen=True)
+class OptionalChild:
+    """An optional child: wanted by the spec? its CRD installed? applied?"""
+
+    enabled: bool
+    available: bool = True
+    applied: bool = False
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class PeerReport:
+    ordinal: int
+    name: str
+    server_id: int
+    status: ReplicaStatus | None = None
+    error: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """Everything one reconciliation pass learned."""
+
+    name: str
+    generation: int
+    desired: int
+    selector: str
+    spec_error: tuple[str, str] | None = None  # (field, message)
+    token_error: str = ""
+    apply_error: str = ""
+    statefulset: Mapping[str, Any] | None = None
+    decision: Decision = dataclasses.field(default_factory=lambda: Decision(target=0))
+    peers: Sequence[PeerReport] = ()
+    monitoring: OptionalChild = OptionalChild(enabled=False)
+    aggregation: OptionalChild = OptionalChild(enabled=False)
+    config_hash: str = ""
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def condition(
+    type_: str,
+    status: str,
+    reason: str,
+    message: str,
+    generation: int,
+    previous: Sequence[Mapping[str, Any]],
+    now: str,
+) -> dict[str, Any]:
+    """A condition that keeps its lastTransitionTime while its status does not change."""
+    old = next((c for c in previous if c.get("type") == type_), None)
+    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    return {
+        "type": type_,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": since or now,
+        "observedGeneration": generation,
+    }
+
+
+def peer_entry(report: PeerReport, expected: Sequence[int]) -> dict[str, Any]:
+    """One ``status.peers[]`` item: the replica's own view and its worst Syncer link."""
+    entry: dict[str, Any] = {"name": report.name, "serverId": report.server_id}
+    st = report.status
+    if st is None:
+        entry.update(reachable=False, ready=False, syncState="unknown", message=report.error[:300])
+        return entry
+    links = {p.server_id: p for p in st.peers}
+    missing = [sid for sid in expected if sid != report.server_id and sid not in links]
+    relevant = [links[sid] for sid in expected if sid in links and sid != report.server_id]
+    if missing or any(p.state == "disconnected" for p in relevant):
+        sync = "disconnected"
+    elif any(p.state not in IN_SYNC_STATES or p.lag_events > 0 for p in relevant):
+        sync = "syncing"
+    else:
+        sync = "synced"
+    own = st.own_last_id()
+    entry.update(
+        reachable=True,
+        ready=st.ready,
+        status=st.status,
+        syncState=sync,
+        lastEventId=own.as_dict() if own else None,
+        lagEvents=max((p.lag_events for p in relevant), default=0),
+        lagSeconds=max((p.lag_seconds for p in relevant), default=0.0),
+    )
+    if st.events is not None:
+        entry["events"] = int(st.events)
+    if missing:
+        entry["message"] = "no link to server ids " + ", ".join(map(str, missing))
+    return entry
+
+
+def _peers_condition(entries: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
+    if not entries:
+        return "Unknown", "NoReplicas", "no replica is running"
+    unreachable = [e["name"] for e in entries if not e.get("reachable")]
+    if unreachable:
+        return "Unknown", "StatusUnavailable", "cannot read /status of " + ", ".join(unreachable)
+    behind = [f"{e['name']} ({e['syncState']})" for e in entries if e.get("syncState") != "synced"]
+    if behind:
+        return "False", "PeersSyncing", "not in sync: " + ", ".join(behind)
+    return "True", "AllPeersSynced", f"all {len(entries)} replicas are in sync with each other"
+
+
+def _optional_condition(
+    kind: str, opt: OptionalChild, missing_reason: str, missing_what: str
+) -> tuple[str, str, str]:
+    if not opt.enabled:
+        return "False", "Disabled", f"{kind} is disabled in the spec"
+    if not opt.available:
+        return "False", missing_reason, f"{missing_what} is not installed: no {kind} can be created"
+    if opt.error:
+        return "False", "ApplyFailed", opt.error[:300]
+    return (
+        ("True", "Applied", f"{kind} is in place")
+        if opt.applied
+        else ("False", "Pending", f"{kind} not yet applied")
+    )
+
+
+def build(
+    obs: Observation, previous: Mapping[str, Any] | None, now: str | None = None
+) -> dict[str, Any]:
+    """The complete ``status`` for one pass (previous status keeps transition times)."""
+    previous = previous or {}
+    prev_conditions = previous.get("conditions") or []
+    now = now or now_iso()
+    sts_spec = (obs.statefulset or {}).get("spec") or {}
+    sts_status = (obs.statefulset or {}).get("status") or {}
+    sts_replicas = sts_spec.get("replicas")
+    replicas = int(sts_status.get("replicas") or 0)
+    ready = int(sts_status.get("readyReplicas") or 0)
+
+    entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
+
+    # Ready: the first problem found is the reason, the most fundamental first.
+    if obs.spec_error:
+        field, message = obs.spec_error
+        ready_c = ("False", "InvalidSpec", f"{field}: {message}")
+    elif obs.apply_error:
+        ready_c = ("False", "ApplyFailed", obs.apply_error[:300])
+    elif obs.token_error:
+        ready_c = ("False", "TokenSecretNotFound", obs.token_error)
+    elif obs.decision.held:
+        ready_c = ("False", "ScaleDownHeld", obs.decision.message)
+    elif sts_replicas != obs.desired:
+        ready_c = (
+            "False",
+            "Scaling",
+            f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
+        )
+    elif ready < obs.desired:
+        ready_c = ("False", "ReplicasNotReady", f"{ready} of {obs.desired} replicas ready")
+    else:
+        ready_c = ("True", "AllReplicasReady", f"{ready} of {obs.desired} replicas ready")
+
+    if obs.spec_error:
+        peers_c = ("Unknown", "InvalidSpec", "the spec is invalid")
+    else:
+        peers_c = _peers_condition(entries)
+    held_c = (
+        ("True", obs.decision.reason, obs.decision.message)
+        if obs.decision.held
+        else ("False", obs.decision.reason, obs.decision.message or "no scale-down is waiting")
+    )
+    agg_c = _optional_condition(
+        "ScheduledSparkApplication",
+        obs.aggregation,
+        "SparkOperatorNotInstalled",
+        "spark-operator (sparkoperator.k8s.io/v1beta2)",
+    )
+    mon_c = _optional_condition(
+        "ServiceMonitor",
+        obs.monitoring,
+        "PrometheusOperatorNotInstalled",
+        "prometheus-operator (monitoring.coreos.com/v1)",
+    )
+
+    conditions = [
+        condition(t, *c, obs.generation, prev_conditions, now)
+        for t, c in (
+            ("Ready", ready_c),
+            ("PeersSynced", peers_c),
+            ("ScaleDownHeld", held_c),
+            ("AggregationScheduled", agg_c),
+            ("MonitoringConfigured", mon_c),
+        )
+    ]
+
+    if obs.spec_error:
+        phase = "Failed"
+    elif ready_c[0] == "True":
+        phase = "Running"
+    elif sts_replicas is not None and sts_replicas != obs.desired:
+        phase = "Scaling"
+    elif ready > 0:
+        phase = "Degraded"
+    else:
+        phase = "Pending"
+
+    initialized = bool(previous.get("initialized")) or (ready_c[0] == "True")
+    status: dict[str, Any] = {
+        "observedGeneration": obs.generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "statefulSetReplicas": int(sts_replicas or 0),
+        "selector": obs.selector,
+        "phase": phase,
+        "initialized": initialized,
+        "conditions": conditions,
+        "peers": entries,
+    }
+    if obs.config_hash:
+        status["configHash"] = obs.config_hash
+    return status
+
+
+def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Conditions whose status or reason changed (each becomes a Kubernetes Event)."""
+    before = {c.get("type"): c for c in (old or {}).get("conditions") or []}
+    changed = []
+    for c in new.get("conditions") or []:
+        b = before.get(c["type"])
+        if b is None or b.get("status") != c["status"] or b.get("reason") != c["reason"]:
+            changed.append(c)
+    return changed

@@ -1,0 +1,111 @@
+"""Example specs and a scripted replica fleet for the operator tests (no network)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventfleet_operator.replicas import ReplicaStatus, ReplicaUnreachable
+
+
+def status_doc(server_id, last_ids, peers=(), ready=True):
+    return {
+        "version": 1,
+        "server_id": server_id,
+        "status": "operational",
+        "ready": ready,
+        "last_ids": {
+            str(sid): {"server": sid, "session": s, "instance": i}
+            for sid, (s, i) in last_ids.items()
+        },
+        "peers": list(peers),
+        "storage": {"events": 10, "db_bytes": 4096},
+    }
+
+
+class FakeReplicas:
+    """``ReplicaClient`` look-alike: URLs are ``fake://<ordinal>``; records every call."""
+
+    def __init__(self):
+        self.docs: dict[int, dict] = {}
+        self.down: set[int] = set()
+        self.flush_fails: set[int] = set()
+        self.calls: list[tuple] = []
+
+    @staticmethod
+    def ordinal(url):
+        return int(url.rsplit("/", 1)[-1])
+
+    async def status(self, url):
+        ordinal = self.ordinal(url)
+        self.calls.append(("status", ordinal))
+        if ordinal in self.down or ordinal not in self.docs:
+            raise ReplicaUnreachable(f"{url}: connection refused")
+        return ReplicaStatus.parse(self.docs[ordinal])
+
+    async def flush(self, url, peer):
+        ordinal = self.ordinal(url)
+        self.calls.append(("flush", ordinal, peer))
+        if ordinal in self.down or ordinal in self.flush_fails:
+            raise ReplicaUnreachable(f"{url}/flush: timeout")
+        return {"flushed": True}
+
+
+class FakeEndpoints:
+    def url(self, namespace, name, ordinal, port):
+        return f"fake://{ordinal}"
+
+
+FULL_SPEC: dict[str, Any] = {
+    "replicas": 5,
+    "image": "registry.example/eventfleet/server:1.2.3",
+    "imagePullPolicy": "Always",
+    "imagePullSecrets": [{"name": "regcred"}],
+    "resources": {"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "1Gi"}},
+    "storage": {
+        "size": "20Gi",
+        "storageClassName": "fast-ssd",
+        "synchronous": "NORMAL",
+        "retentionPolicy": {"whenDeleted": "Delete", "whenScaled": "Retain"},
+    },
+    "ports": {"eventer": 24012, "syncer": 24013, "bus": 24030, "http": 24080},
+    "token": {"secretRef": {"name": "my-token", "key": "secret"}},
+    "protocols": {"bus": {"enabled": False}},
+    "retention": {"maxAgeSeconds": 86400, "maxEvents": 1000000},
+    "syncer": {"subscriptions": [["a", "*"], ["b", "?", "c"]]},
+    "monitoring": {
+        "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}
+    },
+    "aggregation": {
+        "enabled": True,
+        "schedule": "@every 5m",
+        "timeZone": "Europe/Zagreb",
+        "concurrencyPolicy": "Replace",
+        "bucketSeconds": 30,
+        "windowSeconds": 600,
+        "output": "s3a://bucket/aggregates",
+        "image": "registry.example/eventfleet/spark:1.2.3",
+        "sparkVersion": "4.0.1",
+        "serviceAccountName": "spark-driver",
+        "driver": {"cores": 2, "memory": "1g"},
+        "executor": {"instances": 3, "cores": 2, "memory": "2g"},
+    },
+    "nodeSelector": {"disktype": "ssd"},
+    "tolerations": [
+        {"key": "dedicated", "operator": "Equal", "value": "events", "effect": "NoSchedule"}
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]}
+                ]
+            }
+        }
+    },
+    "priorityClassName": "high",
+    "podLabels": {"team": "events"},
+    "podAnnotations": {"example.com/owner": "events"},
+    "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 2000},
+    "terminationGracePeriodSeconds": 120,
+    "logLevel": "DEBUG",
+}
