@@ -230,3 +230,22 @@ def test_notes_tell_the_user_what_to_apply_next(home):
     assert "kind: EventServer" in notes
     assert "kubectl" in notes and "apply -f -" in notes
     assert "wait --for=condition=Ready" in notes
+
+
+def test_packaged_chart_renders_the_same_as_the_directory(home, tmp_path, default_docs):
+    # Templates read files/ and examples/ through .Files; a .helmignore rule that drops
+    # them would only show up once the chart is packaged and installed from a repository.
+    helm(home, "package", str(CHART), "--destination", str(tmp_path))
+    (tgz,) = tmp_path.glob("eventfleet-operator-*.tgz")
+    out = helm(
+        home,
+        "template",
+        "ef",
+        str(tgz),
+        "--namespace",
+        "eventfleet-system",
+        "--include-crds",
+        "--kube-version",
+        KUBE_VERSION,
+    ).stdout
+    assert [d for d in yaml.safe_load_all(out) if d] == default_docs
