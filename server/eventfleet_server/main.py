@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import EventerLimits, EventerServer
+from eventfleet_server.http import HttpServer
 from eventfleet_server.storage import Retention, Storage
 
 log = logging.getLogger(__name__)
@@ -25,11 +26,15 @@ class Replica:
         self.storage: Storage | None = None
         self.engine: Engine | None = None
         self.eventer: EventerServer | None = None
+        self.http: HttpServer | None = None
         self._retention_task: asyncio.Task | None = None
 
     async def start(self) -> None:
         conf = self.conf
         data_dir = pathlib.Path(conf["data_dir"])
+        # HTTP first: probes answer ("alive, not ready") during the whole start-up.
+        self.http = HttpServer(self, conf["host"], conf["http"]["port"])
+        await self.http.start()
         retention_conf = conf["storage"]["retention"]
         self.storage = await Storage.open(
             data_dir / "events.sqlite",
@@ -46,6 +51,7 @@ class Replica:
             max_uncommitted=conf["storage"]["max_uncommitted"],
             max_results_cap=ev["max_results_cap"],
         )
+        self.http.metrics.instrument(self.engine)
         await self.engine.start()
         self.eventer = EventerServer(
             self.engine,
@@ -83,6 +89,9 @@ class Replica:
             await self.eventer.stop()
         if self.storage:
             await self.storage.close()
+        if self.http:
+            # Last: /readyz reports "stopping" and /healthz stays alive while we drain.
+            await self.http.stop()
         log.info("replica stopped")
 
     async def _retention_loop(self, interval: float) -> None:

@@ -91,6 +91,7 @@ class Engine:
         self._writer_task: asyncio.Task | None = None
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
+        self._query_listeners: list[Callable[[QueryParams, float], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -185,6 +186,13 @@ class Engine:
         """Called after each commit with (event count, commit seconds); for metrics."""
         self._commit_listeners.append(listener)
         return lambda: self._commit_listeners.remove(listener)
+
+    def add_query_listener(
+        self, listener: Callable[[QueryParams, float], None]
+    ) -> Callable[[], None]:
+        """Called after each query (also a failed one) with (params, seconds); for metrics."""
+        self._query_listeners.append(listener)
+        return lambda: self._query_listeners.remove(listener)
 
     def _fan_out(self, events: list[Event], persisted: bool) -> None:
         for listener in self._listeners:
@@ -296,6 +304,15 @@ class Engine:
 
     async def query(self, params: QueryParams) -> QueryResult:
         """Run a query; a `server` query with ``persisted=False`` includes uncommitted events."""
+        started = time.perf_counter()
+        try:
+            return await self._query(params)
+        finally:
+            elapsed = time.perf_counter() - started
+            for cb in self._query_listeners:
+                cb(params, elapsed)
+
+    async def _query(self, params: QueryParams) -> QueryResult:
         result = await self._storage.query(params, max_results_cap=self._max_results_cap)
         if (
             isinstance(params, QueryServerParams)

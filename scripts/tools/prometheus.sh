@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Installs Debian's `prometheus` package so the tests have a real `prometheus` and
+# `promtool`, and links both into <repo>/.tools/bin.
+#
+# The tests only ever run the binaries themselves (on 127.0.0.1, with a temporary data
+# directory); a system service is never wanted. The package's maintainer scripts may try
+# to start one: while we install, a temporary policy-rc.d forbids service starts
+# (invoke-rc.d honours it on sysvinit and on systemd), and afterwards we stop and disable
+# whatever the package may still have started. Only when this run installed the package:
+# an existing installation (and any service its owner runs) is left alone.
+#
+# Idempotent: a second run only checks that the binaries are there.
+# Usage: scripts/tools/prometheus.sh
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+bindir="$root/.tools/bin"
+
+link_binaries() {
+    mkdir -p "$bindir"
+    for name in prometheus promtool; do
+        local found
+        found="$(PATH="/usr/bin:/usr/sbin:/bin:$PATH" command -v "$name")"
+        # A relative-free symlink; replaced atomically so a concurrent test never sees none.
+        ln -sfn "$found" "$bindir/.$name.tmp"
+        mv -Tf "$bindir/.$name.tmp" "$bindir/$name"
+    done
+}
+
+if PATH="/usr/bin:$PATH" command -v prometheus >/dev/null && PATH="/usr/bin:$PATH" command -v promtool >/dev/null; then
+    link_binaries
+    echo "prometheus: already installed ($("$bindir/promtool" --version 2>&1 | head -1))" >&2
+    exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+        sudo="sudo -n"
+    else
+        echo "prometheus: not installed, and installing it needs root (or password-less sudo):" >&2
+        echo "  apt-get install --no-install-recommends prometheus" >&2
+        exit 1
+    fi
+fi
+if ! command -v apt-get >/dev/null; then
+    echo "prometheus: not installed and this is not a Debian-like system (no apt-get)" >&2
+    exit 1
+fi
+
+# Forbid service starts for the duration of the install, unless the machine already has
+# its own policy (then we respect it and rely on the clean-up below).
+policy=/usr/sbin/policy-rc.d
+own_policy=""
+cleanup() {
+    if [ -n "$own_policy" ]; then $sudo rm -f "$policy"; fi
+}
+trap cleanup EXIT
+if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\n# temporary, from eventfleet scripts/tools/prometheus.sh\nexit 101\n' \
+        | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+    own_policy=1
+fi
+
+export DEBIAN_FRONTEND=noninteractive
+apt_opts=(-o DPkg::Lock::Timeout=300 -y --no-install-recommends)
+# Update the package lists only when apt does not know the package yet (fresh CI image).
+if ! apt-cache show prometheus >/dev/null 2>&1; then
+    echo "prometheus: apt-get update" >&2
+    $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
+fi
+echo "prometheus: apt-get install prometheus" >&2
+$sudo apt-get install -qq "${apt_opts[@]}" prometheus >/dev/null
+
+# Belt and braces: whatever the package started (policy-rc.d pre-existing and permissive,
+# or a systemd that ignores it), stop it and keep it from starting at boot.
+if [ -d /run/systemd/system ] && command -v systemctl >/dev/null; then
+    $sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+elif [ -x /etc/init.d/prometheus ]; then
+    $sudo /etc/init.d/prometheus stop >/dev/null 2>&1 || true
+    if command -v update-rc.d >/dev/null; then
+        $sudo update-rc.d prometheus disable >/dev/null 2>&1 || true
+    fi
+fi
+pidfile=/run/prometheus/prometheus.pid
+if [ -s "$pidfile" ] && kill -0 "$(cat "$pidfile")" 2>/dev/null; then
+    echo "prometheus: the package's service is still running (pid $(cat "$pidfile"))" >&2
+    exit 1
+fi
+
+link_binaries
+echo "prometheus: installed ($("$bindir/promtool" --version 2>&1 | head -1))" >&2

@@ -1,0 +1,197 @@
+"""The replica's HTTP endpoint (aiohttp): observability routes plus protocol mount points.
+
+Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and ``POST /flush``.
+Protocols that speak over HTTP (websockets ``/replication``, ``/jetstream``) mount their
+own paths with `HttpServer.mount` / `HttpServer.add_routes`, at any time — before or
+after `start` — and never see each other: each owns its exact paths, a second claim on a
+path is an error. The server starts first in the replica, so probes answer during a long
+start-up (initial sync) with "alive, not ready" instead of timing out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
+
+from aiohttp import web
+
+from eventfleet_server.http.health import LoopMonitor, readiness
+from eventfleet_server.http.metrics import Metrics
+from eventfleet_server.http.status import last_ids, status_document
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status", "/flush"})
+
+FLUSH_DEFAULT_TIMEOUT = 30.0
+FLUSH_MAX_TIMEOUT = 300.0
+
+
+class HttpServer:
+    """One aiohttp server per replica on ``host:port`` (port 0 picks a free one).
+
+    `replica` is read duck-typed (``conf``, ``engine``, ``storage``, ``syncer``, protocol
+    attributes) so this package does not depend on the replica's entry point.
+    """
+
+    def __init__(self, replica: Any, host: str, port: int, *, shutdown_timeout: float = 5.0):
+        self._replica = replica
+        self._host = host
+        self._port = port
+        self.metrics = Metrics(replica)
+        self._monitor = LoopMonitor(self.metrics.loop_lag.observe)
+        self._mounts: dict[str, dict[str, Handler]] = {}
+        self._app = web.Application()
+        self._app.router.add_get("/metrics", self._handle_metrics)
+        self._app.router.add_get("/healthz", self._handle_healthz)
+        self._app.router.add_get("/readyz", self._handle_readyz)
+        self._app.router.add_get("/status", self._handle_status)
+        self._app.router.add_post("/flush", self._handle_flush)
+        # Everything else goes through the mount table, which (unlike aiohttp's router)
+        # may change after start: protocols come and go with the replica's lifecycle.
+        self._app.router.add_route("*", "/{path:.*}", self._dispatch)
+        # No access log: kubelet probes and scrapes would drown the replica's own log.
+        self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=shutdown_timeout)
+
+    # -- mount points ----------------------------------------------------------------------
+
+    def mount(self, path: str, handler: Handler, *, method: str = "GET") -> Callable[[], None]:
+        """Serve `method` `path` with `handler`; returns a function that unmounts it.
+
+        A websocket endpoint is a GET handler that prepares a `web.WebSocketResponse`.
+        """
+        method = method.upper()
+        if not path.startswith("/"):
+            raise ValueError(f"path {path!r} must start with '/'")
+        if path in BUILTIN_PATHS:
+            raise ValueError(f"path {path} is reserved for the HTTP server itself")
+        methods = self._mounts.setdefault(path, {})
+        if method in methods:
+            raise ValueError(f"{method} {path} is already mounted")
+        methods[method] = handler
+
+        def unmount() -> None:
+            if self._mounts.get(path, {}).get(method) is handler:
+                del self._mounts[path][method]
+                if not self._mounts[path]:
+                    del self._mounts[path]
+
+        return unmount
+
+    def add_routes(self, routes: Iterable[web.RouteDef]) -> Callable[[], None]:
+        """Mount aiohttp route definitions (``web.get(...)``, ...); returns one unmount."""
+        unmounts = [self.mount(r.path, r.handler, method=r.method) for r in routes]
+
+        def unmount_all() -> None:
+            for unmount in unmounts:
+                unmount()
+
+        return unmount_all
+
+    async def _dispatch(self, request: web.Request) -> web.StreamResponse:
+        if request.path in BUILTIN_PATHS:
+            # The built-in route exists, for another method (e.g. GET /flush).
+            return _json({"error": f"{request.method} not allowed on {request.path}"}, 405)
+        methods = self._mounts.get(request.path)
+        if not methods:
+            return _json({"error": f"no such endpoint: {request.path}"}, 404)
+        handler = methods.get(request.method)
+        if handler is None and request.method == "HEAD":
+            handler = methods.get("GET")
+        if handler is None:
+            return _json({"error": f"{request.method} not allowed on {request.path}"}, 405)
+        return await handler(request)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when configured as 0)."""
+        return self._runner.addresses[0][1]
+
+    async def start(self) -> None:
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port)
+        try:
+            await site.start()
+        except BaseException:
+            await self._runner.cleanup()
+            raise
+        self._monitor.start()
+        log.info("http listening on %s:%s", self._host, self.port)
+
+    async def stop(self) -> None:
+        self.metrics.close()
+        await self._monitor.stop()
+        await self._runner.cleanup()
+
+    # -- built-in routes -------------------------------------------------------------------
+
+    async def _handle_metrics(self, request: web.Request) -> web.Response:
+        body, content_type = await self.metrics.render(request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
+
+    async def _handle_healthz(self, request: web.Request) -> web.Response:
+        # Being able to answer is the check: a wedged loop never gets here.
+        return _json({"alive": True, "loop_lag_seconds": round(self._monitor.last_lag, 6)})
+
+    async def _handle_readyz(self, request: web.Request) -> web.Response:
+        ready, reason = readiness(self._replica)
+        if ready:
+            return _json({"ready": True})
+        return _json({"ready": False, "reason": reason}, 503)
+
+    async def _handle_status(self, request: web.Request) -> web.Response:
+        return _json(await status_document(self._replica))
+
+    async def _handle_flush(self, request: web.Request) -> web.Response:
+        """Ask peer `peer` to confirm it committed everything this replica sent it.
+
+        200 once confirmed; 400 bad arguments; 404 unknown peer; 501 no Syncer; 503 the
+        peer is not connected; 504 no confirmation within `timeout` seconds.
+        """
+        syncer = getattr(self._replica, "syncer", None)
+        if syncer is None or not hasattr(syncer, "flush_peer"):
+            return _json({"flushed": False, "error": "this replica runs no Syncer"}, 501)
+        name = request.query.get("peer")
+        if not name:
+            return _json({"flushed": False, "error": "query parameter 'peer' is required"}, 400)
+        try:
+            timeout = float(request.query.get("timeout", FLUSH_DEFAULT_TIMEOUT))
+        except ValueError:
+            timeout = -1.0
+        if not 0 < timeout <= FLUSH_MAX_TIMEOUT:
+            return _json(
+                {"flushed": False, "error": f"timeout must be in (0, {FLUSH_MAX_TIMEOUT}]"}, 400
+            )
+        if name not in {p.get("name") for p in syncer.state()}:
+            return _json({"flushed": False, "error": f"unknown peer {name!r}"}, 404)
+        try:
+            # The syncer bounds the wait itself; the margin only guards against a syncer
+            # that does not, so an HTTP request can never hang forever.
+            ok = await asyncio.wait_for(syncer.flush_peer(name, timeout), timeout + 5)
+        except KeyError:
+            return _json({"flushed": False, "error": f"unknown peer {name!r}"}, 404)
+        except ConnectionError as e:
+            return _json({"flushed": False, "error": f"peer {name!r} not connected: {e}"}, 503)
+        except TimeoutError:
+            ok = False
+        if not ok:
+            return _json(
+                {"flushed": False, "error": f"peer {name!r} did not confirm within {timeout} s"},
+                504,
+            )
+        return _json({"flushed": True, "last_ids": last_ids(self._replica.storage)})
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        text=json.dumps(doc, separators=(",", ":")),
+        status=status,
+        content_type="application/json",
+    )

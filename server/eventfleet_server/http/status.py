@@ -1,0 +1,67 @@
+"""The ``/status`` document (version 1) and the ``/flush`` operation.
+
+``/status`` is the contract the operator reads; docs/observability.md documents it and
+its version policy. Within version 1 the top-level keys are exactly those built here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from eventfleet_server.http.health import readiness
+
+STATUS_VERSION = 1
+
+# Keys of one `peers[]` entry; taken from the syncer's `state()` so the document does not
+# change shape when the syncer adds fields of its own.
+PEER_KEYS = ("name", "server_id", "state", "last_event_id", "lag_events", "lag_seconds")
+
+
+async def status_document(replica: Any) -> dict:
+    """Build the version-1 status document of `replica`."""
+    engine = getattr(replica, "engine", None)
+    storage = getattr(replica, "storage", None)
+    ready, _ = readiness(replica)
+    stats = await storage.stats() if storage is not None else None
+    return {
+        "version": STATUS_VERSION,
+        "server_id": engine.server_id if engine is not None else replica.conf["server_id"],
+        "status": engine.status.value if engine is not None else "starting",
+        "ready": ready,
+        "session": engine.last_id.session if engine is not None else None,
+        "last_ids": last_ids(storage),
+        "peers": peers(getattr(replica, "syncer", None)),
+        "storage": {
+            "events": stats.events if stats else None,
+            "db_bytes": stats.db_bytes if stats else None,
+            "last_seq": stats.last_seq if stats else None,
+        },
+    }
+
+
+def last_ids(storage: Any) -> dict[str, dict]:
+    """Last committed id per server id held, keyed by the server id as a string (JSON)."""
+    held: Mapping = getattr(storage, "last_ids", None) or {}
+    return {str(server): event_id_json(eid) for server, eid in sorted(held.items())}
+
+
+def peers(syncer: Any) -> list[dict]:
+    """The syncer's per-peer state, projected onto the documented keys."""
+    if syncer is None:
+        return []
+    out = []
+    for peer in syncer.state():
+        entry = {key: peer.get(key) for key in PEER_KEYS}
+        entry["last_event_id"] = event_id_json(entry["last_event_id"])
+        out.append(entry)
+    return out
+
+
+def event_id_json(eid: Any) -> dict | None:
+    """An EventId (named tuple) or an already-JSON dict as ``{server, session, instance}``."""
+    if eid is None:
+        return None
+    if isinstance(eid, Mapping):
+        return {k: eid[k] for k in ("server", "session", "instance")}
+    return {"server": eid.server, "session": eid.session, "instance": eid.instance}
