@@ -1,0 +1,648 @@
+"""Storage: Eventer query semantics against a pure-Python reference, durability rules,
+query plans and a scale check that paging stays O(page)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import sqlite3
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Order,
+    OrderBy,
+    QueryLatestParams,
+    QueryResult,
+    QueryServerParams,
+    QueryTimeseriesParams,
+    Timestamp,
+    natural_key,
+    now,
+    timestamp_to_us,
+)
+from eventfleet_server.common.subscription import Subscription
+from eventfleet_server.storage import Retention, Storage, StorageError, StorageStats, schema
+from eventfleet_server.storage import db as storage_db
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# -- reference -------------------------------------------------------------------------
+
+
+def _page(max_results, cap):
+    return cap if max_results is None else max(0, min(max_results, cap))
+
+
+def ref_latest(events, params):
+    sub = Subscription(params.event_types if params.event_types is not None else [("*",)])
+    best = {}
+    for e in events:
+        if sub.matches(e.type) and (
+            e.type not in best or natural_key(e) > natural_key(best[e.type])
+        ):
+            best[e.type] = e
+    return list(best.values())
+
+
+def ref_timeseries(events, p, cap):
+    sub = Subscription(p.event_types if p.event_types is not None else [("*",)])
+    us = timestamp_to_us
+
+    def keep(e):
+        if not sub.matches(e.type):
+            return False
+        if p.t_from is not None and us(e.timestamp) < us(p.t_from):
+            return False
+        if p.t_to is not None and us(e.timestamp) > us(p.t_to):
+            return False
+        if (
+            p.source_t_from is not None
+            or p.source_t_to is not None
+            or (p.order_by is OrderBy.SOURCE_TIMESTAMP)
+        ):
+            if e.source_timestamp is None:
+                return False
+            if p.source_t_from is not None and us(e.source_timestamp) < us(p.source_t_from):
+                return False
+            if p.source_t_to is not None and us(e.source_timestamp) > us(p.source_t_to):
+                return False
+        return True
+
+    if p.order_by is OrderBy.SOURCE_TIMESTAMP:
+
+        def key(e):
+            return (us(e.source_timestamp), *natural_key(e))
+    else:
+        key = natural_key
+    ordered = sorted(filter(keep, events), key=key, reverse=p.order is Order.DESCENDING)
+    if p.last_event_id is not None:
+        ids = [e.id for e in ordered]
+        if p.last_event_id not in ids:
+            return QueryResult([], False)
+        ordered = ordered[ids.index(p.last_event_id) + 1 :]
+    n = _page(p.max_results, cap)
+    return QueryResult(ordered[:n], len(ordered) > n)
+
+
+def ref_server(events, p, cap):
+    mine = sorted(
+        (e for e in events if e.id.server == p.server_id),
+        key=lambda e: (e.id.session, e.id.instance),
+    )
+    if p.last_event_id is not None:
+        mine = [e for e in mine if e.id.instance > p.last_event_id.instance]
+    n = _page(p.max_results, cap)
+    return QueryResult(mine[:n], len(mine) > n)
+
+
+def ref_query(events, params, cap):
+    if isinstance(params, QueryTimeseriesParams):
+        return ref_timeseries(events, params, cap)
+    return ref_server(events, params, cap)
+
+
+# -- helpers ---------------------------------------------------------------------------
+
+
+def make_events(n, *, server=1, types=(("a",),), start=1, t0=1_000, payload=None):
+    return [
+        Event(
+            EventId(server, 1 + (start + i - 1) // 10, start + i),
+            types[i % len(types)],
+            Timestamp(t0 + i, 0),
+            Timestamp(t0 - i, 5) if i % 2 else None,
+            payload,
+        )
+        for i in range(n)
+    ]
+
+
+@contextlib.asynccontextmanager
+async def opened(path, **kwargs):
+    storage = await Storage.open(path, **kwargs)
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+@pytest.fixture
+async def storage(tmp_path):
+    async with opened(tmp_path / "db" / "events.sqlite") as s:
+        yield s
+
+
+async def count_rows(path):
+    def count():
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            return conn.execute("SELECT count(*) FROM events").fetchone()[0]
+
+    return await asyncio.to_thread(count)
+
+
+# -- property-based: queries match the reference ---------------------------------------
+
+SEGMENTS = ["a", "b", "c"]
+event_types = st.lists(st.sampled_from(SEGMENTS), min_size=1, max_size=3).map(tuple)
+patterns = st.tuples(st.lists(st.sampled_from([*SEGMENTS, "?"]), max_size=3), st.booleans()).map(
+    lambda x: (*x[0], "*") if x[1] else tuple(x[0])
+)
+# Few distinct values so that timestamps collide and bounds hit them exactly.
+timestamps = st.builds(Timestamp, st.integers(0, 3), st.sampled_from([0, 1, 999_999]))
+payloads = st.one_of(
+    st.none(),
+    st.builds(EventPayloadJson, st.sampled_from(["{}", "[1, 2]", '"x"', "null"])),
+    st.builds(EventPayloadBinary, st.sampled_from(["", "t"]), st.binary(max_size=4)),
+)
+event_specs = st.lists(
+    st.tuples(
+        st.integers(1, 3),  # server
+        st.integers(0, 1),  # session step
+        st.integers(1, 3),  # instance step
+        event_types,
+        timestamps,
+        st.none() | timestamps,
+        payloads,
+    ),
+    max_size=40,
+)
+
+
+def build_events(specs):
+    counters = {}
+    events = []
+    for server, session_step, instance_step, type_, ts, sts, payload in specs:
+        session, instance = counters.get(server, (1, 0))
+        session, instance = session + session_step, instance + instance_step
+        counters[server] = (session, instance)
+        events.append(Event(EventId(server, session, instance), type_, ts, sts, payload))
+    return events
+
+
+timeseries_params = st.builds(
+    QueryTimeseriesParams,
+    event_types=st.none() | st.lists(patterns, max_size=3),
+    t_from=st.none() | timestamps,
+    t_to=st.none() | timestamps,
+    source_t_from=st.none() | timestamps,
+    source_t_to=st.none() | timestamps,
+    order=st.sampled_from(Order),
+    order_by=st.sampled_from(OrderBy),
+    max_results=st.none() | st.integers(-1, 6),
+)
+server_params = st.builds(
+    QueryServerParams,
+    server_id=st.integers(1, 4),
+    persisted=st.booleans(),
+    max_results=st.none() | st.integers(-1, 6),
+)
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(specs=event_specs, data=st.data())
+def test_queries_match_reference(specs, data):
+    events = build_events(specs)
+    # Arrival order differs from id order sometimes (replication), and some events
+    # arrive twice; neither may change what is held.
+    order = data.draw(st.permutations(range(len(events))) | st.just(list(range(len(events)))))
+    arrivals = [events[i] for i in order]
+    arrivals += data.draw(st.lists(st.sampled_from(events), max_size=5)) if events else []
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(arrivals)), max_size=4)))
+    batches = [arrivals[a:b] for a, b in itertools.pairwise([0, *cuts, len(arrivals)])]
+    merge_max = data.draw(st.sampled_from([0, 1, 32]), label="merge_max")
+    queries = data.draw(st.lists(st.one_of(timeseries_params, server_params), max_size=5))
+    latest_queries = data.draw(
+        st.lists(
+            st.builds(QueryLatestParams, st.none() | st.lists(patterns, max_size=3)), max_size=3
+        )
+    )
+    caps = data.draw(st.lists(st.integers(1, 8), min_size=len(queries), max_size=len(queries)))
+    sentinels = [
+        data.draw(
+            st.one_of(
+                st.none(),
+                st.sampled_from([e.id for e in events]) if events else st.none(),
+                st.builds(EventId, st.integers(1, 3), st.integers(0, 3), st.integers(0, 9)),
+            ),
+            label="last_event_id",
+        )
+        for _ in queries
+    ]
+
+    async def main():
+        with tempfile.TemporaryDirectory() as tmp:
+            async with opened(Path(tmp) / "events.sqlite") as s:
+                written = []
+                for batch in batches:
+                    written += await s.write(batch)
+                # Each event held once, seqs 1..n in arrival order.
+                assert sorted(e.id for _, e in written) == sorted(e.id for e in events)
+                assert [seq for seq, _ in written] == list(range(1, len(events) + 1))
+                assert await s.read_since_seq(0, 1000) == written
+                assert s.last_seq == len(events)
+                expected_last = {}
+                for e in events:
+                    if e.id.instance > expected_last.get(e.id.server, EventId(0, 0, -1)).instance:
+                        expected_last[e.id.server] = e.id
+                assert s.last_ids == expected_last
+
+                for params in latest_queries:
+                    got = await s.query(params)
+                    assert not got.more_follows
+                    assert sorted(got.events, key=natural_key) == sorted(
+                        ref_latest(events, params), key=natural_key
+                    )
+
+                old = storage_db._MERGE_MAX_TYPES
+                storage_db._MERGE_MAX_TYPES = merge_max
+                try:
+                    for params, cap, sentinel in zip(queries, caps, sentinels, strict=True):
+                        params = params._replace(last_event_id=sentinel)
+                        # Follow the pages a client would request, each against the reference.
+                        for _ in range(len(events) + 2):
+                            got = await s.query(params, max_results_cap=cap)
+                            assert got == ref_query(events, params, cap), params
+                            if not got.more_follows or not got.events:
+                                break
+                            params = params._replace(last_event_id=got.events[-1].id)
+                finally:
+                    storage_db._MERGE_MAX_TYPES = old
+
+    asyncio.run(main())
+
+
+# -- paging ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("order", list(Order))
+@pytest.mark.parametrize("order_by", list(OrderBy))
+@pytest.mark.parametrize("event_types", [None, [("b",)], [("a",), ("c",)]])
+async def test_timeseries_paging_yields_full_result(storage, order, order_by, event_types):
+    types = [("a",), ("b",), ("c",)]
+    events = make_events(200, types=types) + make_events(150, server=2, types=types, t0=1_050)
+    await storage.write(events)
+    base = QueryTimeseriesParams(event_types=event_types, order=order, order_by=order_by)
+    full = ref_timeseries(events, base, 10_000).events
+    assert len(full) > 30
+
+    pages, params = [], base._replace(max_results=7)
+    while True:
+        result = await storage.query(params)
+        pages.append(result.events)
+        if not result.more_follows:
+            break
+        params = params._replace(last_event_id=result.events[-1].id)
+    assert [e for page in pages for e in page] == full
+    assert all(len(page) == 7 for page in pages[:-1])
+
+
+async def test_server_paging_yields_full_result(storage):
+    events = make_events(100) + make_events(60, server=2)
+    await storage.write(events)
+    pages, params = [], QueryServerParams(server_id=1, max_results=9)
+    while True:
+        result = await storage.query(params, max_results_cap=5)
+        pages.append(result.events)
+        if not result.more_follows:
+            break
+        params = params._replace(last_event_id=result.events[-1].id)
+    assert [e for page in pages for e in page] == events[:100]
+    assert {len(page) for page in pages[:-1]} == {5}
+
+
+async def test_read_server_and_since_seq(storage):
+    events = make_events(10) + make_events(5, server=2)
+    written = await storage.write(events)
+    assert await storage.read_server(1, None, 100) == events[:10]
+    assert await storage.read_server(1, events[3].id, 2) == events[4:6]
+    assert await storage.read_server(2, EventId(2, 9, 99), 10) == []
+    assert await storage.read_since_seq(12, 2) == written[12:14]
+    assert await storage.read_since_seq(15, 2) == []
+
+
+# -- writes ----------------------------------------------------------------------------
+
+
+async def test_idempotent_write(storage):
+    events = make_events(20, types=[("a",), ("b", "c")])
+    first = await storage.write(events)
+    assert [seq for seq, _ in first] == list(range(1, 21))
+    assert await storage.write(events) == []
+    assert await storage.write(events[5:10] + events[5:10]) == []
+    assert storage.last_seq == 20
+    assert (await storage.stats()).events == 20
+
+
+async def test_duplicates_within_and_across_concurrent_writes(storage):
+    events = make_events(30)
+    # An older id after a newer one in the same batch, and the same event twice.
+    batch = [events[5], events[2], events[5], events[2], events[7]]
+    assert [e for _, e in await storage.write(batch)] == [events[5], events[2], events[7]]
+    # Two peers delivering overlapping history at the same time.
+    results = await asyncio.gather(storage.write(events[:20]), storage.write(events[10:]))
+    inserted = [e for result in results for _, e in result]
+    assert sorted(inserted, key=natural_key) == [
+        e for e in events if e not in (events[5], events[2], events[7])
+    ]
+    assert [e for _, e in await storage.read_since_seq(0, 100)] == [
+        events[5],
+        events[2],
+        events[7],
+        *inserted,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (lambda e: e._replace(type=("a", 7)), "segment 1 7"),
+        (lambda e: e._replace(type="abc"), "not a tuple"),
+        (lambda e: e._replace(source_timestamp=Timestamp(1, 1_000_000)), "us must be"),
+        (lambda e: e._replace(timestamp=Timestamp(1 << 62, 0)), "storable range"),
+        (lambda e: e._replace(payload=EventPayloadJson(b"{}")), "is not a str"),
+        (lambda e: e._replace(payload=EventPayloadBinary("t", "text")), "binary payload"),
+        (lambda e: e._replace(payload=("json", "{}")), "not a model payload"),
+        (lambda e: e._replace(id=EventId(1, 1 << 64, e.id.instance)), "64-bit"),
+        (lambda e: e._replace(id=EventId(1, 1.5, e.id.instance)), "64-bit"),
+        (lambda e: e._replace(payload=EventPayloadJson("\ud800")), "UTF-8"),
+    ],
+)
+async def test_bad_event_stores_nothing(storage, bad, message):
+    await storage.write(make_events(3, types=[("x",)]), meta={"k": 1})
+    before = (await storage.stats(), storage.last_ids, storage.last_seq)
+    events = make_events(6, start=10, types=[("new",), ("x",), ("other",)])
+    events[4] = bad(events[4])
+    with pytest.raises(StorageError, match="event 4 ") as info:
+        await storage.write(events, meta={"k": 2})
+    assert message in str(info.value)
+    assert (await storage.stats(), storage.last_ids, storage.last_seq) == before
+    assert await storage.get_meta("k") == 1
+    assert await count_rows(storage.path) == 3
+    # The type cache was rolled back with the write: new types are not queryable.
+    latest = await storage.query(QueryLatestParams())
+    assert {e.type for e in latest.events} == {("x",)}
+    # And the same events, fixed, go in with the next seqs.
+    good = make_events(6, start=10, types=[("new",), ("x",), ("other",)])
+    assert [seq for seq, _ in await storage.write(good)] == list(range(4, 10))
+    latest = await storage.query(QueryLatestParams([("new",), ("other",)]))
+    assert sorted(e.type for e in latest.events) == [("new",), ("other",)]
+
+
+async def test_bad_meta_is_refused(storage):
+    with pytest.raises(StorageError, match="meta key 'k'"):
+        await storage.write(make_events(2), meta={"k": object()})
+    assert storage.last_seq == 0
+
+
+async def test_meta_round_trip(tmp_path):
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        assert await s.get_meta("own") is None
+        assert await s.write([], meta={"own": {"session": 3, "ids": [1, 2]}, "x": None}) == []
+        await s.write(make_events(1), meta={"n": 1.5})
+        assert await s.get_meta("own") == {"session": 3, "ids": [1, 2]}
+    async with opened(path) as s:
+        assert await s.get_meta("own") == {"session": 3, "ids": [1, 2]}
+        assert await s.get_meta("n") == 1.5
+        assert await s.get_meta("x") is None
+        await s.write([], meta={"n": "two"})
+        assert await s.get_meta("n") == "two"
+
+
+async def test_open_rejects_bad_synchronous(tmp_path):
+    with pytest.raises(ValueError, match="'SOMETIMES'"):
+        await Storage.open(tmp_path / "x.sqlite", synchronous="SOMETIMES")
+    for mode in ("OFF", "normal", "FULL", "EXTRA"):
+        async with opened(tmp_path / f"{mode}.sqlite", synchronous=mode) as s:
+            assert await s.write(make_events(1))
+
+
+def test_retention_rejects_bad_values():
+    with pytest.raises(ValueError, match="-1"):
+        Retention(max_events=-1)
+    with pytest.raises(ValueError, match="0"):
+        Retention(max_age_seconds=0)
+
+
+async def test_closed_storage_refuses(tmp_path):
+    s = await Storage.open(tmp_path / "x.sqlite")
+    await s.close()
+    await s.close()
+    with pytest.raises(StorageError, match="closed"):
+        await s.write(make_events(1))
+
+
+# -- durability and retention ----------------------------------------------------------
+
+
+async def test_seq_and_last_ids_persist_and_survive_retention(tmp_path):
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        await s.write(make_events(10, t0=now().s))
+        assert s.last_seq == 10
+    async with opened(path, retention=Retention(max_events=4)) as s:
+        assert s.last_seq == 10
+        assert await s.enforce_retention() == 6
+        assert [seq for seq, _ in await s.read_since_seq(0, 100)] == [7, 8, 9, 10]
+        # Events from long ago arrive last (replication); age retention then deletes
+        # the highest seqs, which must still not be handed out again.
+        await s.write(make_events(3, server=2, t0=1_000))
+    async with opened(path, retention=Retention(max_age_seconds=3600)) as s:
+        assert s.last_seq == 13
+        assert await s.enforce_retention() == 3
+        assert s.last_ids == {1: EventId(1, 1, 10), 2: EventId(2, 1, 3)}
+    async with opened(path) as s:
+        assert s.last_seq == 13
+        assert s.last_ids == {1: EventId(1, 1, 10), 2: EventId(2, 1, 3)}
+        assert [seq for seq, _ in await s.write(make_events(1, start=11))] == [14]
+        assert await s.stats() == StorageStats(
+            events=5, db_bytes=(await s.stats()).db_bytes, last_seq=14
+        )
+        # Held no more, but last_ids remembers them: a Syncer asks after them.
+        assert (await s.read_server(2, None, 10)) == []
+
+
+async def test_latest_falls_back_after_retention(tmp_path):
+    t = now().s
+    events = [
+        # type a: newest (by timestamp) is old; falls back to nothing after age retention
+        Event(EventId(1, 1, 1), ("a",), Timestamp(t - 7200, 0), None, None),
+        # type b: newest by timestamp arrived first (lowest seq), older one after it
+        Event(EventId(1, 1, 2), ("b",), Timestamp(t, 0), None, EventPayloadJson("1")),
+        Event(EventId(1, 1, 3), ("b",), Timestamp(t - 10, 0), None, EventPayloadJson("2")),
+        Event(EventId(1, 1, 4), ("b",), Timestamp(t - 20, 0), None, EventPayloadJson("3")),
+        Event(EventId(1, 1, 5), ("c",), Timestamp(t, 0), None, None),
+    ]
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        await s.write(events)
+        latest = await s.query(QueryLatestParams())
+        assert sorted(e.id.instance for e in latest.events) == [1, 2, 5]
+    async with opened(path, retention=Retention(max_age_seconds=3600, max_events=3)) as s:
+        assert await s.enforce_retention() == 2  # a by age, then b's newest by count
+        latest = await s.query(QueryLatestParams())
+        assert sorted(e.id.instance for e in latest.events) == [3, 5]
+        assert await s.query(QueryLatestParams([("a",)])) == QueryResult([], False)
+
+
+# -- concurrency -----------------------------------------------------------------------
+
+
+async def test_query_not_blocked_by_open_write_transaction(storage):
+    await storage.write(make_events(5))
+    release = threading.Event()
+    holding = threading.Event()
+
+    def hold():
+        conn = storage._writer._conn
+        conn.execute("BEGIN IMMEDIATE")
+        conn.execute("DELETE FROM events")
+        holding.set()
+        release.wait(10)
+        conn.execute("ROLLBACK")
+
+    held = asyncio.ensure_future(storage_db._run(storage._writer, hold))
+    assert await asyncio.to_thread(holding.wait, 10)
+    try:
+        result = await asyncio.wait_for(storage.query(QueryServerParams(1)), 2)
+        assert len(result.events) == 5  # the last committed state
+    finally:
+        release.set()
+        await held
+
+
+# -- query plans -----------------------------------------------------------------------
+
+
+def _plan(conn, sql, params):
+    return [row[3] for row in conn.execute("EXPLAIN QUERY PLAN " + sql, params)]
+
+
+async def test_query_plans_use_indexes(storage):
+    await storage.write(make_events(50, types=[("a",), ("b",)]))
+    params = {"lo": 0, "hi": 1, "slo": 0, "shi": 1, "types": "[1]", "limit": 5}
+    params |= {f"k{i}": 0 for i in range(5)} | {f"t{i}": i for i in range(3)}
+    with contextlib.closing(sqlite3.connect(storage.path)) as conn:
+        for source, descending, source_filter, types, after in itertools.product(
+            [False, True], [False, True], [False, True], [None, 0, 1, 3], [False, True]
+        ):
+            if source and (source_filter or types):
+                continue  # shapes the storage never builds
+            sql = schema.timeseries_sql(
+                source=source,
+                descending=descending,
+                source_filter=source_filter,
+                types=types,
+                after=after,
+            )
+            plan = _plan(conn, sql, params)
+            searches = [line for line in plan if "events" in line and "json_each" not in line]
+            index = "events_type_ts" if types else "events_source_ts" if source else "events_ts"
+            assert searches, plan
+            prefix = f"SEARCH events USING INDEX {index} ("
+            assert all(line.startswith(prefix) for line in searches), (sql, plan)
+            if after:
+                assert all(">(" in line or "<(" in line for line in searches), plan
+            assert not any("TEMP B-TREE" in line for line in plan), plan
+        assert _plan(conn, schema.SERVER, (1, 0, 5)) == [
+            "SEARCH events USING INDEX events_id (server=? AND instance>?)"
+        ]
+        assert _plan(conn, schema.SENTINEL, (1, 0, 5)) == [
+            "SEARCH events USING INDEX events_id (server=? AND instance=?)"
+        ]
+        assert _plan(conn, schema.SINCE_SEQ, (1, 5)) == [
+            "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
+        ]
+        assert _plan(conn, schema.NEWEST_OF_TYPE, (1,)) == [
+            "SEARCH events USING COVERING INDEX events_type_ts (type_id=?)"
+        ]
+        # O(types): walk `latest`, fetch each event by its seq.
+        assert _plan(conn, schema.LATEST_ALL, ()) == [
+            "SCAN latest",
+            "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)",
+        ]
+        plan = _plan(conn, schema.LATEST_TYPES, ("[1]",))
+        assert "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
+        assert not any("SCAN events" in line for line in plan), plan
+        assert any("events_ts (ts<?)" in line for line in _plan(conn, schema.DELETE_OLDER, (0, 5)))
+
+
+# -- scale -----------------------------------------------------------------------------
+
+
+async def test_paging_cost_does_not_grow_with_table(tmp_path, capsys):
+    """VM steps for one page at 100k events stay close to those at 1k events."""
+    types = [(f"t{i}",) for i in range(100)]
+
+    async def measure(size):
+        async with opened(tmp_path / f"{size}.sqlite") as s:
+            t0 = time.perf_counter()
+            for start in range(0, size, 1000):
+                await s.write(
+                    make_events(1000, start=start + 1, t0=start, types=types, payload=None)
+                )
+            insert_s = time.perf_counter() - t0
+            steps = 0
+
+            def progress():
+                nonlocal steps
+                steps += 1
+                return 0
+
+            await s._reader.set_progress_handler(progress, 100)
+            middle = EventId(1, 1 + (size // 2 - 1) // 10, size // 2)
+            queries = {
+                "desc first page": QueryTimeseriesParams(max_results=100),
+                "asc after middle": QueryTimeseriesParams(
+                    order=Order.ASCENDING, max_results=100, last_event_id=middle
+                ),
+                "source asc": QueryTimeseriesParams(
+                    order=Order.ASCENDING, order_by=OrderBy.SOURCE_TIMESTAMP, max_results=100
+                ),
+                "1 type after middle": QueryTimeseriesParams(
+                    event_types=[types[(size // 2 - 1) % 100]],
+                    order=Order.ASCENDING,
+                    max_results=3,
+                    last_event_id=middle,
+                ),
+                "5 types desc": QueryTimeseriesParams(event_types=types[:5], max_results=20),
+                "server after middle": QueryServerParams(1, max_results=100, last_event_id=middle),
+            }
+            result = {}
+            for name, params in queries.items():
+                steps = 0
+                got = await s.query(params)
+                assert got.events and got.more_follows, name
+                result[name] = steps
+            await s._reader.set_progress_handler(None, 100)
+            page_ms = []
+            for params in (QueryTimeseriesParams(max_results=1000),) * 5:
+                t0 = time.perf_counter()
+                await s.query(params)
+                page_ms.append((time.perf_counter() - t0) * 1000)
+            return result, insert_s, min(page_ms)
+
+    small, _, small_ms = await measure(1_000)
+    large, insert_s, large_ms = await measure(100_000)
+    with capsys.disabled():
+        print(
+            f"\n100k events inserted in {insert_s:.2f} s ({100_000 / insert_s:,.0f}/s, batches"
+            f" of 1000); 1000-event page: {small_ms:.1f} ms at 1k, {large_ms:.1f} ms at 100k"
+        )
+        for name in small:
+            print(f"  VM steps/100 {name}: {small[name]} at 1k, {large[name]} at 100k")
+    for name in small:
+        assert large[name] <= 2 * small[name] + 20, (name, small[name], large[name])
