@@ -114,7 +114,10 @@ async def _register(args) -> int:
 
     payload = None
     if args.json_payload is not None:
-        json.loads(args.json_payload)  # fail here, clearly, rather than store garbage
+        try:
+            json.loads(args.json_payload)  # fail here, clearly, rather than store garbage
+        except ValueError as e:
+            raise ValueError(f"--json {args.json_payload!r} is not valid JSON: {e}") from e
         payload = EventPayloadJson(args.json_payload)
     elif args.binary_file is not None:
         payload = EventPayloadBinary(args.binary_type, args.binary_file.read_bytes())
