@@ -8,6 +8,9 @@ pinned independently of the Syncer; test_http_syncer.py runs the same against re
 from __future__ import annotations
 
 import asyncio
+import json
+import pathlib
+import re
 
 import aiohttp
 import pytest
@@ -386,3 +389,35 @@ async def test_status_is_served_while_last_ids_exist_for_peers(replica):
     assert m[("eventfleet_events_registered_total", (("origin", "peer"),))] == 1
     assert m[("eventfleet_last_event_instance", (("server", "7"),))] == 9
     assert m[("eventfleet_notify_latency_seconds_count", (("persisted", "false"),))] == 0
+
+
+# -- documentation and dashboard stay in step with /metrics ---------------------------------
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+async def exported_families(replica) -> set[str]:
+    replica.syncer = FakeSyncer([peer("r2", 2, events_received=1)])
+    _, _, text = await get(replica, "/metrics")
+    return {f.name for f in text_string_to_metric_families(text)}
+
+
+async def test_every_metric_is_documented(replica):
+    doc = (REPO / "docs" / "observability.md").read_text()
+    documented = set(re.findall(r"`(eventfleet_[a-z_]+)`", doc))
+    exported = set()
+    for family in await exported_families(replica):
+        if family.startswith("eventfleet_"):
+            # The parser names counters without `_total`; the docs use the full name.
+            exported.add(family + "_total" if family + "_total" in documented else family)
+    assert exported - documented == set(), "document these metrics in docs/observability.md"
+    assert documented - exported == set(), "docs/observability.md names metrics not exported"
+
+
+async def test_dashboard_uses_only_exported_metrics(replica):
+    dash = json.loads((REPO / "docs" / "grafana" / "eventfleet.json").read_text())
+    exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
+    used = {re.sub(r"_(bucket|sum|count|total)$", "", m) for m in re.findall(r"[a-z_]+", exprs)}
+    families = await exported_families(replica)
+    missing = {m for m in used if m.startswith(("eventfleet_", "process_")) and m not in families}
+    assert not missing
