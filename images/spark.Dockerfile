@@ -29,9 +29,11 @@ COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
-# The `[spark]` extra pulls pyspark from PyPI; it is removed again so that only the
-# base image's pyspark (matching its JVM exactly) can ever be imported.
-RUN uv pip install --python /opt/eventfleet/venv/bin/python --compile-bytecode ".[spark]" \
+# The job reads the fleet with the replica's own Eventer codec and chatter
+# (eventfleet_server), hence `[server]` next to `[spark]`. The `[spark]` extra pulls
+# pyspark from PyPI; it is removed again so that only the base image's pyspark
+# (matching its JVM exactly) can ever be imported.
+RUN uv pip install --python /opt/eventfleet/venv/bin/python --compile-bytecode ".[server,spark]" \
  && uv pip uninstall --python /opt/eventfleet/venv/bin/python pyspark
 # spark-operator submits a main file (mainApplicationFile local:///opt/eventfleet/aggregate.py);
 # it only hands over to the `eventfleet aggregate` command so there is one code path.

@@ -246,6 +246,9 @@ def test_spark_image_is_the_official_python_line_for_the_scheduled_spark_version
     ]
     assert main_files and "eventfleet_cli" in main_files[0].heredoc
     compile(main_files[0].heredoc, "aggregate.py", "exec")
+    # The job imports eventfleet_server (codec, chatter): its extra must be installed too.
+    build = " ".join(r.args for r in stages[-2].all("RUN"))
+    assert '".[server,spark]"' in build and "uninstall" in build and "pyspark" in build
 
 
 def test_heredocs_declare_a_dockerfile_syntax_that_supports_them(dockerfile):
