@@ -249,3 +249,28 @@ def test_packaged_chart_renders_the_same_as_the_directory(home, tmp_path, defaul
         KUBE_VERSION,
     ).stdout
     assert [d for d in yaml.safe_load_all(out) if d] == default_docs
+
+
+def test_oldest_supported_kubernetes_accepts_everything(home):
+    """Chart.yaml's kubeVersion floor is real: the everything-on render is valid there."""
+    floor = yaml.safe_load((CHART / "Chart.yaml").read_text())["kubeVersion"]
+    version = floor.removeprefix(">=").removesuffix("-0")
+    out = helm(
+        home,
+        "template",
+        "ef",
+        str(CHART),
+        "--include-crds",
+        "--kube-version",
+        version,
+        "--values",
+        str(EVERYTHING_ON),
+    ).stdout
+    for doc in (d for d in yaml.safe_load_all(out) if d):
+        if doc["kind"] not in CUSTOM_KINDS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    # And one minor below the floor is refused by Helm itself.
+    major, minor, _ = version.split(".")
+    below = f"{major}.{int(minor) - 1}.0"
+    proc = helm(home, "template", "ef", str(CHART), "--kube-version", below, check=False)
+    assert proc.returncode != 0 and "kubeVersion" in proc.stderr
