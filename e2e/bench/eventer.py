@@ -66,6 +66,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="pause between the single-event registrations of the latency runs (s)",
     )
     p.add_argument("--stored", type=int, help="events stored before the queries (50000)")
+    p.add_argument(
+        "--register-stored",
+        type=int,
+        default=0,
+        help="events stored before the register scenarios (default 0: an empty store)",
+    )
     p.add_argument("--query-reps", type=int, help="timed runs per query (30)")
     p.add_argument("--query-budget", type=float, help="max seconds per query scenario (10)")
     p.add_argument("--quick", action="store_true", help="small counts, < 1 min")
@@ -149,6 +155,7 @@ def machine_meta(args: argparse.Namespace) -> dict:
         "latency_events": args.latency_events,
         "latency_interval_s": args.latency_interval,
         "stored": args.stored,
+        "register_stored": args.register_stored,
         "query_reps": args.query_reps,
         "query_budget_s": args.query_budget,
         "quick": args.quick,
@@ -371,6 +378,15 @@ async def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict:
         for k, sp in procs.items():
             markers[k] = scenarios.PersistMarker(sp)
             await markers[k].open()
+        if args.register_stored:
+            for k, sp in procs.items():
+                pre = await guarded(
+                    sp,
+                    scenarios.prefill(sp, markers[k], stored=args.register_stored),
+                    max(300.0, args.register_stored / 200),
+                )
+                log(f"[{k}] register store pre-filled with {args.register_stored:,} events "
+                    f"({pre.seconds:.1f} s)")  # fmt: skip
         prof.start("register", procs)
         for skey, b, q, c in reg_scen:
             for k in order():
@@ -465,13 +481,14 @@ async def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict:
                     r = await guarded(
                         sp,
                         scenarios.measure_query(
-                            name, fn, reps=args.query_reps, budget=args.query_budget
+                            sp, name, fn, reps=args.query_reps, budget=args.query_budget
                         ),
                         max(scen_timeout, 20 * args.query_budget),
                     )
                     R[k]["query"][name] = r.to_json()
                     log(
-                        f"[{k}] query {label}: p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms "
+                        f"[{k}] query {label}: p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, "
+                        f"server CPU {r.server_cpu_ms:.1f} ms/run "
                         f"({r.samples} runs, {r.returned} events)"
                     )
                 except Exception as e:

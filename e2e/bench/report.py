@@ -137,6 +137,14 @@ def build_rows(results: dict) -> list[Row]:
                 )
             )
 
+    for name, label in QUERY_NAMES:
+
+        def qcpu(s, name=name):
+            r = s["query"][name]
+            return "ERR" if "error" in r else r["server_cpu_ms"]
+
+        rows.append(Row("server CPU per query run (ms)", label, per(qcpu), "{:,.1f}"))
+
     def ret(s, name):
         r = s["query"][name]
         return "ERR" if "error" in r else r["returned"]

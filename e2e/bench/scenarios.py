@@ -310,6 +310,7 @@ class QueryResult:
     returned: int
     p50_ms: float
     p99_ms: float
+    server_cpu_ms: float  # server CPU per timed run (all its queries), from /proc
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -368,14 +369,22 @@ def query_fns(conn: eventer.Client, pre: Prefill) -> dict[str, Callable[[], Awai
 
 
 async def measure_query(
-    name: str, fn: Callable[[], Awaitable[int]], *, reps: int, budget: float, warmup: int = 1
+    server: ServerProcess,
+    name: str,
+    fn: Callable[[], Awaitable[int]],
+    *,
+    reps: int,
+    budget: float,
+    warmup: int = 1,
 ) -> QueryResult:
     """Up to `reps` timed runs after `warmup`, stopping early once `budget` seconds are
-    spent (at least 3 timed runs)."""
+    spent (at least 3 timed runs). Latency is end to end (includes the client decoding
+    the answer); server CPU per run is measured separately."""
     returned = 0
     for _ in range(warmup):
         returned = await fn()
     times: list[float] = []
+    s0 = server.stat()
     start = time.perf_counter()
     for _ in range(reps):
         t0 = time.perf_counter()
@@ -383,4 +392,12 @@ async def measure_query(
         times.append((time.perf_counter() - t0) * 1e3)
         if len(times) >= 3 and time.perf_counter() - start > budget:
             break
-    return QueryResult(name, len(times), returned, percentile(times, 50), percentile(times, 99))
+    s1 = server.stat()
+    return QueryResult(
+        name,
+        len(times),
+        returned,
+        percentile(times, 50),
+        percentile(times, 99),
+        (s1.cpu_s - s0.cpu_s) * 1e3 / len(times),
+    )
