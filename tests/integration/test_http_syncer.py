@@ -14,6 +14,7 @@ from eventfleet_server import config
 from eventfleet_server.common.model import RegisterEvent
 from eventfleet_server.eventer import connect
 from eventfleet_server.main import Replica
+from prometheus_client.parser import text_string_to_metric_families
 
 WAIT = 20.0
 
@@ -192,12 +193,35 @@ async def test_status_reflects_a_peer_going_away_and_coming_back(tmp_path):
         entry = next(p for p in doc["peers"] if p["name"] == "r2")
         assert entry["server_id"] == 2
 
+        assert await peer_metrics(r1, "r2") == (1.0, 1.0)
+
         await r2.stop()
         doc = await eventually(await r2_state_is({"disconnected"}), "r2 reported gone")
         # Losing a peer does not make r1 unready: it still serves its clients.
         assert doc["ready"] is True
         assert (await get_json(r1, "/readyz"))[0] == 200
+        assert await peer_metrics(r1, "r2") == (0.0, 0.0)
 
         await r2.start()
         await r2.start_task
         await eventually(await r2_state_is({"synced"}), "r2 back and synced")
+        assert await peer_metrics(r1, "r2") == (1.0, 1.0)
+
+
+async def peer_metrics(node, peer) -> tuple[float, float]:
+    """(eventfleet_syncer_peer_connected, eventfleet_syncer_peer_synced) for `peer`."""
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
+        s.get(node.url("/metrics")) as resp,
+    ):
+        text = await resp.text()
+    values = {
+        sample.name: sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.labels.get("peer") == peer
+    }
+    return (
+        values["eventfleet_syncer_peer_connected"],
+        values["eventfleet_syncer_peer_synced"],
+    )

@@ -288,12 +288,12 @@ def _syncer_metrics(syncer: Any) -> Iterator[Metric]:
     )
     lag_events = GaugeMetricFamily(
         "eventfleet_syncer_peer_lag_events",
-        "Events the peer has that this replica does not hold yet.",
+        "Events received from the peer and not yet committed here (while synced).",
         labels=["peer"],
     )
     lag_seconds = GaugeMetricFamily(
         "eventfleet_syncer_peer_lag_seconds",
-        "Age of the oldest peer event this replica does not hold yet.",
+        "Replication lag behind the peer in seconds (per peer state: docs/observability.md).",
         labels=["peer"],
     )
     received = CounterMetricFamily(
