@@ -208,7 +208,7 @@ server_params = st.builds(
 
 
 @settings(
-    max_examples=60,
+    max_examples=100,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -229,6 +229,7 @@ def test_queries_match_reference(specs, data):
             st.builds(QueryLatestParams, st.none() | st.lists(patterns, max_size=3)), max_size=3
         )
     )
+    keep = data.draw(st.integers(0, len(events) + 1), label="max_events")
     caps = data.draw(st.lists(st.integers(1, 8), min_size=len(queries), max_size=len(queries)))
     sentinels = [
         data.draw(
@@ -280,6 +281,20 @@ def test_queries_match_reference(specs, data):
                             params = params._replace(last_event_id=got.events[-1].id)
                 finally:
                     storage_db._MERGE_MAX_TYPES = old
+
+            # Count retention keeps the newest arrivals; latest must follow what is left.
+            path = Path(tmp) / "events.sqlite"
+            async with opened(path, retention=Retention(max_events=keep)) as s:
+                deleted = await s.enforce_retention()
+                assert deleted == max(0, len(events) - keep)
+                left = [e for _, e in written[deleted:]]
+                got = await s.query(QueryLatestParams())
+                assert sorted(got.events, key=natural_key) == sorted(
+                    ref_latest(left, QueryLatestParams()), key=natural_key
+                )
+                assert s.last_ids == expected_last
+                assert s.last_seq == len(events)
+                assert (await s.stats()).events == len(left)
 
     asyncio.run(main())
 
@@ -569,6 +584,9 @@ async def test_query_plans_use_indexes(storage):
         assert _plan(conn, schema.NEWEST_OF_TYPE, (1,)) == [
             "SEARCH events USING COVERING INDEX events_type_ts (type_id=?)"
         ]
+        # Write-time bookkeeping touches only the batch's rows.
+        for sql in (schema.UPSERT_LATEST, schema.UPSERT_LAST_IDS):
+            assert _plan(conn, sql, (1,))[0] == "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
         # O(types): walk `latest`, fetch each event by its seq.
         assert _plan(conn, schema.LATEST_ALL, ()) == [
             "SCAN latest",

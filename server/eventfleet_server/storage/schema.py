@@ -110,9 +110,11 @@ WHERE (excluded.ts, excluded.server, excluded.session, excluded.instance)
 """
 
 # SQLite takes bare columns from the row holding max(), so `session` belongs to it.
+# NOT INDEXED: left alone, the planner serves GROUP BY from events_id, scanning the
+# whole index on every write; the rowid range of the batch is what we want.
 UPSERT_LAST_IDS = """
 INSERT INTO last_ids (server, session, instance)
-SELECT server, session, max(instance) FROM events WHERE seq >= ? GROUP BY server
+SELECT server, session, max(instance) FROM events NOT INDEXED WHERE seq >= ? GROUP BY server
 ON CONFLICT (server) DO UPDATE SET session = excluded.session, instance = excluded.instance
 WHERE excluded.instance > last_ids.instance
 RETURNING server, session, instance
