@@ -197,13 +197,15 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             "httpGet": {"path": "/healthz", "port": "http"},
             "periodSeconds": 10,
             "failureThreshold": 3,
-            "timeoutSeconds": 3,
+            "timeoutSeconds": 2,
         },
+        # failureThreshold 1: a stopping replica turns /readyz 503 at once and must
+        # leave the client Service at once (docs/observability.md).
         "readinessProbe": {
             "httpGet": {"path": "/readyz", "port": "http"},
             "periodSeconds": 5,
-            "failureThreshold": 2,
-            "timeoutSeconds": 3,
+            "failureThreshold": 1,
+            "timeoutSeconds": 2,
         },
         "securityContext": {
             "runAsNonRoot": True,

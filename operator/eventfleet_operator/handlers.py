@@ -39,6 +39,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register the operator's handlers into ``registry``."""
     resource = dict(group=GROUP, version=VERSION, plural=PLURAL)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # A fresh registry has none of Kopf's implicit login handlers: use the same
+        # `kubernetes` loaders as our own client (in-cluster account, else KUBECONFIG).
+        return kopf.login_via_client(**kwargs)
+
     @kopf.on.startup(registry=registry)
     async def startup(
         settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
@@ -46,7 +52,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         configure_settings(settings, config)
         memo.ctx = Context(
             config=config,
-            kube=kube.KubeClient(kube.load_credentials(), timeout=config.api_timeout),
+            kube=kube.KubeClient(
+                kube.load_credentials(),
+                timeout=config.api_timeout,
+                # Notice an optional CRD installed later within about one resync.
+                discovery_ttl=min(60.0, max(1.0, config.resync_seconds)),
+            ),
             replicas=ReplicaClient(
                 status_timeout=config.status_timeout, flush_timeout=config.flush_timeout
             ),

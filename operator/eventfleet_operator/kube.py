@@ -21,7 +21,7 @@ from typing import Any
 
 import aiohttp
 
-from eventfleet_operator import naming
+from eventfleet_operator import __version__, naming
 
 logger = logging.getLogger(__name__)
 
@@ -145,10 +145,16 @@ def load_credentials() -> Credentials:
 class KubeClient:
     """Async JSON client; create inside the running loop, ``await close()`` at the end."""
 
-    def __init__(self, credentials: Credentials, *, timeout: float = 30.0) -> None:
+    def __init__(
+        self, credentials: Credentials, *, timeout: float = 30.0, discovery_ttl: float = 60.0
+    ) -> None:
         self._creds = credentials
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout))
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=timeout),
+            headers={"User-Agent": f"eventfleet-operator/{__version__}"},
+        )
         self._discovery: dict[str, tuple[float, set[str]]] = {}
+        self.discovery_ttl = discovery_ttl
 
     async def close(self) -> None:
         await self._session.close()
@@ -260,7 +266,7 @@ class KubeClient:
                 return False
             raise
 
-    async def has_resource(self, resource: Resource, *, ttl: float = 60.0) -> bool:
+    async def has_resource(self, resource: Resource, *, ttl: float | None = None) -> bool:
         """Is this (optional) resource type served? Cached for ``ttl`` seconds.
 
         Discovery needs no RBAC beyond the default ``system:discovery`` role, and the
@@ -269,7 +275,7 @@ class KubeClient:
         key = resource.api_version
         cached = self._discovery.get(key)
         now = time.monotonic()
-        if cached is None or now - cached[0] > ttl:
+        if cached is None or now - cached[0] > (self.discovery_ttl if ttl is None else ttl):
             path = (
                 f"/apis/{resource.group}/{resource.version}"
                 if resource.group

@@ -1,0 +1,426 @@
+"""The operator end to end: the real operator process, the real kubectl, real replicas.
+
+The Kubernetes API is the project's emulator (``e2e/k8s``, kmock-based, no
+controllers); ``FakeKubelet`` plays the StatefulSet controller and kubelet by running
+real replica processes from what the operator wrote. See docs/operator.md.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+import time
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from e2e.k8s.harness import ROOT, wait_for
+
+pytest_plugins = ["e2e.k8s.fixtures"]
+
+pytestmark = pytest.mark.timeout(180)
+
+EXTERNAL_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
+CHILDREN = (
+    "statefulset/{n}",
+    "service/{n}",
+    "service/{n}-peers",
+    "configmap/{n}-config",
+    "secret/{n}-token",
+    "poddisruptionbudget/{n}",
+)
+
+
+def eventserver(name: str, replicas: int = 3, **spec) -> dict:
+    return {
+        "apiVersion": "eventfleet.io/v1",
+        "kind": "EventServer",
+        "metadata": {"name": name},
+        # No ZeroMQ Event BUS in these tests: each would need three ports per replica.
+        "spec": {"replicas": replicas, "protocols": {"bus": {"enabled": False}}, **spec},
+    }
+
+
+def condition(es: dict, type_: str) -> dict:
+    return next(
+        (c for c in (es.get("status") or {}).get("conditions") or [] if c["type"] == type_), {}
+    )
+
+
+def peers_of(kubectl, name: str) -> list[dict]:
+    cm = kubectl.get("configmap", f"{name}-config")
+    return yaml.safe_load(cm["data"]["config.yaml"])["peers"] if cm else []
+
+
+def config_hash(kubectl, name: str) -> str:
+    sts = kubectl.get("statefulset", name)
+    return sts["spec"]["template"]["metadata"]["annotations"]["eventfleet.io/config-hash"]
+
+
+def strip_server_fields(doc: dict) -> dict:
+    """What a client would send back: no status, no server-set metadata."""
+    doc = json.loads(json.dumps(doc))
+    doc.pop("status", None)
+    for key in ("uid", "resourceVersion", "creationTimestamp", "generation", "managedFields"):
+        doc["metadata"].pop(key, None)
+    return doc
+
+
+def register(kubelet, ordinal: int, count: int) -> None:
+    """Register events on one replica through the real Eventer client (the CLI)."""
+    for i in range(count):
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "eventfleet_cli",
+                "register",
+                "--eventer",
+                kubelet.eventer(ordinal),
+                "--token-file",
+                str(kubelet.token_file(ordinal)),
+                "e2e/test",
+                "--json",
+                json.dumps({"i": i}),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=20,
+        )
+
+
+def test_apply_gives_valid_wired_children_and_truthful_status(kubectl, operator, kubelet):
+    kubectl.apply(eventserver("demo", 3))
+    es = kubectl.get("eventserver", "demo")
+    for child in CHILDREN:
+        doc = wait_for(
+            lambda c=child: kubectl.get(*c.format(n="demo").split("/")), timeout=20, what=child
+        )
+        # What the operator created is valid Kubernetes 1.33 (as stored, minus server fields).
+        kubernetes_validate.validate(strip_server_fields(doc), "1.33.0", strict=True)
+        (owner,) = doc["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == (
+            "EventServer",
+            "demo",
+            es["metadata"]["uid"],
+        )
+    assert [(p["name"], p["server_id"]) for p in peers_of(kubectl, "demo")] == [
+        ("demo-0", 1),
+        ("demo-1", 2),
+        ("demo-2", 3),
+    ]
+    assert peers_of(kubectl, "demo")[1]["host"] == f"demo-1.demo-peers.{kubectl.namespace}.svc"
+    token = kubectl.get("secret", "demo-token")["data"]["token"]
+    assert len(base64.b64decode(token)) >= 32
+
+    kubelet("demo")  # real replicas start from that ConfigMap and Secret
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/demo", "--timeout=60s", timeout=70)
+    kubectl.run(
+        "wait", "--for=condition=PeersSynced", "eventserver/demo", "--timeout=60s", timeout=70
+    )
+    es = kubectl.get("eventserver", "demo")
+    status = es["status"]
+    assert status["observedGeneration"] == es["metadata"]["generation"]
+    assert (status["replicas"], status["readyReplicas"], status["phase"]) == (3, 3, "Running")
+    assert status["selector"] == (
+        "app.kubernetes.io/name=eventfleet,app.kubernetes.io/instance=demo,app.kubernetes.io/component=replica"
+    )
+    assert [p["serverId"] for p in status["peers"]] == [1, 2, 3]
+    assert all(
+        p["reachable"] and p["ready"] and p["syncState"] == "synced" for p in status["peers"]
+    )
+    assert condition(es, "AggregationScheduled")["reason"] == "Disabled"
+    # The scale subresource answers with an autoscaling/v1 Scale carrying the selector.
+    scale = json.loads(
+        kubectl.run(
+            "get",
+            "--raw",
+            f"/apis/eventfleet.io/v1/namespaces/{kubectl.namespace}/eventservers/demo/scale",
+        ).stdout
+    )
+    assert (scale["kind"], scale["spec"]["replicas"], scale["status"]["selector"]) == (
+        "Scale",
+        3,
+        status["selector"],
+    )
+    events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=demo")["items"]
+    reasons = {e["reason"] for e in events}
+    assert {"Created", "AllReplicasReady"} <= reasons, reasons
+
+
+def test_scale_up_rewrites_peers_without_restarting_replicas(kubectl, operator, kubelet):
+    kubectl.apply(eventserver("grow", 2))
+    pods = kubelet("grow")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    before_hash = config_hash(kubectl, "grow")
+    pids = [pods.pid(0), pods.pid(1)]
+
+    kubectl.run("scale", "eventserver/grow", "--replicas=4")
+    wait_for(
+        lambda: len(peers_of(kubectl, "grow")) == 4, timeout=20, what="4 peers in the ConfigMap"
+    )
+    wait_for(
+        lambda: kubectl.get("statefulset", "grow")["spec"]["replicas"] == 4,
+        timeout=20,
+        what="sts 4",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    kubectl.run(
+        "wait", "--for=condition=PeersSynced", "eventserver/grow", "--timeout=60s", timeout=70
+    )
+    # Peers are hot-reloaded: no new config hash, the first two replicas never restarted.
+    assert config_hash(kubectl, "grow") == before_hash
+    assert [pods.pid(0), pods.pid(1)] == pids
+    status = pods.status(0)
+    assert {p["name"] for p in status["peers"]} == {"grow-1", "grow-2", "grow-3"}
+
+
+def test_spec_edit_updates_children_and_restarts_only_for_restart_settings(
+    kubectl, operator, kubelet
+):
+    kubectl.apply(eventserver("edit", 2))
+    pods = kubelet("edit")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=60s", timeout=70)
+    hash_before, pids = config_hash(kubectl, "edit"), [pods.pid(0), pods.pid(1)]
+
+    kubectl.run(
+        "patch",
+        "eventserver/edit",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "spec": {
+                    "podLabels": {"team": "events"},
+                    "storage": {"synchronous": "NORMAL"},
+                    "retention": {"maxEvents": 5000},
+                }
+            }
+        ),
+    )
+
+    def updated():
+        cm = yaml.safe_load(kubectl.get("configmap", "edit-config")["data"]["config.yaml"])
+        return (
+            cm["storage"]["synchronous"] == "NORMAL"
+            and cm["storage"]["retention"]["max_events"] == 5000
+        )
+
+    wait_for(updated, timeout=20, what="the ConfigMap to carry the new storage settings")
+    sts = kubectl.get("statefulset", "edit")
+    assert sts["spec"]["template"]["metadata"]["labels"]["team"] == "events"
+    assert config_hash(kubectl, "edit") != hash_before  # storage settings need a restart
+    # The fake StatefulSet controller rolls the pods because the template changed.
+    wait_for(
+        lambda: all(pods.pid(i) not in (None, pids[i]) for i in range(2)),
+        timeout=60,
+        what="rolled pods",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=60s", timeout=70)
+    es = kubectl.get("eventserver", "edit")
+    assert es["status"]["observedGeneration"] == es["metadata"]["generation"] == 2
+
+
+def test_hand_deleted_and_hand_edited_children_are_repaired(kubectl, operator):
+    kubectl.apply(eventserver("fix", 3))
+    wait_for(lambda: kubectl.get("configmap", "fix-config"), timeout=20, what="children")
+    original_uid = kubectl.get("configmap", "fix-config")["metadata"]["uid"]
+    token = kubectl.get("secret", "fix-token")["data"]["token"]
+
+    kubectl.run("delete", "configmap", "fix-config")
+    kubectl.run("delete", "service", "fix-peers")
+    kubectl.run(
+        "patch",
+        "statefulset",
+        "fix",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "spec": {
+                    "replicas": 7,
+                    "template": {
+                        "spec": {"containers": [{"name": "replica", "image": "evil/image:latest"}]}
+                    },
+                }
+            }
+        ),
+    )
+    wait_for(
+        lambda: (
+            (kubectl.get("configmap", "fix-config") or {}).get("metadata", {}).get("uid")
+            not in (None, original_uid)
+        ),
+        timeout=20,
+        what="the ConfigMap to be recreated",
+    )
+    wait_for(
+        lambda: kubectl.get("service", "fix-peers"),
+        timeout=20,
+        what="the peer Service to be recreated",
+    )
+
+    def sts_repaired():
+        sts = kubectl.get("statefulset", "fix")
+        (container,) = sts["spec"]["template"]["spec"]["containers"]
+        return sts["spec"]["replicas"] == 3 and container["image"].startswith("eventfleet/server:")
+
+    wait_for(sts_repaired, timeout=20, what="the StatefulSet to be brought back")
+    assert kubectl.get("secret", "fix-token")["data"]["token"] == token  # never regenerated
+
+
+def test_bad_input_is_rejected_or_reported_and_the_operator_keeps_running(kubectl, operator):
+    # The CRD schema rejects what it can (the emulator enforces it like the API server).
+    bad = kubectl.run(
+        "apply",
+        "--validate=false",
+        "-f",
+        "-",
+        input=yaml.safe_dump(eventserver("bad", 0)),
+        check=False,
+    )
+    assert bad.returncode != 0 and "spec.replicas" in bad.stderr
+
+    # What the schema cannot catch gives Ready=False with the field; nothing is created.
+    kubectl.apply(eventserver("clash", 1, ports={"eventer": 24000, "http": 24000}))
+
+    def reported():
+        ready = condition(kubectl.get("eventserver", "clash"), "Ready")
+        return ready.get("reason") == "InvalidSpec" and ready
+
+    ready = wait_for(reported, timeout=20, what="InvalidSpec")
+    assert ready["status"] == "False" and ready["message"].startswith("spec.ports.")
+    assert kubectl.get("statefulset", "clash") is None
+    assert kubectl.get("eventserver", "clash")["status"]["phase"] == "Failed"
+    kubectl.apply(eventserver("cron", 1, aggregation={"enabled": True, "schedule": "every hour"}))
+    wait_for(
+        lambda: (
+            "spec.aggregation.schedule"
+            in condition(kubectl.get("eventserver", "cron"), "Ready").get("message", "")
+        ),
+        timeout=20,
+        what="the bad schedule to be named",
+    )
+
+    # The operator still serves good fleets, and fixing the spec heals the bad one.
+    kubectl.apply(eventserver("good", 1))
+    wait_for(lambda: kubectl.get("statefulset", "good"), timeout=20, what="the good fleet")
+    kubectl.run(
+        "patch", "eventserver/clash", "--type=merge", "-p", '{"spec":{"ports":{"http":24080}}}'
+    )
+    wait_for(lambda: kubectl.get("statefulset", "clash"), timeout=20, what="the fixed fleet")
+    assert operator.alive()
+
+
+def test_optional_crds_missing_gives_a_condition_then_children_appear(kubectl, operator):
+    kubectl.apply(
+        eventserver(
+            "extras",
+            1,
+            monitoring={"serviceMonitor": {"enabled": True, "labels": {"release": "p"}}},
+            aggregation={"enabled": True},
+        )
+    )
+
+    def conditions():
+        es = kubectl.get("eventserver", "extras")
+        return (
+            condition(es, "MonitoringConfigured").get("reason"),
+            condition(es, "AggregationScheduled").get("reason"),
+        )
+
+    wait_for(
+        lambda: conditions() == ("PrometheusOperatorNotInstalled", "SparkOperatorNotInstalled"),
+        timeout=20,
+        what="NotInstalled conditions",
+    )
+    assert condition(kubectl.get("eventserver", "extras"), "Ready").get("reason") != "InvalidSpec"
+
+    crds = [
+        EXTERNAL_CRDS / "monitoring.coreos.com_servicemonitors.yaml",
+        EXTERNAL_CRDS / "sparkoperator.k8s.io_scheduledsparkapplications.yaml",
+    ]
+    for crd in crds:  # `create`, not `apply`: the last-applied annotation would be too big
+        kubectl.run("create", "--validate=false", "-f", str(crd))
+    try:
+        # The emulator validates them against those real upstream CRD schemas on create.
+        sm = wait_for(
+            lambda: kubectl.get("servicemonitor", "extras"), timeout=30, what="ServiceMonitor"
+        )
+        app = wait_for(
+            lambda: kubectl.get("scheduledsparkapplication", "extras-agg"),
+            timeout=30,
+            what="Spark app",
+        )
+        assert sm["metadata"]["labels"]["release"] == "p"
+        assert app["spec"]["concurrencyPolicy"] == "Forbid"
+        wait_for(
+            lambda: conditions() == ("Applied", "Applied"), timeout=20, what="Applied conditions"
+        )
+        # Turning monitoring off removes the ServiceMonitor (level-based).
+        kubectl.run(
+            "patch",
+            "eventserver/extras",
+            "--type=merge",
+            "-p",
+            '{"spec":{"monitoring":{"serviceMonitor":{"enabled":false}}}}',
+        )
+        wait_for(
+            lambda: kubectl.get("servicemonitor", "extras") is None,
+            timeout=20,
+            what="ServiceMonitor gone",
+        )
+    finally:
+        for crd in crds:
+            kubectl.run("delete", "-f", str(crd), "--wait=false", check=False)
+
+
+def test_delete_cleans_up_without_garbage_collection(kubectl, operator, kubelet):
+    kubectl.apply(eventserver("gone", 2, storage={"retentionPolicy": {"whenDeleted": "Delete"}}))
+    pods = kubelet("gone")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/gone", "--timeout=60s", timeout=70)
+    assert len(kubectl.json("get", "pvc")["items"]) == 2
+    kubectl.run("delete", "eventserver", "gone", "--timeout=30s", timeout=40)
+    for child in CHILDREN:
+        kind, name = child.format(n="gone").split("/")
+        assert kubectl.get(kind, name) is None, child
+    assert kubectl.json("get", "pvc")["items"] == []
+    wait_for(
+        lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=30, what="replicas stopped"
+    )
+
+
+def test_every_api_call_of_the_operator_is_allowed_by_its_rbac(
+    emulator, kubectl, operator, kubelet
+):
+    """Replay what the operator did in this module against operator/deploy/rbac.yaml."""
+    kubectl.apply(eventserver("rbac", 2, monitoring={"serviceMonitor": {"enabled": True}}))
+    kubelet("rbac")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/rbac", "--timeout=60s", timeout=70)
+    kubectl.run("scale", "eventserver/rbac", "--replicas=1")
+    wait_for(
+        lambda: kubectl.get("statefulset", "rbac")["spec"]["replicas"] == 1,
+        timeout=60,
+        what="scaled down",
+    )
+    kubectl.run("delete", "eventserver", "rbac", "--timeout=30s", timeout=40)
+    time.sleep(0.5)
+
+    allowed: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            allowed.add((group, resource, verb))
+    calls = [
+        e for e in emulator.audit() if e["userAgent"].startswith(("eventfleet-operator/", "kopf/"))
+    ]
+    agents = {e["userAgent"].split("/")[0] for e in calls}
+    assert agents == {"kopf", "eventfleet-operator"}, agents  # Kopf's watches and our client
+    missing = sorted({(e["group"], e["resource"], e["verb"]) for e in calls} - allowed)
+    assert missing == [], f"RBAC lacks {missing}"
