@@ -445,6 +445,18 @@ async def test_open_rejects_bad_synchronous(tmp_path):
             assert await s.write(make_events(1))
 
 
+async def test_open_refuses_foreign_files(tmp_path):
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"not a database" * 100)
+    with pytest.raises(StorageError, match=r"junk\.sqlite: cannot open"):
+        await Storage.open(junk)
+    newer = tmp_path / "newer.sqlite"
+    with contextlib.closing(sqlite3.connect(newer)) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    with pytest.raises(StorageError, match="schema version 99"):
+        await Storage.open(newer)
+
+
 def test_retention_rejects_bad_values():
     with pytest.raises(ValueError, match="-1"):
         Retention(max_events=-1)

@@ -193,32 +193,40 @@ class Storage:
         self._expansions: dict[tuple, tuple[int, list[int], str]] = {}
 
         sync = synchronous.upper()
-        self._writer = await aiosqlite.connect(path, isolation_level=None, cached_statements=64)
         try:
-            await _run(self._writer, self._init_writer, sync)
-            self._reader = await aiosqlite.connect(
-                path, isolation_level=None, cached_statements=256
-            )
-        except BaseException:
-            await self._writer.close()
-            raise
-        try:
-            await _run(self._reader, self._init_reader)
-        except BaseException:
-            await self._reader.close()
-            await self._writer.close()
-            raise
+            self._writer = await aiosqlite.connect(path, isolation_level=None, cached_statements=64)
+            try:
+                await _run(self._writer, self._init_writer, sync)
+                self._reader = await aiosqlite.connect(
+                    path, isolation_level=None, cached_statements=256
+                )
+            except BaseException:
+                await self._writer.close()
+                raise
+            try:
+                await _run(self._reader, self._init_reader)
+            except BaseException:
+                await self._reader.close()
+                await self._writer.close()
+                raise
+        except sqlite3.Error as e:
+            raise StorageError(f"{path}: cannot open: {e}") from e
         return self
 
     def _init_writer(self, synchronous: str) -> None:
         conn = self._writer._conn
+        # Version first: a file of another schema is refused before anything changes it.
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version not in (0, schema.SCHEMA_VERSION):
+            raise StorageError(
+                f"{self._path}: schema version {version} is not {schema.SCHEMA_VERSION}"
+            )
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StorageError(f"{self._path}: journal_mode WAL refused (got {mode!r})")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
         conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA cache_size = -32000")  # KiB
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == 0:
             try:
                 # One script, one transaction: a half-created schema is never committed.
@@ -230,10 +238,6 @@ class Storage:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
-        elif version != schema.SCHEMA_VERSION:
-            raise StorageError(
-                f"{self._path}: schema version {version} is not {schema.SCHEMA_VERSION}"
-            )
 
         for type_id, text in conn.execute("SELECT type_id, type FROM types"):
             event_type = tuple(json.loads(text))
