@@ -54,7 +54,8 @@ class Connection:
         self._next_id = 1
         self._closed = asyncio.get_running_loop().create_future()
         self._close_reason: str | None = None
-        self._activity = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
+        self._last_activity = self._loop.time()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         self._ping_task = (
@@ -160,7 +161,7 @@ class Connection:
         except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
             self.close()
             raise ConnectionError(f"connection {self.peer} closed") from e
-        self._activity.set()
+        self._last_activity = self._loop.time()
         try:
             raw = repo.decode("HatChatter.Msg", body)
         except Exception as e:
@@ -176,17 +177,19 @@ class Connection:
         )
 
     async def _ping_loop(self, delay: float, timeout: float) -> None:
+        # Sleeps until the idle deadline instead of waking on every message: the hot
+        # path only stores a timestamp.
         try:
             while not self.is_closed:
-                self._activity.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._activity.wait(), delay)
+                idle = self._loop.time() - self._last_activity
+                if idle < delay:
+                    await asyncio.sleep(delay - idle)
                     continue
                 self.send(_PING, b"", last=False)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._activity.wait(), timeout)
-                    continue
-                self.close(f"no answer to ping within {timeout} s")
+                sent = self._loop.time()
+                await asyncio.sleep(timeout)
+                if self._last_activity < sent:
+                    self.close(f"no answer to ping within {timeout} s")
         except (ConnectionError, asyncio.CancelledError):
             pass
 

@@ -1,0 +1,39 @@
+"""Chatter transport: ping/pong keeps idle connections alive, silent peers are dropped."""
+
+from __future__ import annotations
+
+import asyncio
+
+from eventfleet_server import chatter
+
+
+async def test_ping_answered_and_silent_peer_dropped():
+    server_conns = []
+    done = asyncio.Event()
+
+    async def on_conn(conn):
+        server_conns.append(conn)
+        try:
+            while True:
+                await conn.receive()
+        except ConnectionError:
+            done.set()
+
+    server = await chatter.serve(on_conn, "127.0.0.1", 0, ping_delay=0.1, ping_timeout=0.2)
+    port = server.sockets[0].getsockname()[1]
+    # A client that answers pings (its receive loop runs) stays connected.
+    client = await chatter.connect("127.0.0.1", port, ping_delay=None)
+    reader = asyncio.get_running_loop().create_task(client.receive())
+    await asyncio.sleep(0.8)
+    assert not server_conns[0].is_closed
+    reader.cancel()
+    # A raw socket that never answers is closed after delay + timeout.
+    r, w = await asyncio.open_connection("127.0.0.1", port)
+    async with asyncio.timeout(3):
+        while len(server_conns) < 2:
+            await asyncio.sleep(0.01)
+        await server_conns[1].wait_closed()
+    assert "ping" in server_conns[1].close_reason
+    w.close()
+    client.close()
+    server.close()
