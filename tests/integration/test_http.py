@@ -58,6 +58,21 @@ class FakeSyncer:
         return self.flush_result
 
 
+@pytest.fixture
+def use_syncer(replica, monkeypatch):
+    """Put a stand-in syncer (or None) on `replica` for one test.
+
+    Through monkeypatch, which is undone before the replica fixture stops the replica, so
+    the replica's own Syncer (if it runs one) is the one that gets stopped.
+    """
+
+    def install(syncer):
+        monkeypatch.setattr(replica, "syncer", syncer, raising=False)
+        return syncer
+
+    return install
+
+
 def peer(name, server_id, state="synced", **extra):
     return {
         "name": name,
@@ -145,12 +160,12 @@ async def test_probes_and_status_of_a_standalone_replica(replica):
     assert doc["storage"]["last_seq"] >= 5
 
 
-async def test_readyz_waits_for_the_initial_sync_and_status_shows_peers(replica):
+async def test_readyz_waits_for_the_initial_sync_and_status_shows_peers(replica, use_syncer):
     syncer = FakeSyncer(
         [peer("r2", 2, "syncing", lag_events=40, lag_seconds=1.5), peer("r3", 3, "disconnected")],
         initial_sync_done=False,
     )
-    replica.syncer = syncer
+    use_syncer(syncer)
     status, body = await get_json(replica, "/readyz")
     assert status == 503
     assert body["ready"] is False and "initial sync" in body["reason"]
@@ -173,9 +188,9 @@ async def test_readyz_waits_for_the_initial_sync_and_status_shows_peers(replica)
     assert doc["ready"] is True and doc["peers"][0]["state"] == "synced"
 
 
-async def test_status_keeps_its_shape_whatever_the_syncer_adds(replica):
+async def test_status_keeps_its_shape_whatever_the_syncer_adds(replica, use_syncer):
     # The contract is versioned: syncer-internal fields must not leak into it.
-    replica.syncer = FakeSyncer([peer("r2", 2, extra_field="x", last_event_id=None)])
+    use_syncer(FakeSyncer([peer("r2", 2, extra_field="x", last_event_id=None)]))
     _, doc = await get_json(replica, "/status")
     assert set(doc) == STATUS_KEYS
     assert doc["peers"] == [
@@ -260,14 +275,16 @@ async def test_metrics_count_registrations_commits_and_queries(replica):
     assert m[("process_resident_memory_bytes", ())] > 0
 
 
-async def test_metrics_report_syncer_peers(replica):
-    replica.syncer = FakeSyncer(
-        [
-            peer("r2", 2, "synced", events_received=12),
-            peer("r3", 3, "syncing", lag_events=5, lag_seconds=0.25),
-            peer("r4", 4, "disconnected", lag_events=None, lag_seconds=None),
-        ],
-        initial_sync_done=False,
+async def test_metrics_report_syncer_peers(replica, use_syncer):
+    use_syncer(
+        FakeSyncer(
+            [
+                peer("r2", 2, "synced", events_received=12),
+                peer("r3", 3, "syncing", lag_events=5, lag_seconds=0.25),
+                peer("r4", 4, "disconnected", lag_events=None, lag_seconds=None),
+            ],
+            initial_sync_done=False,
+        )
     )
     m = await scrape(replica)
     assert m[("eventfleet_syncer_peer_connected", (("peer", "r2"),))] == 1
@@ -308,14 +325,14 @@ async def test_metrics_negotiate_openmetrics(replica):
 # -- /flush ---------------------------------------------------------------------------------
 
 
-async def test_flush_without_a_syncer_is_not_implemented(replica):
+async def test_flush_without_a_syncer_is_not_implemented(replica, use_syncer):
+    use_syncer(None)
     status, body = await post_json(replica, "/flush?peer=r2")
     assert status == 501 and body["flushed"] is False
 
 
-async def test_flush_contract(replica):
-    syncer = FakeSyncer([peer("r2", 2)])
-    replica.syncer = syncer
+async def test_flush_contract(replica, use_syncer):
+    syncer = use_syncer(FakeSyncer([peer("r2", 2)]))
     await register(replica, 2)
 
     status, body = await post_json(replica, "/flush?peer=r2&timeout=7")
@@ -396,17 +413,17 @@ async def test_status_is_served_while_last_ids_exist_for_peers(replica):
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-async def exported_families(replica) -> set[str]:
-    replica.syncer = FakeSyncer([peer("r2", 2, events_received=1)])
+async def exported_families(replica, use_syncer) -> set[str]:
+    use_syncer(FakeSyncer([peer("r2", 2, events_received=1)]))
     _, _, text = await get(replica, "/metrics")
     return {f.name for f in text_string_to_metric_families(text)}
 
 
-async def test_every_metric_is_documented(replica):
+async def test_every_metric_is_documented(replica, use_syncer):
     doc = (REPO / "docs" / "observability.md").read_text()
     documented = set(re.findall(r"`(eventfleet_[a-z_]+)`", doc))
     exported = set()
-    for family in await exported_families(replica):
+    for family in await exported_families(replica, use_syncer):
         if family.startswith("eventfleet_"):
             # The parser names counters without `_total`; the docs use the full name.
             exported.add(family + "_total" if family + "_total" in documented else family)
@@ -414,10 +431,10 @@ async def test_every_metric_is_documented(replica):
     assert documented - exported == set(), "docs/observability.md names metrics not exported"
 
 
-async def test_dashboard_uses_only_exported_metrics(replica):
+async def test_dashboard_uses_only_exported_metrics(replica, use_syncer):
     dash = json.loads((REPO / "docs" / "grafana" / "eventfleet.json").read_text())
     exprs = " ".join(t["expr"] for p in dash["panels"] for t in p.get("targets", []))
     used = {re.sub(r"_(bucket|sum|count|total)$", "", m) for m in re.findall(r"[a-z_]+", exprs)}
-    families = await exported_families(replica)
+    families = await exported_families(replica, use_syncer)
     missing = {m for m in used if m.startswith(("eventfleet_", "process_")) and m not in families}
     assert not missing

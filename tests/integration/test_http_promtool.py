@@ -43,12 +43,14 @@ def prometheus_tool(name: str) -> str:
     return found
 
 
-async def test_promtool_accepts_the_exposition_of_a_live_replica(replica):
+async def test_promtool_accepts_the_exposition_of_a_live_replica(replica, monkeypatch):
     promtool = prometheus_tool("promtool")
     # Exercise every family so labelled series are present, not just their headers.
-    replica.syncer = FakeSyncer(
+    # (monkeypatch restores the replica's own syncer before the fixture stops it)
+    fake = FakeSyncer(
         [peer("r2", 2, events_received=4), peer("r3", 3, "disconnected", lag_events=None)]
     )
+    monkeypatch.setattr(replica, "syncer", fake, raising=False)
     client = await connect("127.0.0.1", replica.eventer.port, "test/promtool")
     try:
         await client.register([RegisterEvent(("p", "1"), None, None)] * 3, with_response=True)
