@@ -146,6 +146,12 @@ def test_apply_gives_valid_wired_children_and_truthful_status(kubectl, operator,
         3,
         status["selector"],
     )
+    scraped = operator.metrics()
+    assert 'eventfleet_operator_reconciles_total{result="ok"}' in scraped
+    ns = kubectl.namespace
+    assert (
+        f'eventfleet_operator_fleet_ready_replicas{{name="demo",namespace="{ns}"}} 3.0' in scraped
+    )
     events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=demo")["items"]
     reasons = {e["reason"] for e in events}
     assert {"Created", "AllReplicasReady"} <= reasons, reasons

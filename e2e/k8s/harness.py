@@ -12,6 +12,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -199,6 +200,9 @@ class OperatorProcess:
         self.proc: subprocess.Popen | None = None
         self.log_path = workdir / f"operator-{namespace}.log"
         self.starts = 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.metrics_url = f"http://127.0.0.1:{s.getsockname()[1]}/metrics"
 
     def start(self) -> OperatorProcess:
         self.starts += 1
@@ -222,6 +226,8 @@ class OperatorProcess:
                 "5",
                 "--replica-urls-file",
                 str(self.urls_file),
+                "--metrics",
+                self.metrics_url,
                 *self.extra,
             ],
             cwd=ROOT,
@@ -237,6 +243,10 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(self.metrics_url, timeout=5) as response:
+            return response.read().decode()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -77,6 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "[EVENTFLEET_OPERATOR_PEERING]",
     )
     parser.add_argument(
+        "--metrics",
+        dest="metrics_endpoint",
+        metavar="URL",
+        help="serve the operator's Prometheus metrics, e.g. http://0.0.0.0:9090/metrics "
+        "[EVENTFLEET_OPERATOR_METRICS]",
+    )
+    parser.add_argument(
         "--log-format", choices=LOG_FORMATS, default="full", help="log line format (default full)"
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -94,6 +101,7 @@ def run(
     flush_timeout: float | None = None,
     liveness_endpoint: str | None = None,
     peering_name: str | None = None,
+    metrics_endpoint: str | None = None,
     log_format: str = "full",
     verbose: bool = False,
 ) -> None:
@@ -112,6 +120,7 @@ def run(
         flush_timeout=flush_timeout,
         liveness_endpoint=liveness_endpoint,
         peering_name=peering_name,
+        metrics_endpoint=metrics_endpoint,
     )
     if not config.namespaces and not config.all_namespaces:
         raise ConfigError(
@@ -151,6 +160,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             flush_timeout=args.flush_timeout,
             liveness_endpoint=args.liveness_endpoint,
             peering_name=args.peering_name,
+            metrics_endpoint=getattr(args, "metrics_endpoint", None),
             log_format=args.log_format,
             verbose=args.verbose,
         )

@@ -31,6 +31,7 @@ class OperatorConfig:
     api_timeout: float = 30.0
     liveness_endpoint: str | None = None
     peering_name: str | None = None  # None: standalone (one operator replica)
+    metrics_endpoint: str | None = None  # e.g. http://0.0.0.0:9090/metrics
 
     @classmethod
     def from_env(
@@ -66,6 +67,7 @@ class OperatorConfig:
             "api_timeout": number("API_TIMEOUT", cls.api_timeout),
             "liveness_endpoint": get("LIVENESS"),
             "peering_name": get("PEERING"),
+            "metrics_endpoint": get("METRICS"),
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)  # type: ignore[arg-type]
@@ -81,6 +83,10 @@ class OperatorConfig:
             raise ConfigError(
                 f"--replica-url-template {self.replica_url_template!r} must name the replica: "
                 "use {pod}, {ordinal} or {server_id}"
+            )
+        if self.metrics_endpoint and not self.metrics_endpoint.startswith("http://"):
+            raise ConfigError(
+                f"--metrics {self.metrics_endpoint!r}: expected http://HOST:PORT/PATH"
             )
         if self.resync_seconds <= 0:
             raise ConfigError("--resync-seconds must be positive")

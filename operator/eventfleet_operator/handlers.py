@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from eventfleet_operator import GROUP, PLURAL, VERSION, kube, naming
+from eventfleet_operator import GROUP, PLURAL, VERSION, kube, metrics, naming
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.reconcile import Context, cleanup, reconcile
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
@@ -64,6 +65,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             endpoints=Endpoints(config.replica_url_template, config.replica_urls_file),
         )
         memo.last_status = {}
+        memo.metrics_runner = (
+            await metrics.serve(config.metrics_endpoint) if config.metrics_endpoint else None
+        )
         logger.info(
             "eventfleet operator starting: %s, resync every %ss",
             "all namespaces"
@@ -77,6 +81,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         ctx = getattr(memo, "ctx", None)
         if ctx is not None:
             await ctx.close()
+        runner = getattr(memo, "metrics_runner", None)
+        if runner is not None:
+            await runner.cleanup()
 
     async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
         raw: dict[str, Any] = copy.deepcopy(dict(body))
@@ -89,7 +96,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         def emit(type_: str, reason: str, message: str) -> None:
             kopf.event(body, type=type_, reason=reason, message=message[:1024])
 
-        memo.last_status[uid] = await reconcile(memo.ctx, raw, logger, emit)
+        started = time.monotonic()
+        result = "error"
+        try:
+            status = await reconcile(memo.ctx, raw, logger, emit)
+            reason = next((c["reason"] for c in status["conditions"] if c["type"] == "Ready"), "")
+            result = {"InvalidSpec": "invalid_spec", "ApplyFailed": "apply_failed"}.get(
+                reason, "ok"
+            )
+            memo.last_status[uid] = status
+            meta = raw["metadata"]
+            desired = (raw.get("spec") or {}).get("replicas") or 0
+            metrics.observe_status(meta["namespace"], meta["name"], int(desired), status)
+        finally:
+            metrics.RECONCILES.labels(result).inc()
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
     @kopf.on.resume(**resource, registry=registry, id="reconcile-resume", backoff=5)
     @kopf.on.create(**resource, registry=registry, id="reconcile-create", backoff=5)
@@ -112,6 +133,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         deleted = await cleanup(memo.ctx, copy.deepcopy(dict(body)), logger)
         memo.last_status.pop(body.get("metadata", {}).get("uid", ""), None)
+        metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
         if deleted:
             kopf.event(
                 body,

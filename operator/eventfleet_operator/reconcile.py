@@ -18,7 +18,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, model, naming, scaling
+from eventfleet_operator import builders, kube, metrics, model, naming, scaling
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.replicas import Endpoints, ReplicaClient, ReplicaUnreachable
@@ -73,12 +73,14 @@ async def ensure(ctx: Context, manifest: Mapping[str, Any], log: logging.Logger)
     result = await ctx.kube.apply(manifest)
     if live is None:
         log.info("created %s %s", manifest["kind"], meta["name"])
+        metrics.CHILD_WRITES.labels(manifest["kind"], "created").inc()
         return "created"
     if result.get("metadata", {}).get("resourceVersion") == live.get("metadata", {}).get(
         "resourceVersion"
     ):
         return None  # the server found nothing to change (e.g. a normalised quantity)
     log.info("updated %s %s (it differed from the desired state)", manifest["kind"], meta["name"])
+    metrics.CHILD_WRITES.labels(manifest["kind"], "updated").inc()
     return "updated"
 
 
@@ -175,6 +177,7 @@ async def _optional(
         # Turned off in the spec: level-based means the child goes away too.
         if await ctx.kube.delete(resource, spec.namespace, name):
             log.info("deleted %s %s (disabled in the spec)", resource.kind, name)
+            metrics.CHILD_WRITES.labels(resource.kind, "deleted").inc()
             emit("Normal", "Deleted", f"deleted {resource.kind} {name} (disabled in the spec)")
         return status_mod.OptionalChild(enabled=False)
     try:
@@ -387,6 +390,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         for resource, child in targets:
             if await ctx.kube.delete(resource, namespace, child):
                 deleted.append(f"{resource.kind}/{child}")
+                metrics.CHILD_WRITES.labels(resource.kind, "deleted").inc()
         if when_deleted == "Delete":
             claims = await ctx.kube.list(
                 kube.PVCS, namespace, label_selector=naming.selector_string(name)
