@@ -21,7 +21,7 @@ link_binaries() {
     for name in prometheus promtool; do
         local found
         found="$(PATH="/usr/bin:/usr/sbin:/bin:$PATH" command -v "$name")"
-        # A relative-free symlink; replaced atomically so a concurrent test never sees none.
+        # Absolute symlink, replaced atomically: a concurrent test never finds it missing.
         ln -sfn "$found" "$bindir/.$name.tmp"
         mv -Tf "$bindir/.$name.tmp" "$bindir/$name"
     done
