@@ -189,6 +189,18 @@ async def run_register(
     )
 
 
+def median_register(runs: list[dict]) -> dict:
+    """Median of each figure over repeated runs of one scenario; the runs are kept."""
+    out = dict(runs[0])
+    for f in ("seconds", "events_per_s", "cpu_us_per_event", "main_thread_cpu_us_per_event"):
+        out[f] = percentile([r[f] for r in runs], 50)
+    out["persist_wait_s"] = max(r["persist_wait_s"] for r in runs)
+    out["runs"] = len(runs)
+    if len(runs) > 1:
+        out["all_runs"] = runs
+    return out
+
+
 # --- notify latency ---------------------------------------------------------------------
 
 
