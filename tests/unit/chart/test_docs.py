@@ -1,0 +1,93 @@
+"""The user docs stay true: links resolve, examples parse and match the chart and the CRD."""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+import yaml
+
+from tests.unit.chart.chartlib import (
+    CHART,
+    REPO,
+    crd_version_schema,
+    one,
+    render,
+    structural_to_jsonschema,
+)
+
+DOCS = REPO / "docs"
+# The docs this suite owns; other docs are checked by their owners' tests.
+OWN_DOCS = [
+    DOCS / name
+    for name in (
+        "README.md",
+        "quickstart.md",
+        "architecture.md",
+        "runbook.md",
+        "helm-chart.md",
+        "images.md",
+    )
+] + [CHART / "README.md"]
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to dashes."""
+    text = heading.strip().lower().replace("`", "")
+    return "".join(c for c in text if c.isalnum() or c in "-_ ").replace(" ", "-")
+
+
+def _anchors(path) -> set[str]:
+    return {_slug(m) for m in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+
+
+@pytest.mark.parametrize("doc", OWN_DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_relative_links_resolve(doc):
+    for target in _LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z]+://", target) or target.startswith("mailto:"):
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (doc.parent / path).resolve() if path else doc
+        assert dest.exists(), f"{doc.name}: link to missing {target}"
+        if anchor and dest.suffix == ".md":
+            assert anchor in _anchors(dest), f"{doc.name}: no heading for #{anchor} in {path}"
+
+
+def _blocks(doc, lang: str) -> list[str]:
+    return re.findall(rf"```{lang}\n(.*?)```", doc.read_text(), re.S)
+
+
+@pytest.mark.parametrize("doc", OWN_DOCS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_yaml_examples_parse(doc):
+    for block in _blocks(doc, "yaml"):
+        list(yaml.safe_load_all(block))
+
+
+def test_quickstart_eventserver_is_valid_against_the_crd():
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    docs = [
+        d
+        for block in _blocks(DOCS / "quickstart.md", "yaml")
+        for d in yaml.safe_load_all(block)
+        if isinstance(d, dict) and d.get("kind") == "EventServer"
+    ]
+    assert docs, "the quick start shows no EventServer"
+    for doc in docs:
+        version = doc["apiVersion"].split("/")[1]
+        jsonschema.validate(doc, structural_to_jsonschema(crd_version_schema(crd, version)))
+
+
+def test_documented_release_gives_the_documented_deployment_name(tmp_path):
+    """`helm install NAME` in the docs and `deployment/...` in the docs agree."""
+    text = "\n".join(p.read_text() for p in OWN_DOCS)
+    install = r"helm (?:install|upgrade) ([a-z0-9-]+) charts/eventfleet-operator"
+    releases = set(re.findall(install, text))
+    assert len(releases) == 1, f"the docs use several release names: {releases}"
+    (release,) = releases
+    deployments = set(re.findall(r"-n eventfleet-system [a-z ]*deployment/([a-z0-9-]+)", text))
+    deployments |= set(re.findall(r"deployment/([a-z0-9-]+)\n", text))
+    deployment = one(render(tmp_path, release=release), "Deployment")
+    assert deployments == {deployment["metadata"]["name"]}
