@@ -91,3 +91,16 @@ def test_documented_release_gives_the_documented_deployment_name(tmp_path):
     deployments |= set(re.findall(r"deployment/([a-z0-9-]+)\n", text))
     deployment = one(render(tmp_path, release=release), "Deployment")
     assert deployments == {deployment["metadata"]["name"]}
+
+
+def test_every_repository_path_mentioned_exists():
+    """Scripts and files named in the docs, the chart and the Dockerfiles are real."""
+    sources = [*OWN_DOCS, *CHART.rglob("*.yaml"), *CHART.rglob("*.tpl")]
+    sources += [*(REPO / "images").glob("*.Dockerfile")]
+    pattern = re.compile(r"(?<![\w./-])((?:scripts|e2e|crds|operator/deploy|images)/[\w./-]*\w)")
+    missing = set()
+    for path in sources:
+        for ref in pattern.findall(path.read_text()):
+            if "*" in ref or not (REPO / ref).exists():
+                missing.add(f"{path.relative_to(REPO)}: {ref}")
+    assert missing == set()
