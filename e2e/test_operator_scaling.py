@@ -95,6 +95,16 @@ def test_scale_down_is_held_until_the_leaving_replicas_events_are_elsewhere(
     assert kubectl.get("statefulset", "shrink")["spec"]["replicas"] == 3
     assert peer_names(kubectl, "shrink") == ["shrink-0", "shrink-1", "shrink-2"]  # still wired
     assert pods.pid(2) is not None
+    # The leaving replica gets no new clients meanwhile: out of the client Service.
+    serving = "{.metadata.labels.eventfleet\\.io/serving}"
+    wait_for(
+        lambda: (
+            kubectl.run("get", "pod", "shrink-2", "-o", f"jsonpath={serving}").stdout == "false"
+        ),
+        timeout=10,
+        what="shrink-2 to be labelled serving=false",
+    )
+    assert kubectl.run("get", "pod", "shrink-0", "-o", f"jsonpath={serving}").stdout == "true"
     ready = condition(kubectl.get("eventserver", "shrink"), "Ready")
     assert (ready["status"], ready["reason"]) == ("False", "ScaleDownHeld")
     events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=shrink")[

@@ -167,6 +167,7 @@ class FakeKubelet(threading.Thread):
             pod = self.pods.get(ordinal)
             if ordinal not in self.paused and (pod is None or pod.proc.poll() is not None):
                 self._start_pod(ordinal, template_hash)
+                self._pod_object(ordinal, template)
         self._report(sts, replicas)
 
     def _rolling_restart(self, replicas: int, template_hash: str) -> None:
@@ -271,6 +272,26 @@ class FakeKubelet(threading.Thread):
         pod = self.pods.pop(ordinal, None)
         if pod is not None:
             stop_process(pod.proc, grace=20, sig=sig)
+        with contextlib.suppress(RuntimeError):
+            self.api.request("DELETE", self._path("pods", f"{self.name}-{ordinal}"))
+
+    def _pod_object(self, ordinal: int, template: dict[str, Any]) -> None:
+        """The Pod object the StatefulSet controller would create (labels from the template)."""
+        name = f"{self.name}-{ordinal}"
+        if self.api.get(self._path("pods", name)) is not None:
+            return
+        meta = template["metadata"]
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "labels": {**meta.get("labels", {}), "statefulset.kubernetes.io/pod-name": name},
+                "annotations": dict(meta.get("annotations") or {}),
+            },
+            "spec": template["spec"],
+        }
+        self.api.request("POST", f"/api/v1/namespaces/{self.namespace}/pods", pod)
 
     def _ready(self, ordinal: int) -> bool:
         if ordinal not in self.ports or ordinal not in self.pods:
