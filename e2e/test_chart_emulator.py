@@ -119,6 +119,11 @@ def names(items) -> set[str]:
     return {i["metadata"]["name"] for i in items or []}
 
 
+def _servicemonitor_crd() -> pathlib.Path:
+    path = REPO.parent / "shared" / "external-crds" / EXTERNAL_SERVICEMONITOR_CRD
+    return path if path.exists() else REPO / "e2e" / "k8s" / "external-crds" / path.name
+
+
 def test_install_upgrade_uninstall_reinstall(emulator, home):
     kubeconfig, _ = emulator
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring")
@@ -136,10 +141,7 @@ def test_install_upgrade_uninstall_reinstall(emulator, home):
 
     # Upgrade to everything on. The ServiceMonitor kind must exist first, as on a real
     # cluster without prometheus-operator the upgrade would rightly fail.
-    crd_file = REPO.parent / "shared" / "external-crds" / EXTERNAL_SERVICEMONITOR_CRD
-    if not crd_file.exists():
-        crd_file = REPO / "e2e" / "k8s" / "external-crds" / crd_file.name
-    kubectl(kubeconfig, "create", "--validate=false", "-f", str(crd_file))
+    kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
     chart_helm(
         home,
         kubeconfig,
@@ -192,8 +194,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def operator_command(deployment: dict, kubeconfig: pathlib.Path, liveness_port: int):
-    """argv and environment of the operator container, made runnable on this machine."""
+def _local(url: str, port: int) -> str:
+    """http://0.0.0.0:P/path -> http://127.0.0.1:port/path."""
+    assert url.startswith("http://0.0.0.0:"), url
+    return f"http://127.0.0.1:{port}/" + url.split("/", 3)[3]
+
+
+def operator_command(deployment: dict, kubeconfig: pathlib.Path, ports: dict[str, int]):
+    """argv and environment of the operator container, made runnable on this machine.
+
+    The pod's listeners bind 0.0.0.0 inside its own network namespace; here that would
+    be every interface of the test machine, so only their address and port change
+    (`ports`: "health" and "metrics" -> a free loopback port). Everything else is used
+    exactly as the chart rendered it.
+    """
     pod = deployment["spec"]["template"]
     (container,) = pod["spec"]["containers"]
     argv = list(container["command"]) + list(container["args"])
@@ -201,11 +215,8 @@ def operator_command(deployment: dict, kubeconfig: pathlib.Path, liveness_port: 
     executable = pathlib.Path(sys.executable).parent / argv[0]
     assert executable.exists(), f"{argv[0]} is not installed next to {sys.executable}"
     argv[0] = str(executable)
-    # The pod listens on 0.0.0.0 inside its own network namespace; here that would be
-    # every interface of the test machine, so only the bind address and port change.
-    liveness = [a for a in argv if a.startswith("--liveness=")]
-    assert liveness == ["--liveness=http://0.0.0.0:8080/healthz"]
-    argv[argv.index(liveness[0])] = f"--liveness=http://127.0.0.1:{liveness_port}/healthz"
+    (i,) = [n for n, a in enumerate(argv) if a.startswith("--liveness=")]
+    argv[i] = "--liveness=" + _local(argv[i].partition("=")[2], ports["health"])
     env = {"PATH": os.environ["PATH"], "KUBECONFIG": str(kubeconfig), "HOME": os.environ["HOME"]}
     downward = {"metadata.name": f"{RELEASE}-operator-0", "metadata.namespace": NAMESPACE}
     for var in container.get("env", []):
@@ -213,6 +224,10 @@ def operator_command(deployment: dict, kubeconfig: pathlib.Path, liveness_port: 
             env[var["name"]] = var["value"]
         else:
             env[var["name"]] = downward[var["valueFrom"]["fieldRef"]["fieldPath"]]
+    if "EVENTFLEET_OPERATOR_METRICS" in env:
+        env["EVENTFLEET_OPERATOR_METRICS"] = _local(
+            env["EVENTFLEET_OPERATOR_METRICS"], ports["metrics"]
+        )
     return argv, env
 
 
@@ -243,12 +258,12 @@ def wait_for(what: str, check, proc, log: pathlib.Path):
     pytest.fail(f"timed out waiting for {what}:\n{log.read_text()[-4000:]}")
 
 
-def _alive(port: int) -> bool:
+def _fetch(url: str) -> str | None:
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as r:
-            return r.status == 200
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.read().decode() if r.status == 200 else None
     except OSError:
-        return False
+        return None
 
 
 def granted(manifest: list[dict]):
@@ -281,28 +296,36 @@ def allowed(entry: dict, grants) -> bool:
     return False
 
 
-@pytest.mark.parametrize(
-    "watch",
-    [[], ["fleet-a"]],
-    ids=["all-namespaces", "watch-namespaces"],
-)
+VARIANTS = {
+    # id: (helm arguments, namespaces the operator reconciles)
+    "defaults": ((), None),
+    "watch-namespaces": (("--set", "operator.watchNamespaces[0]=fleet-a"), {"fleet-a"}),
+    # See the upgrade above for --server-side=false (the ServiceMonitor).
+    "everything-on": (("--values", str(EVERYTHING_ON), "--server-side=false"), {"fleet-a"}),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
-    emulator, home, tmp_path, watch
+    emulator, home, tmp_path, variant
 ):
     kubeconfig, audit = emulator
-    create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "other")
-    sets = [f"operator.watchNamespaces[{i}]={ns}" for i, ns in enumerate(watch)]
-    install(home, kubeconfig, *(a for s in sets for a in ("--set", s)))
+    helm_args, watched = VARIANTS[variant]
+    create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring", "other")
+    if variant == "everything-on":
+        kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
+    install(home, kubeconfig, *helm_args)
     deployment = get(kubeconfig, "deployment", f"{RELEASE}-eventfleet-operator", NAMESPACE)
-    port = _free_port()
-    argv, env = operator_command(deployment, kubeconfig, port)
+    ports = {"health": _free_port(), "metrics": _free_port()}
+    argv, env = operator_command(deployment, kubeconfig, ports)
     log = tmp_path / "operator.log"
     audit.write_text("")  # only what the operator does from here on counts below
 
     with running(argv, env, log) as proc:
-        wait_for("the liveness endpoint", lambda: _alive(port), proc, log)
+        health = f"http://127.0.0.1:{ports['health']}/healthz"
+        wait_for("the liveness endpoint", lambda: _fetch(health) is not None, proc, log)
         # A fleet outside the watched namespaces must be left alone.
-        if watch:
+        if watched:
             apply_example(kubeconfig, "other")
         apply_example(kubeconfig, "fleet-a")
         wait_for(
@@ -318,9 +341,27 @@ def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
             log,
         )
         assert {c["type"] for c in status["conditions"]} >= {"Ready", "PeersSynced"}
-        if watch:
+        if watched:
             assert get(kubeconfig, "statefulset", "demo", "other") is None
             assert "status" not in get(kubeconfig, "eventserver", "demo", "other")
+        if variant == "everything-on":
+            # What the chart's ServiceMonitor scrapes: the metrics port, path /metrics.
+            monitor = get(kubeconfig, "servicemonitor", f"{RELEASE}-eventfleet-operator", NAMESPACE)
+            path = monitor["spec"]["endpoints"][0]["path"]
+            url = f"http://127.0.0.1:{ports['metrics']}{path}"
+
+            def counted() -> str | None:
+                text = _fetch(url)
+                ok = text and 'eventfleet_operator_reconciles_total{result="ok"}' in text
+                return text if ok else None
+
+            text = wait_for(
+                "a reconcile counted in the operator metrics",
+                counted,
+                proc,
+                log,
+            )
+            assert "eventfleet_operator_fleet_desired_replicas" in text
 
     # Every API request the operator made is one the chart's RBAC grants in that scope.
     manifest = chart_helm(home, kubeconfig, "get", "manifest", RELEASE, "-n", NAMESPACE)
