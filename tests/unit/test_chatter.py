@@ -10,9 +10,12 @@ from eventfleet_server import chatter
 async def test_ping_answered_and_silent_peer_dropped():
     server_conns = []
     done = asyncio.Event()
+    second = asyncio.Event()
 
     async def on_conn(conn):
         server_conns.append(conn)
+        if len(server_conns) == 2:
+            second.set()
         try:
             while True:
                 await conn.receive()
@@ -28,10 +31,9 @@ async def test_ping_answered_and_silent_peer_dropped():
     assert not server_conns[0].is_closed
     reader.cancel()
     # A raw socket that never answers is closed after delay + timeout.
-    r, w = await asyncio.open_connection("127.0.0.1", port)
+    _, w = await asyncio.open_connection("127.0.0.1", port)
     async with asyncio.timeout(3):
-        while len(server_conns) < 2:
-            await asyncio.sleep(0.01)
+        await second.wait()
         await server_conns[1].wait_closed()
     assert "ping" in server_conns[1].close_reason
     w.close()
