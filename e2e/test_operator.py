@@ -277,6 +277,28 @@ def test_hand_deleted_and_hand_edited_children_are_repaired(kubectl, operator):
     wait_for(sts_repaired, timeout=20, what="the StatefulSet to be brought back")
     assert kubectl.get("secret", "fix-token")["data"]["token"] == token  # never regenerated
 
+    # Volume claim templates are immutable: the rest still applies, Ready says why.
+    kubectl.run(
+        "patch",
+        "eventserver/fix",
+        "--type=merge",
+        "-p",
+        '{"spec":{"storage":{"size":"5Gi"},"logLevel":"DEBUG"}}',
+    )
+
+    def immutable_reported():
+        ready = condition(kubectl.get("eventserver", "fix"), "Ready")
+        return ready.get("reason") == "ImmutableFieldChanged" and ready
+
+    ready = wait_for(immutable_reported, timeout=20, what="ImmutableFieldChanged")
+    assert ready["message"].startswith("spec.storage")
+    sts = kubectl.get("statefulset", "fix")
+    assert (
+        sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    )
+    config = yaml.safe_load(kubectl.get("configmap", "fix-config")["data"]["config.yaml"])
+    assert config["log"]["level"] == "DEBUG"
+
 
 def test_bad_input_is_rejected_or_reported_and_the_operator_keeps_running(kubectl, operator):
     # The CRD schema rejects what it can (the emulator enforces it like the API server).

@@ -847,7 +847,32 @@ class Emulator(kmock.KubernetesEmulator):
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
+        if (kind.group, kind.plural) == ("apps", "statefulsets"):
+            self._check_statefulset_update(old, new)
         return new
+
+    @staticmethod
+    def _check_statefulset_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+        """The API server's StatefulSet validation: most of the spec is immutable."""
+        mutable = {
+            "replicas",
+            "ordinals",
+            "template",
+            "updateStrategy",
+            "persistentVolumeClaimRetentionPolicy",
+            "minReadySeconds",
+        }
+        before = {k: v for k, v in (old.get("spec") or {}).items() if k not in mutable}
+        after = {k: v for k, v in (new.get("spec") or {}).items() if k not in mutable}
+        if before != after:
+            raise ApiError(
+                422,
+                "Invalid",
+                f'StatefulSet.apps "{old["metadata"]["name"]}" is invalid: spec: Forbidden: '
+                "updates to statefulset spec for fields other than 'replicas', 'ordinals', "
+                "'template', 'updateStrategy', 'persistentVolumeClaimRetentionPolicy' and "
+                "'minReadySeconds' are forbidden",
+            )
 
     def _check_rv(self, old: dict[str, Any], new: Any) -> None:
         want = (new.get("metadata") or {}).get("resourceVersion") if isinstance(new, dict) else None

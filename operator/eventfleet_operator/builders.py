@@ -421,3 +421,48 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
             },
         },
     }
+
+
+# StatefulSet fields the API server refuses to change after creation.
+IMMUTABLE_STATEFULSET_FIELDS = (
+    "serviceName",
+    "podManagementPolicy",
+    "selector",
+    "volumeClaimTemplates",
+)
+
+
+def keep_immutable(
+    desired: dict[str, Any], live: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """Desired StatefulSet with the live values of immutable fields, and what differed.
+
+    Applying a changed ``volumeClaimTemplates`` (``spec.storage``) would be rejected
+    and block every other change; keeping the live value lets the rest apply while the
+    caller reports the storage change as not applicable.
+    """
+    if not live:
+        return desired, []
+    out = {**desired, "spec": dict(desired["spec"])}
+    changed = []
+    for field in IMMUTABLE_STATEFULSET_FIELDS:
+        want, have = desired["spec"].get(field), (live.get("spec") or {}).get(field)
+        if have is None or want is None:
+            continue
+        if field == "volumeClaimTemplates":
+            same = [_claim_essence(c) for c in want] == [_claim_essence(c) for c in have]
+        else:
+            same = want == have
+        if not same:
+            out["spec"][field] = have
+            changed.append(field)
+    return out, changed
+
+
+def _claim_essence(claim: dict[str, Any]) -> tuple[Any, ...]:
+    spec = claim.get("spec") or {}
+    return (
+        (claim.get("metadata") or {}).get("name"),
+        ((spec.get("resources") or {}).get("requests") or {}).get("storage"),
+        spec.get("storageClassName"),
+    )

@@ -215,7 +215,12 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
         if kind == "Ready":
             if state == "True":
                 emit("Normal", reason, message)
-            elif was_true or reason in ("InvalidSpec", "ApplyFailed", "TokenSecretNotFound"):
+            elif was_true or reason in (
+                "InvalidSpec",
+                "ApplyFailed",
+                "TokenSecretNotFound",
+                "ImmutableFieldChanged",
+            ):
                 emit("Warning", reason, message)
         elif kind == "ScaleDownHeld":
             if state == "True":
@@ -304,7 +309,22 @@ async def _apply_children(
     )
     config_hash = builders.config_hash(spec, config)
     configmap = builders.configmap(spec, config)
-    sts = builders.statefulset(spec, replicas=decision.target, config_hash=config_hash)
+    sts, frozen = builders.keep_immutable(
+        builders.statefulset(spec, replicas=decision.target, config_hash=config_hash), sts_live
+    )
+    immutable_error = ""
+    if frozen:
+        fields = [
+            "spec.storage" if f == "volumeClaimTemplates" else f"StatefulSet spec.{f}"
+            for f in frozen
+        ]
+        immutable_error = (
+            f"{', '.join(fields)}: cannot change on an existing StatefulSet "
+            "(Kubernetes forbids it); "
+            "the fleet keeps its current volumes. Revert the change, or expand the claims by hand "
+            "and recreate the StatefulSet (kubectl delete statefulset NAME --cascade=orphan)"
+        )
+        log.warning("%s", immutable_error)
     shrinking = current is not None and decision.target < current
     # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
     # Up or steady: peers first, so new replicas start with the whole mesh.
@@ -352,6 +372,7 @@ async def _apply_children(
     return dataclasses.replace(
         obs,
         token_error=token_error,
+        immutable_error=immutable_error,
         statefulset=sts_after,
         decision=decision,
         peers=peers,

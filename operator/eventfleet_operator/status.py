@@ -54,6 +54,7 @@ class Observation:
     selector: str
     spec_error: tuple[str, str] | None = None  # (field, message)
     token_error: str = ""
+    immutable_error: str = ""
     apply_error: str = ""
     statefulset: Mapping[str, Any] | None = None
     decision: Decision = dataclasses.field(default_factory=lambda: Decision(target=0))
@@ -173,6 +174,8 @@ def build(
         ready_c = ("False", "ApplyFailed", obs.apply_error[:300])
     elif obs.token_error:
         ready_c = ("False", "TokenSecretNotFound", obs.token_error)
+    elif obs.immutable_error:
+        ready_c = ("False", "ImmutableFieldChanged", obs.immutable_error[:500])
     elif obs.decision.held:
         ready_c = ("False", "ScaleDownHeld", obs.decision.message)
     elif sts_replicas != obs.desired:

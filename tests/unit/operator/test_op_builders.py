@@ -256,3 +256,19 @@ def test_services():
     assert [p["port"] for p in client["ports"]] == [23012, 23030, 23031, 23032, 23080]
     pdb = builders.pod_disruption_budget(spec)["spec"]
     assert pdb["maxUnavailable"] == 1
+
+
+def test_immutable_statefulset_fields_keep_their_live_values():
+    before = builders.statefulset(fleet({"storage": {"size": "1Gi"}}), replicas=3, config_hash="a")
+    after = builders.statefulset(
+        fleet({"storage": {"size": "5Gi"}, "replicas": 4}), replicas=4, config_hash="b"
+    )
+    live = json.loads(json.dumps(before))
+    # Servers add defaults to the live claim template: not a change.
+    live["spec"]["volumeClaimTemplates"][0]["spec"]["volumeMode"] = "Filesystem"
+    assert builders.keep_immutable(before, live) == (before, [])
+    kept, changed = builders.keep_immutable(after, live)
+    assert changed == ["volumeClaimTemplates"]
+    assert kept["spec"]["volumeClaimTemplates"] == live["spec"]["volumeClaimTemplates"]
+    assert kept["spec"]["replicas"] == 4  # everything else still applies
+    assert builders.keep_immutable(after, None) == (after, [])
