@@ -36,6 +36,18 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
     settings.watching.client_timeout = 330
 
 
+class QuietResync(logging.Filter):
+    """Drop Kopf's "Timer 'resync' succeeded." line: one per fleet per resync is noise.
+
+    Failures of the timer and everything the pass itself logs still get through.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.levelno == logging.INFO and record.getMessage() == "Timer 'resync' succeeded."
+        )
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register the operator's handlers into ``registry``."""
     resource = dict(group=GROUP, version=VERSION, plural=PLURAL)
@@ -51,6 +63,9 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         settings: kopf.OperatorSettings, memo: kopf.Memo, logger: logging.Logger, **_: Any
     ) -> None:
         configure_settings(settings, config)
+        quiet = logging.getLogger("kopf.objects")
+        if not any(isinstance(f, QuietResync) for f in quiet.filters):
+            quiet.addFilter(QuietResync())
         memo.ctx = Context(
             config=config,
             kube=kube.KubeClient(
@@ -72,7 +87,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             "eventfleet operator starting: %s, resync every %ss",
             "all namespaces"
             if config.all_namespaces
-            else "namespaces " + ", ".join(config.namespaces),
+            else "namespaces " + (", ".join(config.namespaces) or "as given to kopf run"),
             config.resync_seconds,
         )
 

@@ -68,3 +68,19 @@ def test_is_subset_tolerates_server_defaults():
     assert is_subset(desired, live)
     assert not is_subset({"spec": {"ports": [{"port": 1}, {"port": 2}]}}, live)
     assert not is_subset({"spec": {"type": "NodePort"}}, live)
+
+
+def test_quiet_resync_drops_only_the_timer_success_line():
+    import logging
+
+    from eventfleet_operator.handlers import QuietResync
+
+    def record(message, level=logging.INFO):
+        return logging.LogRecord("kopf.objects", level, __file__, 1, message, None, None)
+
+    quiet = QuietResync()
+    assert not quiet.filter(record("Timer 'resync' succeeded."))
+    assert quiet.filter(
+        record("Timer 'resync' failed with an exception. Will retry.", logging.ERROR)
+    )
+    assert quiet.filter(record("created StatefulSet demo"))
