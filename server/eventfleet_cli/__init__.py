@@ -9,13 +9,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventfleet_cli import client_commands, server_command
+from eventfleet_cli import aggregate_command, client_commands, server_command
 
 _COMMANDS = {
     "server": server_command,
     "register": client_commands,
     "query": client_commands,
     "watch": client_commands,
+    "aggregate": aggregate_command,
 }
 
 
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server_command.add_parser(sub)
     client_commands.add_parsers(sub)
+    aggregate_command.add_parser(sub)
     return parser
 
 

@@ -1,0 +1,248 @@
+"""The aggregation job: read a range of events, aggregate, write Parquet, write back.
+
+Entry points: `main` (argv, used by ``eventfleet aggregate`` and by the spark-submit
+file ``spark/aggregate.py``) and `run` (options and an optional SparkSession, used by
+tests and the benchmark). A range is processed window by window (`timeplan`); each
+window ends with one summary line on stdout, next to Spark's own progress bar on
+stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from eventfleet_server.common.jsonfmt import timestamp_to_iso
+from eventfleet_server.common.model import timestamp_from_us
+
+from eventfleet_spark import options as job_options
+from eventfleet_spark import timeplan
+from eventfleet_spark.endpoints import parse_endpoints
+from eventfleet_spark.options import JobOptions
+from eventfleet_spark.parquet_output import ParquetResult
+from eventfleet_spark.payloads import PAYLOAD_CLASSES
+from eventfleet_spark.record import exclusion_prefix, expand_prefix
+from eventfleet_spark.writeback import WriteBackResult
+
+APP_NAME = "eventfleet-aggregate"
+
+
+@dataclasses.dataclass(frozen=True)
+class WindowSummary:
+    """What one window did; `line` is the progress line, `to_json` the ``--json`` one."""
+
+    start_us: int
+    end_us: int
+    bucket_seconds: int
+    events: int
+    payloads: dict[str, int]
+    aggregates: int
+    types: int
+    read_seconds: float
+    parquet: ParquetResult
+    write_back: WriteBackResult | None
+    seconds: float
+
+    def to_json(self) -> dict:
+        return {
+            "window": [_iso(self.start_us), _iso(self.end_us)],
+            "bucket_seconds": self.bucket_seconds,
+            "events": self.events,
+            "payloads": self.payloads,
+            "aggregates": self.aggregates,
+            "types": self.types,
+            "read_aggregate_seconds": round(self.read_seconds, 3),
+            "parquet": dataclasses.asdict(self.parquet),
+            "write_back": dataclasses.asdict(self.write_back) if self.write_back else None,
+            "seconds": round(self.seconds, 3),
+        }
+
+    def line(self) -> str:
+        p = self.payloads
+        wb = (
+            f"registered={self.write_back.registered} unchanged={self.write_back.unchanged}"
+            if self.write_back
+            else "off"
+        )
+        rate = self.events / self.read_seconds if self.read_seconds > 0 else 0.0
+        return (
+            f"aggregate {_iso(self.start_us)}..{_iso(self.end_us)} bucket={self.bucket_seconds}s:"
+            f" events={self.events} ("
+            + " ".join(f"{name}={p[name]}" for name in PAYLOAD_CLASSES)
+            + f") aggregates={self.aggregates} types={self.types}"
+            f" parquet_dates={','.join(self.parquet.dates) or '-'} write_back: {wb}"
+            f" | read+aggregate {self.read_seconds:.1f} s ({rate:,.0f} events/s),"
+            f" window {self.seconds:.1f} s"
+        )
+
+
+def _iso(us: int) -> str:
+    return timestamp_to_iso(timestamp_from_us(us))
+
+
+def plan_windows(opts: JobOptions, now_us: int) -> list[timeplan.Span]:
+    """The windows of this invocation (see `timeplan`)."""
+    bucket_us = opts.bucket_seconds * timeplan.US
+    window_us = opts.window_seconds * timeplan.US
+    default = timeplan.default_range(now_us, bucket_us, window_us)
+    if opts.start_us is None and opts.end_us is None:
+        return [default]
+    end = opts.end_us if opts.end_us is not None else default.end
+    start = opts.start_us if opts.start_us is not None else end - window_us
+    span = timeplan.aligned_range(start, end, bucket_us)
+    return timeplan.windows(span, window_us, bucket_us)
+
+
+def spark_session(master: str | None):
+    """The job's session: `master`, else spark-submit's, else ``local[*]``."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.appName(APP_NAME)
+    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # launched by spark-submit
+    if master or not submitted:
+        builder = builder.master(master or "local[*]")
+        # Local workers must run this interpreter (the one with eventfleet installed),
+        # not whatever `python3` is on PATH.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    return builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+
+
+def run(
+    opts: JobOptions,
+    spark=None,
+    *,
+    now_us: int | None = None,
+    out: TextIO | None = sys.stdout,
+) -> list[WindowSummary]:
+    """Process every window of `opts`; returns their summaries (also printed to `out`)."""
+    from eventfleet_spark.source import EventerDataSource
+
+    if spark is None:
+        spark = spark_session(opts.master)
+    # INT96 (Spark's default) is a legacy encoding; micros read everywhere.
+    spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    spark.dataSource.register(EventerDataSource)
+    if now_us is None:
+        now_us = time.time_ns() // 1000
+    summaries = []
+    for span in plan_windows(opts, now_us):
+        summary = run_window(spark, opts, span)
+        summaries.append(summary)
+        if out is not None:
+            text = json.dumps(summary.to_json()) if opts.json_summary else summary.line()
+            print(text, file=out, flush=True)
+    return summaries
+
+
+def read_events(spark, opts: JobOptions, span: timeplan.Span, partitions: int | None = None):
+    """The source DataFrame of one window (bucket-aligned slices, own prefix excluded)."""
+    from eventfleet_spark.source import FORMAT
+
+    if partitions is None:
+        partitions = opts.partitions or 2 * spark.sparkContext.defaultParallelism
+    reader = (
+        spark.read.format(FORMAT)
+        .option("eventer", opts.eventer)
+        .option("start", _iso(span.start))
+        .option("end", _iso(span.end))
+        .option("partitions", str(partitions))
+        .option("align_seconds", str(opts.bucket_seconds))
+        .option("page_size", str(opts.page_size))
+        .option("client_name", opts.client_name)
+        .option("exclude", json.dumps([list(exclusion_prefix(opts.prefix))]))
+        .option("json_numbers", "true")
+    )
+    if opts.types is not None:
+        reader = reader.option("types", job_options.types_option(opts.types))
+    if opts.token:
+        reader = reader.option("token", opts.token)
+    return reader.load()
+
+
+def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
+    import asyncio
+
+    from eventfleet_spark import aggregation, parquet_output, writeback
+
+    t0 = time.perf_counter()
+    spark.sparkContext.setJobDescription(f"eventfleet aggregate {_iso(span.start)}")
+    events = read_events(spark, opts, span)
+    # Checkpointed so that Parquet and the write-back see one result and the window
+    # is read from the fleet exactly once.
+    agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
+    agg = agg.localCheckpoint(eager=True)
+    aggregates = [aggregation.to_aggregate(r, opts.bucket_seconds) for r in agg.collect()]
+    read_seconds = time.perf_counter() - t0
+
+    parquet = parquet_output.write_window(
+        spark,
+        aggregation.parquet_frame(agg, opts.bucket_seconds),
+        len(aggregates),
+        opts.output,
+        opts.bucket_seconds,
+        span,
+    )
+    wb = None
+    if opts.write_back:
+        wb = asyncio.run(
+            writeback.write_back(
+                parse_endpoints(opts.eventer)[0],
+                aggregates,
+                expand_prefix(opts.prefix, opts.bucket_seconds),
+                span,
+                client_name=opts.client_name,
+                token=opts.token,
+            )
+        )
+    payloads = {name: 0 for name in PAYLOAD_CLASSES}
+    for a in aggregates:
+        for name in PAYLOAD_CLASSES:
+            payloads[name] += getattr(a, f"{name}_payloads")
+    return WindowSummary(
+        start_us=span.start,
+        end_us=span.end,
+        bucket_seconds=opts.bucket_seconds,
+        events=sum(a.count for a in aggregates),
+        payloads=payloads,
+        aggregates=len(aggregates),
+        types=len({a.type for a in aggregates}),
+        read_seconds=read_seconds,
+        parquet=parquet,
+        write_back=wb,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def build_parser(prog: str = "eventfleet aggregate") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
+    job_options.add_arguments(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """spark-submit / CLI entry point; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    return run_args(args)
+
+
+def run_args(args: argparse.Namespace) -> int:
+    try:
+        opts = job_options.from_args(args)
+    except (ValueError, OSError) as e:
+        print(f"eventfleet aggregate: {e}", file=sys.stderr)
+        return 2
+    try:
+        run(opts)
+    except Exception as e:  # Spark wraps executor errors; show the cause, not a JVM trace
+        lines = str(e).strip().splitlines()
+        print(f"eventfleet aggregate: failed: {type(e).__name__}", file=sys.stderr)
+        for line in lines[:20]:
+            print(f"  {line}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,178 @@
+"""Arguments of the aggregation job (``eventfleet aggregate`` and the spark-submit file).
+
+Kept free of Spark imports so that ``eventfleet --help`` works without starting a JVM.
+The operator's ScheduledSparkApplication passes ``--eventer``, ``--bucket``, ``--output``
+and ``--window``; everything else has a default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+
+from eventfleet_server.common.jsonfmt import timestamp_from_iso
+from eventfleet_server.common.model import timestamp_to_us
+
+from eventfleet_spark.endpoints import TOKEN_ENV, parse_endpoints
+
+DEFAULT_PREFIX = ("eventfleet", "aggregate", "{bucket}")
+DEFAULT_WINDOW_SECONDS = 3600
+
+
+@dataclasses.dataclass(frozen=True)
+class JobOptions:
+    """Everything one invocation needs, validated (see `add_arguments` for meanings)."""
+
+    eventer: str
+    bucket_seconds: int
+    output: str
+    window_seconds: int = DEFAULT_WINDOW_SECONDS
+    start_us: int | None = None
+    end_us: int | None = None
+    write_back: bool = True
+    master: str | None = None
+    prefix_depth: int | None = None
+    prefix: tuple[str, ...] = DEFAULT_PREFIX
+    types: tuple[tuple[str, ...], ...] | None = None
+    partitions: int | None = None
+    page_size: int = 10_000
+    client_name: str = "eventfleet-aggregate"
+    token: str | None = dataclasses.field(default=None, repr=False)
+    json_summary: bool = False
+
+    def __post_init__(self) -> None:
+        parse_endpoints(self.eventer)  # raises ValueError naming the bad address
+        for name in ("bucket_seconds", "window_seconds", "page_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} {value!r} must be an integer >= 1")
+        if self.partitions is not None and self.partitions < 1:
+            raise ValueError(f"partitions {self.partitions!r} must be >= 1")
+        if self.prefix_depth is not None and self.prefix_depth < 0:
+            raise ValueError(f"prefix depth {self.prefix_depth!r} must be >= 0")
+        if not self.output:
+            raise ValueError("output path is empty")
+        if any(s in ("*", "?") for s in self.prefix):
+            raise ValueError(f"write-back prefix {list(self.prefix)!r} may not contain '*' or '?'")
+        if not self.prefix and self.write_back:
+            raise ValueError("an empty write-back prefix would mix aggregates with events")
+        if self.start_us is not None and self.end_us is not None and self.end_us <= self.start_us:
+            raise ValueError(f"end {self.end_us} us is not after start {self.start_us} us")
+
+
+def _type(text: str) -> tuple[str, ...]:
+    return tuple(text.split("/")) if text else ()
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _instant(text: str) -> int:
+    try:
+        return timestamp_to_us(timestamp_from_iso(text))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--eventer",
+        required=True,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="replica(s) to read from; several spread the read (each holds every event)",
+    )
+    p.add_argument(
+        "--bucket", type=_positive_int, required=True, metavar="SECONDS", help="bucket size"
+    )
+    p.add_argument(
+        "--output", required=True, metavar="PATH", help="Parquet root (a path or s3a:// URL)"
+    )
+    p.add_argument(
+        "--window",
+        type=_positive_int,
+        default=DEFAULT_WINDOW_SECONDS,
+        metavar="SECONDS",
+        help="default range: the last WINDOW seconds up to the last bucket boundary;"
+        " with --start/--end: the unit of work (one summary line each)"
+        f" (default {DEFAULT_WINDOW_SECONDS})",
+    )
+    p.add_argument("--start", type=_instant, metavar="ISO", help="range start (ISO 8601 or s)")
+    p.add_argument("--end", type=_instant, metavar="ISO", help="range end, exclusive")
+    p.add_argument(
+        "--no-write-back",
+        dest="write_back",
+        action="store_false",
+        help="only write Parquet; do not register aggregate events",
+    )
+    p.add_argument(
+        "--master",
+        metavar="URL",
+        help="Spark master (default: spark-submit's, else local[*])",
+    )
+    p.add_argument(
+        "--prefix-depth",
+        type=int,
+        metavar="N",
+        help="aggregate per type prefix of N segments (default: per full type)",
+    )
+    p.add_argument(
+        "--prefix",
+        default="/".join(DEFAULT_PREFIX),
+        metavar="A/B/...",
+        help="write-back type prefix; {bucket} becomes the bucket seconds (default %(default)s)",
+    )
+    p.add_argument(
+        "--types",
+        nargs="+",
+        type=_type,
+        metavar="PATTERN",
+        help="event types to read, as a/b/* patterns (default: all)",
+    )
+    p.add_argument("--partitions", type=_positive_int, help="read partitions per window")
+    p.add_argument("--page-size", type=_positive_int, default=10_000, help="events per query")
+    p.add_argument("--name", default="eventfleet-aggregate", help="Eventer client name")
+    p.add_argument(
+        "--token-file",
+        type=pathlib.Path,
+        help=f"file with the Eventer token (default ${TOKEN_ENV})",
+    )
+    p.add_argument("--json", action="store_true", help="summary lines as JSON")
+
+
+def from_args(args: argparse.Namespace) -> JobOptions:
+    """Validated options; `ValueError` names the bad value."""
+    token = None
+    if args.token_file:
+        token = args.token_file.read_text().strip() or None
+    return JobOptions(
+        eventer=args.eventer,
+        bucket_seconds=args.bucket,
+        output=args.output,
+        window_seconds=args.window,
+        start_us=args.start,
+        end_us=args.end,
+        write_back=args.write_back,
+        master=args.master,
+        prefix_depth=args.prefix_depth,
+        prefix=_type(args.prefix),
+        types=tuple(args.types) if args.types else None,
+        partitions=args.partitions,
+        page_size=args.page_size,
+        client_name=args.name,
+        token=token or os.environ.get(TOKEN_ENV) or None,
+        json_summary=args.json,
+    )
+
+
+def types_option(types: tuple[tuple[str, ...], ...] | None) -> str | None:
+    return None if types is None else json.dumps([list(t) for t in types])

@@ -1,0 +1,114 @@
+"""Parquet output: ``OUTPUT/bucket_seconds=B/date=YYYY-MM-DD/part-*.parquet``.
+
+A window's buckets are replaced, nothing else: the job rewrites every date partition
+the window touches with (rows of that date outside the window, kept from the existing
+files) + (the window's new aggregates), using Spark's *dynamic* partition overwrite so
+other dates are not touched. Each date is written by one task as one file, rows sorted
+by (type, bucket start), so re-running a window over unchanged events writes the same
+rows in the same order (the file *names* differ: Spark puts a job id in them).
+
+A date of the window that ends up with no rows at all is deleted, so stale buckets
+cannot survive a re-run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+
+from eventfleet_spark import timeplan
+
+PARQUET_SCHEMA_DDL = (
+    "type ARRAY<STRING>, type_key STRING, bucket_start TIMESTAMP, bucket_end TIMESTAMP,"
+    " count BIGINT, first_timestamp TIMESTAMP, last_timestamp TIMESTAMP,"
+    " numeric_payloads BIGINT, non_numeric_payloads BIGINT, invalid_json_payloads BIGINT,"
+    " binary_payloads BIGINT, empty_payloads BIGINT, skipped_fields BIGINT,"
+    " fields MAP<STRING, STRUCT<count: BIGINT, min: DOUBLE, max: DOUBLE, sum: DOUBLE,"
+    " mean: DOUBLE>>, date STRING"
+)
+
+_DAY_US = 86_400 * timeplan.US
+
+
+@dataclasses.dataclass(frozen=True)
+class ParquetResult:
+    dates: tuple[str, ...]  # date partitions rewritten
+    rows: int  # rows written (new + kept)
+    kept: int  # rows of other buckets kept from the existing files
+    deleted: tuple[str, ...]  # date partitions removed because nothing was left in them
+
+
+def bucket_root(output: str, bucket_seconds: int) -> str:
+    return f"{output.rstrip('/')}/bucket_seconds={bucket_seconds}"
+
+
+def window_dates(span: timeplan.Span, bucket_seconds: int) -> list[str]:
+    """UTC dates of the bucket starts in `span` (each date partition the window owns a
+    part of)."""
+    last_bucket = span.end - bucket_seconds * timeplan.US
+    day, last_day = timeplan.floor_to(span.start, _DAY_US), timeplan.floor_to(last_bucket, _DAY_US)
+    out = []
+    while day <= last_day:
+        out.append(
+            (datetime.date(1970, 1, 1) + datetime.timedelta(days=day // _DAY_US)).isoformat()
+        )
+        day += _DAY_US
+    return out
+
+
+def write_window(
+    spark: SparkSession,
+    frame: DataFrame,
+    new_rows: int,
+    output: str,
+    bucket_seconds: int,
+    span: timeplan.Span,
+) -> ParquetResult:
+    """Replace the buckets of `span` under `output` with `frame` (`aggregation.parquet_frame`
+    rows, `new_rows` of them, all inside `span`)."""
+    root = bucket_root(output, bucket_seconds)
+    jvm = spark.sparkContext._jvm
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    fs = jvm.org.apache.hadoop.fs.Path(root).getFileSystem(hadoop_conf)
+
+    def path(date: str):
+        return jvm.org.apache.hadoop.fs.Path(f"{root}/date={date}")
+
+    dates = window_dates(span, bucket_seconds)
+    present = [d for d in dates if fs.exists(path(d))]
+    kept_rows, kept_dates = 0, set()
+    # Always a union with the declared (all-nullable) schema: a first run would
+    # otherwise write some columns as `required` and the next run as `optional`, and
+    # the files of two runs over the same events would differ.
+    kept = spark.createDataFrame([], PARQUET_SCHEMA_DDL)
+    if present:
+        kept = (
+            spark.read.schema(PARQUET_SCHEMA_DDL)
+            .option("basePath", root)
+            .parquet(*[f"{root}/date={d}" for d in present])
+            .where(
+                f"unix_micros(bucket_start) < {span.start}L"
+                f" OR unix_micros(bucket_start) >= {span.end}L"
+            )
+        )
+        # Materialized before the overwrite below deletes the files it comes from.
+        kept = kept.localCheckpoint(eager=True)
+        kept_dates = {r[0] for r in kept.select("date").distinct().collect()}
+        kept_rows = kept.count()
+    merged = frame.unionByName(kept)
+    written: set[str] = set()
+    if new_rows + kept_rows:
+        merged = merged.repartition("date").sortWithinPartitions("date", "type", "bucket_start")
+        (
+            merged.write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy("date")
+            .parquet(root)
+        )
+        written = kept_dates | {r[0] for r in frame.select("date").distinct().collect()}
+    deleted = tuple(d for d in present if d not in written)
+    for d in deleted:
+        fs.delete(path(d), True)
+    return ParquetResult(tuple(sorted(written)), new_rows + kept_rows, kept_rows, deleted)

@@ -1,0 +1,214 @@
+"""``eventfleet``: a Spark (4.0+) Python data source reading a time range of events.
+
+Usage::
+
+    from eventfleet_spark.source import EventerDataSource
+    spark.dataSource.register(EventerDataSource)
+    df = (spark.read.format("eventfleet")
+          .option("eventer", "127.0.0.1:23012")         # HOST:PORT[,HOST:PORT...]
+          .option("start", "2025-01-01T00:00:00Z")      # inclusive (ISO 8601 or seconds)
+          .option("end", "2025-01-01T01:00:00Z")        # exclusive
+          .load())
+
+Options (all strings, as Spark passes them):
+
+``eventer`` (required)
+    one or more replica endpoints. Every replica holds every event (the Syncer keeps
+    the fleet in full mesh), so partition ``i`` reads from endpoint ``i mod n``; with
+    several endpoints the replicas share the read load.
+``start``, ``end`` (required)
+    the range of the event *timestamp* (set by the creating server), ``[start, end)``.
+``partitions`` (default 4)
+    how many time slices the range is cut into; one Spark partition each.
+``align_seconds`` (default: none)
+    slice boundaries fall on multiples of this (the job passes its bucket size).
+``types``
+    JSON list of event-type patterns for the Eventer query (default: all types).
+``exclude``
+    JSON list of type prefixes to drop (``'?'`` matches one segment).
+``json_numbers`` (default false)
+    add the derived columns ``payload_class``, ``json_numbers``, ``json_skipped``
+    (see `schema`); the aggregation job uses them.
+``page_size`` (default 10000, the server's default cap)
+``client_name`` (default ``eventfleet-spark``), ``token`` (default ``$EVENTFLEET_TOKEN``
+    on each executor), ``timeout`` seconds (default 30), ``retries`` (default 3).
+
+Why time slices and not server ids: the Eventer ``server`` query has no time bound, so
+reading one window per server id would page through that server's whole history.
+``timeseries`` with ``tFrom``/``tTo`` is an index range scan on the replica, and its
+``lastEventId`` paging continues from an index key instead of re-scanning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator
+
+from eventfleet_server.common.jsonfmt import timestamp_from_iso
+from eventfleet_server.common.model import timestamp_to_us
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+from eventfleet_spark import timeplan
+from eventfleet_spark.endpoints import Endpoint, parse_endpoints
+from eventfleet_spark.eventer_io import read_span
+from eventfleet_spark.schema import (
+    EVENT_SCHEMA_DDL,
+    NUMBERS_SCHEMA_DDL,
+    PageConverter,
+    TypeFilter,
+)
+
+FORMAT = "eventfleet"
+
+
+@dataclasses.dataclass
+class SlicePartition(InputPartition):
+    """One time slice ``[start_us, end_us)`` read from one endpoint."""
+
+    index: int
+    start_us: int
+    end_us: int
+    host: str
+    port: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """Validated source options (`from_options` names any bad value)."""
+
+    endpoints: tuple[Endpoint, ...]
+    start_us: int
+    end_us: int
+    partitions: int = 4
+    align_us: int = 1
+    types: tuple[tuple[str, ...], ...] | None = None
+    exclude: tuple[tuple[str, ...], ...] = ()
+    json_numbers: bool = False
+    page_size: int = 10_000
+    client_name: str = "eventfleet-spark"
+    token: str | None = None
+    timeout: float = 30.0
+    retries: int = 3
+
+    @classmethod
+    def from_options(cls, options) -> ReadOptions:
+        def get(name, default=None):
+            value = options.get(name)
+            return default if value is None or value == "" else value
+
+        def number(name, default, kind=int, minimum=1):
+            raw = get(name)
+            if raw is None:
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise ValueError(f"option {name}={raw!r} is not a number") from None
+            if value < minimum:
+                raise ValueError(f"option {name}={raw!r} must be >= {minimum}")
+            return value
+
+        def instant(name):
+            raw = get(name)
+            if raw is None:
+                raise ValueError(f"option {name} is required (ISO 8601 or seconds)")
+            try:
+                return timestamp_to_us(timestamp_from_iso(raw))
+            except ValueError as e:
+                raise ValueError(f"option {name}={raw!r}: {e}") from None
+
+        def patterns(name):
+            raw = get(name)
+            if raw is None:
+                return None
+            try:
+                value = json.loads(raw)
+            except ValueError:
+                value = None
+            if not isinstance(value, list) or not all(
+                isinstance(p, list) and all(isinstance(s, str) for s in p) for p in value
+            ):
+                raise ValueError(f"option {name}={raw!r} is not a JSON list of string lists")
+            return tuple(tuple(p) for p in value)
+
+        eventer = get("eventer")
+        if eventer is None:
+            raise ValueError("option eventer is required (HOST:PORT[,HOST:PORT...])")
+        start_us, end_us = instant("start"), instant("end")
+        if end_us <= start_us:
+            raise ValueError(f"option end={get('end')!r} is not after start={get('start')!r}")
+        align = number("align_seconds", None, float, 1e-6)
+        numbers = get("json_numbers", "false").lower()
+        if numbers not in ("true", "false"):
+            raise ValueError(f"option json_numbers={numbers!r} must be true or false")
+        return cls(
+            endpoints=tuple(parse_endpoints(eventer)),
+            start_us=start_us,
+            end_us=end_us,
+            partitions=number("partitions", 4),
+            align_us=1 if align is None else round(align * timeplan.US),
+            types=patterns("types"),
+            exclude=patterns("exclude") or (),
+            json_numbers=numbers == "true",
+            page_size=number("page_size", 10_000),
+            client_name=get("client_name", "eventfleet-spark"),
+            token=get("token"),
+            timeout=number("timeout", 30.0, float, 0.001),
+            retries=number("retries", 3, int, 0),
+        )
+
+    def slice_partitions(self) -> list[SlicePartition]:
+        spans = timeplan.slices(
+            timeplan.Span(self.start_us, self.end_us), self.partitions, self.align_us
+        )
+        n = len(self.endpoints)
+        return [
+            SlicePartition(
+                i, s.start, s.end, self.endpoints[i % n].host, self.endpoints[i % n].port
+            )
+            for i, s in enumerate(spans)
+        ]
+
+
+class EventerDataSource(DataSource):
+    """Events of a time range, read over Eventer by time slice (see the module doc)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def schema(self) -> str:
+        numbers = str(self.options.get("json_numbers") or "").lower() == "true"
+        return EVENT_SCHEMA_DDL + (NUMBERS_SCHEMA_DDL if numbers else "")
+
+    def reader(self, schema) -> DataSourceReader:
+        return EventerReader(ReadOptions.from_options(self.options))
+
+
+class EventerReader(DataSourceReader):
+    def __init__(self, options: ReadOptions):
+        self.options = options
+
+    def partitions(self) -> list[SlicePartition]:
+        return self.options.slice_partitions()
+
+    def read(self, partition: SlicePartition) -> Iterator:
+        # Runs in a Python worker on an executor: everything it needs (event loop,
+        # connection) is created here, nothing is shared with the driver.
+        o = self.options
+        converter = PageConverter(TypeFilter(o.exclude), numbers=o.json_numbers)
+        for page in read_span(
+            Endpoint(partition.host, partition.port),
+            partition.start_us,
+            partition.end_us,
+            event_types=o.types,
+            page_size=o.page_size,
+            client_name=o.client_name,
+            token=o.token,
+            timeout=o.timeout,
+            retries=o.retries,
+        ):
+            batch = converter.convert(page)
+            if batch.num_rows:
+                yield batch

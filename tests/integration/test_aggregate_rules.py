@@ -1,0 +1,285 @@
+"""The aggregation job's pure parts (no Spark, no server): time plan, payload rules,
+write-back rule, options, Arrow conversion, and the operator's argument contract."""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+
+import pytest
+from eventfleet_server.common import codec
+from eventfleet_server.common.jsonfmt import timestamp_from_iso
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Timestamp,
+    timestamp_to_us,
+)
+from eventfleet_spark import options, payloads, reference, timeplan, writeback
+from eventfleet_spark.job import plan_windows
+from eventfleet_spark.record import Aggregate, FieldStats, exclusion_prefix, expand_prefix
+from eventfleet_spark.timeplan import Span
+
+US = 1_000_000
+
+
+def us(iso: str) -> int:
+    return timestamp_to_us(timestamp_from_iso(iso))
+
+
+# -- time plan ----------------------------------------------------------------------------
+
+
+def test_default_range_is_the_last_window_up_to_the_last_bucket_boundary():
+    now = us("2025-01-01T10:07:30.5Z")
+    assert timeplan.default_range(now, 60 * US, 3600 * US) == Span(
+        us("2025-01-01T09:07:00Z"), us("2025-01-01T10:07:00Z")
+    )
+    # A window that is not a multiple of the bucket grows to whole buckets.
+    assert timeplan.default_range(now, 600 * US, 900 * US) == Span(
+        us("2025-01-01T09:40:00Z"), us("2025-01-01T10:00:00Z")
+    )
+
+
+def test_explicit_ranges_widen_to_buckets_and_cut_into_windows():
+    opts = options.JobOptions(
+        eventer="h:1",
+        bucket_seconds=60,
+        output="o",
+        window_seconds=3600,
+        start_us=us("2025-01-01T00:00:30Z"),
+        end_us=us("2025-01-01T02:30:10Z"),
+    )
+    assert plan_windows(opts, now_us=0) == [
+        Span(us("2025-01-01T00:00:00Z"), us("2025-01-01T01:00:00Z")),
+        Span(us("2025-01-01T01:00:00Z"), us("2025-01-01T02:00:00Z")),
+        Span(us("2025-01-01T02:00:00Z"), us("2025-01-01T02:31:00Z")),
+    ]
+    only_end = options.JobOptions(
+        eventer="h:1", bucket_seconds=60, output="o", end_us=us("2025-01-01T05:00:00Z")
+    )
+    assert plan_windows(only_end, now_us=0) == [
+        Span(us("2025-01-01T04:00:00Z"), us("2025-01-01T05:00:00Z"))
+    ]
+
+
+@pytest.mark.parametrize(
+    ("span", "count", "align", "want"),
+    [
+        (Span(0, 600), 3, 60, [(0, 180), (180, 360), (360, 600)]),
+        (Span(0, 120), 8, 60, [(0, 60), (60, 120)]),  # never more slices than buckets
+        (Span(30, 100), 4, 60, [(30, 100)]),  # no aligned inner boundary
+        (Span(0, 10), 3, 1, [(0, 3), (3, 6), (6, 10)]),
+    ],
+)
+def test_slices_are_contiguous_and_aligned(span, count, align, want):
+    got = timeplan.slices(span, count, align)
+    assert [tuple(s) for s in got] == want
+    for a, b in itertools.pairwise(got):
+        assert a.end == b.start and b.start % align == 0
+
+
+def test_bad_time_values_are_named():
+    with pytest.raises(ValueError, match="end 5 us is not after start 5 us"):
+        timeplan.aligned_range(5, 5, 1)
+    with pytest.raises(ValueError, match="slice count 0"):
+        timeplan.slices(Span(0, 1), 0)
+
+
+# -- payload rules ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "want"),
+    [
+        ("json", '{"a": 1, "b": 2.5, "c": "x"}', ("numeric", {"a": 1.0, "b": 2.5}, 1)),
+        ("json", "3.25", ("numeric", {"$": 3.25}, 0)),
+        ("json", "-0.0", ("numeric", {"$": 0.0}, 0)),
+        ("json", '{"n": {"v": 1}, "l": [1], "t": true, "z": null}', ("non_numeric", {}, 4)),
+        ("json", '{"inf": 1e400, "ok": 1}', ("numeric", {"ok": 1.0}, 1)),
+        ("json", '{"a": 1, "a": 2}', ("numeric", {"a": 2.0}, 0)),  # last key wins
+        ("json", "true", ("non_numeric", {}, 0)),
+        ("json", '"1.5"', ("non_numeric", {}, 0)),
+        ("json", "[1, 2]", ("non_numeric", {}, 0)),
+        ("json", "{}", ("non_numeric", {}, 0)),
+        ("json", "NaN", ("invalid_json", {}, 0)),
+        ("json", '{"x": Infinity}', ("invalid_json", {}, 0)),
+        ("json", "{not json", ("invalid_json", {}, 0)),
+        ("json", "", ("invalid_json", {}, 0)),
+        ("json", "[" * 100_000, ("invalid_json", {}, 0)),
+        ("json", "1" + "0" * 400, ("non_numeric", {}, 0)),  # beyond the double range
+        ("binary", None, ("binary", {}, 0)),
+        ("none", None, ("empty", {}, 0)),
+    ],
+)
+def test_payload_classes(kind, text, want):
+    assert payloads.classify(kind, text) == want
+
+
+def test_reference_aggregates_in_order_per_bucket_and_prefix():
+    def ev(t, ts, text):
+        return reference.RefEvent(t, ts, "json" if text is not None else "none", text)
+
+    events = [
+        ev(("a", "x"), 10 * US, '{"v": 1}'),
+        ev(("a", "y"), 59 * US, '{"v": 3, "s": "-"}'),
+        ev(("a", "x"), 60 * US, "2"),
+        ev(("b",), 61 * US, None),
+    ]
+    got = reference.aggregate(events, 60, prefix_depth=1)
+    assert got[(("a",), 0)] == Aggregate(
+        type=("a",),
+        bucket_start_us=0,
+        bucket_seconds=60,
+        count=2,
+        first_us=10 * US,
+        last_us=59 * US,
+        numeric_payloads=2,
+        skipped_fields=1,
+        fields={"v": FieldStats(2, 1.0, 3.0, 4.0, 2.0)},
+    )
+    assert got[(("a",), 60 * US)].fields == {"$": FieldStats(1, 2.0, 2.0, 2.0, 2.0)}
+    assert got[(("b",), 60 * US)].empty_payloads == 1
+
+
+# -- aggregate record and write-back rule -------------------------------------------------
+
+
+def agg(count=3, **kw):
+    base = dict(
+        type=("plant", "t"),
+        bucket_start_us=us("2025-01-01T00:01:00Z"),
+        bucket_seconds=60,
+        count=count,
+        first_us=us("2025-01-01T00:01:00.25Z"),
+        last_us=us("2025-01-01T00:01:59Z"),
+        numeric_payloads=count,
+        fields={"v": FieldStats(count, 0.1, 0.30000000000000004, 0.6, 0.2)},
+    )
+    base.update(kw)
+    return Aggregate(**base)
+
+
+def test_payload_json_is_canonical_and_round_trips():
+    text = agg().payload_json()
+    assert text == agg().payload_json()
+    assert " " not in text and text.index('"bucket_seconds"') < text.index('"count"')
+    value = json.loads(text)
+    assert value["bucket_start"] == "2025-01-01T00:01:00Z"
+    assert value["first_timestamp"] == "2025-01-01T00:01:00.250000Z"
+    assert value["fields"]["v"]["max"] == 0.30000000000000004  # exact float round trip
+    assert value["payloads"] == {
+        "numeric": 3,
+        "non_numeric": 0,
+        "invalid_json": 0,
+        "binary": 0,
+        "empty": 0,
+    }
+
+
+def test_write_back_registers_only_missing_or_changed():
+    prefix = expand_prefix(options.DEFAULT_PREFIX, 60)
+    assert prefix == ("eventfleet", "aggregate", "60")
+    same, changed, new = agg(), agg(type=("plant", "u")), agg(type=("plant", "w"))
+    existing = {
+        (prefix + same.type, same.bucket_start_us): same.payload_json(),
+        (prefix + changed.type, changed.bucket_start_us): agg(count=2).payload_json(),
+    }
+    todo, unchanged = writeback.plan([new, same, changed], prefix, existing)
+    assert unchanged == 1
+    assert [e.type for e in todo] == [prefix + changed.type, prefix + new.type]
+    assert todo[0].source_timestamp == Timestamp(*divmod(same.bucket_start_us, US))
+    assert todo[0].payload == EventPayloadJson(changed.payload_json())
+
+
+def test_own_prefix_is_excluded_for_every_bucket_size():
+    assert exclusion_prefix(options.DEFAULT_PREFIX) == ("eventfleet", "aggregate", "?")
+
+
+# -- options ------------------------------------------------------------------------------
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    options.add_arguments(p)
+    return options.from_args(p.parse_args(argv))
+
+
+def test_operator_arguments_are_accepted():
+    """The ScheduledSparkApplication's arguments, as the operator renders them."""
+    from eventfleet_operator import builders, model
+
+    spec = model.parse(
+        "demo", "events", {"aggregation": {"enabled": True, "bucketSeconds": 60}}, uid="u"
+    )
+    args = builders.scheduled_spark_application(spec)["spec"]["template"]["arguments"]
+    opts = parse(args)
+    assert (opts.bucket_seconds, opts.window_seconds, opts.write_back) == (60, 3600, True)
+    assert opts.eventer == args[args.index("--eventer") + 1]
+    assert opts.eventer.endswith(".events.svc:23012")
+    assert opts.master is None  # spark-submit's
+
+
+def test_token_from_environment(monkeypatch):
+    monkeypatch.setenv("EVENTFLEET_TOKEN", "s3cr3t")
+    opts = parse(["--eventer", "h:1", "--bucket", "1", "--output", "o"])
+    assert opts.token == "s3cr3t" and "s3cr3t" not in repr(opts)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--eventer", "nohost"], "eventer address 'nohost' is not HOST:PORT"),
+        (["--eventer", "h:1", "--prefix", "a/*"], "may not contain"),
+        (["--eventer", "h:1", "--prefix-depth", "-1"], "prefix depth -1"),
+        (
+            ["--eventer", "h:1", "--start", "2025-01-02", "--end", "2025-01-01"],
+            "is not after start",
+        ),
+    ],
+)
+def test_bad_options_name_the_value(argv, message):
+    with pytest.raises(ValueError, match=message):
+        parse([*argv, "--bucket", "60", "--output", "o"])
+
+
+def test_cli_has_the_aggregate_command():
+    from eventfleet_cli import build_parser
+
+    args = build_parser().parse_args(
+        ["aggregate", "--eventer", "h:1", "--bucket", "60", "--output", "o", "--no-write-back"]
+    )
+    assert args.command == "aggregate" and args.write_back is False
+
+
+# -- Arrow conversion ---------------------------------------------------------------------
+
+
+def test_pages_become_arrow_batches_with_numbers():
+    from eventfleet_spark.schema import PageConverter, TypeFilter
+
+    events = [
+        Event(EventId(1, 1, 1), ("a", "b"), Timestamp(10, 5), None, EventPayloadJson('{"v": 2}')),
+        Event(EventId(1, 1, 2), ("x",), Timestamp(10, 6), Timestamp(9, 1), None),
+        Event(
+            EventId(2, 3, 4), ("a", "c"), Timestamp(11, 0), None, EventPayloadBinary("t", b"\x01")
+        ),
+        Event(EventId(2, 3, 5), ("agg", "60", "a"), Timestamp(11, 1), None, None),
+    ]
+    raw = [
+        codec.repo.decode(
+            "HatEventer.Event", codec.repo.encode("HatEventer.Event", codec.event_to_sbs(e))
+        )
+        for e in events
+    ]
+    batch = PageConverter(TypeFilter([("agg", "?")]), numbers=True).convert(raw)
+    rows = batch.to_pylist()
+    assert [r["type_key"] for r in rows] == ["a/b", "x", "a/c"]
+    assert [r["payload_kind"] for r in rows] == ["json", "none", "binary"]
+    assert [r["payload_class"] for r in rows] == ["numeric", "empty", "binary"]
+    assert rows[0]["json_numbers"] == [("v", 2.0)] and rows[1]["json_numbers"] == []
+    assert rows[1]["source_timestamp"].timestamp() == 9.000001
+    assert rows[2]["payload_binary"] == b"\x01" and rows[2]["server"] == 2
