@@ -265,6 +265,7 @@ class Emulator(kmock.KubernetesEmulator):
         self.rv = 1
         self.log: list[tuple[int, str, str, str, dict[str, Any]]] = []
         self.changed: asyncio.Condition | None = None
+        self._notifiers: set[asyncio.Task] = set()
         bundled = kmock.ResourcesArray()
         bundled.load_bundled()
         for res in bundled:
@@ -585,7 +586,9 @@ class Emulator(kmock.KubernetesEmulator):
         else:
             self._objects[key] = copy.deepcopy(obj)
         if self.changed is not None:
-            asyncio.get_running_loop().create_task(self._notify())
+            task = asyncio.get_running_loop().create_task(self._notify())
+            self._notifiers.add(task)  # keep a reference until it ran (asyncio holds weak ones)
+            task.add_done_callback(self._notifiers.discard)
 
     async def _notify(self) -> None:
         assert self.changed is not None
