@@ -9,15 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventfleet_cli import aggregate_command, client_commands, server_command
-
-_COMMANDS = {
-    "server": server_command,
-    "register": client_commands,
-    "query": client_commands,
-    "watch": client_commands,
-    "aggregate": aggregate_command,
-}
+from eventfleet_cli import aggregate_command, client_commands, operator_command, server_command
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     server_command.add_parser(sub)
     client_commands.add_parsers(sub)
     aggregate_command.add_parser(sub)
+    operator_command.add_parser(sub)
     return parser
 
 
