@@ -29,22 +29,13 @@ COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
-# The job reads the fleet with the replica's own Eventer codec and chatter
-# (eventfleet_server), hence `[server]` next to `[spark]`. The `[spark]` extra pulls
-# pyspark from PyPI; it is removed again so that only the base image's pyspark
-# (matching its JVM exactly) can ever be imported.
-RUN uv pip install --python /opt/eventfleet/venv/bin/python --compile-bytecode ".[server,spark]" \
+# The `[spark]` extra pulls pyspark from PyPI; it is removed again so that only the
+# base image's pyspark (matching its JVM exactly) can ever be imported.
+RUN uv pip install --python /opt/eventfleet/venv/bin/python --compile-bytecode ".[spark]" \
  && uv pip uninstall --python /opt/eventfleet/venv/bin/python pyspark
-# spark-operator submits a main file (mainApplicationFile local:///opt/eventfleet/aggregate.py);
-# it only hands over to the `eventfleet aggregate` command so there is one code path.
-COPY <<'PY' /opt/eventfleet/aggregate.py
-"""spark-submit entry point: the same job as `eventfleet aggregate ARGS`."""
-import sys
-
-from eventfleet_cli import main
-
-sys.exit(main(["aggregate", *sys.argv[1:]]))
-PY
+# spark-operator submits this file (mainApplicationFile local:///opt/eventfleet/aggregate.py);
+# it only hands over to the job's main, the same code as `eventfleet aggregate`.
+COPY spark/aggregate.py /opt/eventfleet/aggregate.py
 
 FROM ${SPARK_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet spark job" \
