@@ -20,6 +20,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import subprocess
@@ -378,3 +379,41 @@ def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
         if not allowed(r, grants)
     }
     assert denied == set(), f"requests the chart's RBAC would forbid: {sorted(denied)}"
+
+
+def test_helm_upgrade_upgrades_the_crd(emulator, home, tmp_path):
+    """The point of shipping the CRD as a template: a newer chart's schema is applied.
+
+    (Helm would install a chart's crds/ directory once and never upgrade it.)
+    """
+    kubeconfig, _ = emulator
+    create_namespaces(kubeconfig, NAMESPACE)
+    install(home, kubeconfig)
+    newer = tmp_path / "chart"
+    shutil.copytree(CHART, newer)
+    crd_file = newer / "files" / "crds" / "eventfleet.io_eventservers.yaml"
+    crd = yaml.safe_load(crd_file.read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec["properties"]["addedInANewerRelease"] = {"type": "string", "default": "yes"}
+    crd_file.write_text(yaml.safe_dump(crd))
+    chart_helm(
+        home,
+        kubeconfig,
+        "upgrade",
+        RELEASE,
+        str(newer),
+        "--namespace",
+        NAMESPACE,
+        "--disable-openapi-validation",
+    )
+    live = get(kubeconfig, "crd", "eventservers.eventfleet.io")
+    (served,) = [v for v in live["spec"]["versions"] if v.get("storage")]
+    assert (
+        "addedInANewerRelease"
+        in served["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    )
+    # And the API server applies the new schema: the new default appears on new objects.
+    apply_example(kubeconfig, NAMESPACE)
+    stored = get(kubeconfig, "eventserver", "demo", NAMESPACE)
+    assert stored["spec"]["addedInANewerRelease"] == "yes"
