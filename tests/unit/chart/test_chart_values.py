@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+import tomllib
 
 import jsonschema
 import pytest
 import yaml
 
-from tests.unit.chart.chartlib import CHART, EVERYTHING_ON, helm
+from tests.unit.chart.chartlib import CHART, EVERYTHING_ON, REPO, helm
 
 VALUES_TEXT = (CHART / "values.yaml").read_text()
 VALUES = yaml.safe_load(VALUES_TEXT)
@@ -139,3 +140,19 @@ def test_bad_values_are_rejected(home, setting, expected):
     proc = helm(home, "template", "ef", str(CHART), "--set", setting, check=False)
     assert proc.returncode != 0, f"--set {setting} was accepted"
     assert expected in proc.stderr, proc.stderr
+
+
+def test_chart_metadata_matches_the_package_and_the_crd():
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    # Images are tagged with the package version, and the chart's default operator image
+    # is `eventfleet/operator:<appVersion>`: the two must name the same release.
+    assert chart["appVersion"] == project["version"]
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    (storage,) = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
+    (listed,) = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    assert (listed["name"], listed["kind"], listed["version"]) == (
+        crd["metadata"]["name"],
+        crd["spec"]["names"]["kind"],
+        storage,
+    )
