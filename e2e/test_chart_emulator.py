@@ -125,6 +125,53 @@ def _servicemonitor_crd() -> pathlib.Path:
     return path if path.exists() else REPO / "e2e" / "k8s" / "external-crds" / path.name
 
 
+# A stand-in for prometheus-operator's PrometheusRule CRD, which is not among the
+# upstream CRDs the project keeps: it only makes the kind exist in the emulator (no
+# schema), so the chart's PrometheusRule can be installed. Its content is checked by
+# tests/unit/chart/test_chart_alerts.py with promtool instead.
+PROMETHEUSRULE_STANDIN_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "prometheusrules.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "PrometheusRule",
+            "listKind": "PrometheusRuleList",
+            "plural": "prometheusrules",
+            "singular": "prometheusrule",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def install_monitoring_crds(kubeconfig) -> None:
+    """The prometheus-operator kinds the everything-on values create."""
+    kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
+    kubectl(
+        kubeconfig,
+        "create",
+        "--validate=false",
+        "-f",
+        "-",
+        stdin=json.dumps(PROMETHEUSRULE_STANDIN_CRD),
+    )
+
+
 def test_install_upgrade_uninstall_reinstall(emulator, home):
     kubeconfig, _ = emulator
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring")
@@ -142,7 +189,7 @@ def test_install_upgrade_uninstall_reinstall(emulator, home):
 
     # Upgrade to everything on. The ServiceMonitor kind must exist first, as on a real
     # cluster without prometheus-operator the upgrade would rightly fail.
-    kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
+    install_monitoring_crds(kubeconfig)
     chart_helm(
         home,
         kubeconfig,
@@ -170,6 +217,7 @@ def test_install_upgrade_uninstall_reinstall(emulator, home):
     assert names(get(kubeconfig, "clusterrolebinding")) >= {f"{full}-cluster"}
     assert full not in names(get(kubeconfig, "clusterrolebinding"))
     assert get(kubeconfig, "servicemonitor", full, NAMESPACE)
+    assert get(kubeconfig, "prometheusrule", f"{full}-alerts", NAMESPACE)
     assert get(kubeconfig, "poddisruptionbudget", full, NAMESPACE)
     assert get(kubeconfig, "configmap", f"{full}-dashboard", "monitoring")
     history = chart_helm(home, kubeconfig, "history", RELEASE, "-n", NAMESPACE, "-o", "json")
@@ -314,7 +362,7 @@ def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
     helm_args, watched = VARIANTS[variant]
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring", "other")
     if variant == "everything-on":
-        kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
+        install_monitoring_crds(kubeconfig)
     install(home, kubeconfig, *helm_args)
     deployment = get(kubeconfig, "deployment", f"{RELEASE}-eventfleet-operator", NAMESPACE)
     ports = {"health": _free_port(), "metrics": _free_port()}

@@ -19,31 +19,36 @@ EXTERNAL_CRDS = REPO.parent / "shared" / "external-crds"
 KUBE_VERSION = "1.33.0"
 
 _install_lock = threading.Lock()
-_install_tried = False
+_install_tried: set[str] = set()
+# The project script that installs each external binary (CI runs them all first).
+INSTALLERS = {
+    "helm": "k8s-binaries.sh",
+    "kubectl": "k8s-binaries.sh",
+    "promtool": "prometheus.sh",
+}
 
 
 def tool(name: str) -> str:
-    """Path of a real `helm`/`kubectl`, installing it with the project's script if absent.
+    """Path of a real binary, installing it with the project's script if absent.
 
     CI runs scripts/tools/*.sh before pytest, so the first branch normally wins; running
     the script here only helps someone who calls pytest directly. Skips (never fails)
-    only when the binary cannot be installed at all, e.g. PyPI is unreachable.
+    only when the binary cannot be installed at all, e.g. the registry is unreachable.
     """
-    global _install_tried
     local = REPO / ".tools" / "bin" / name
     if local.is_file() and os.access(local, os.X_OK):
         return str(local)
     found = shutil.which(name)
     if found:
         return found
-    script = REPO / "scripts" / "tools" / "k8s-binaries.sh"
+    script = REPO / "scripts" / "tools" / INSTALLERS[name]
     with _install_lock:
-        if not _install_tried and script.exists():
-            _install_tried = True
-            subprocess.run(["bash", str(script)], check=False, timeout=300)
-    if local.is_file():
-        return str(local)
-    pytest.skip(f"{name} is not installed and scripts/tools/k8s-binaries.sh could not install it")
+        if script.name not in _install_tried and script.exists():
+            _install_tried.add(script.name)
+            subprocess.run(["bash", str(script)], check=False, timeout=600)
+    if local.is_file() or shutil.which(name):
+        return str(local) if local.is_file() else shutil.which(name)
+    pytest.skip(f"{name} is not installed and scripts/tools/{script.name} could not install it")
 
 
 def helm_env(home: pathlib.Path) -> dict[str, str]:

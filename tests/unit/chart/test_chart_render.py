@@ -22,7 +22,9 @@ from tests.unit.chart.chartlib import (
 
 # Kinds the chart may render that are not in Kubernetes' own OpenAPI schemas; each is
 # validated against its CRD instead.
-CUSTOM_KINDS = {"ServiceMonitor"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+# Everything the chart can add on top of the operator itself.
+OPTIONAL_KINDS = ("ServiceMonitor", "PrometheusRule", "PodDisruptionBudget", "ConfigMap", "Service")
 
 
 @pytest.fixture(scope="module")
@@ -67,13 +69,13 @@ def test_default_render_has_exactly_the_expected_objects(default_docs):
     assert kinds.count("Deployment") == 1
     assert kinds.count("ServiceAccount") == 1
     # Everything optional is off by default.
-    for kind in ("ServiceMonitor", "PodDisruptionBudget", "ConfigMap", "Service"):
+    for kind in OPTIONAL_KINDS:
         assert kind not in kinds, f"{kind} rendered although it is off by default"
 
 
 def test_everything_on_renders_every_optional_object(everything_docs):
     kinds = {d["kind"] for d in everything_docs}
-    assert {"ServiceMonitor", "PodDisruptionBudget", "ConfigMap", "Service"} <= kinds
+    assert set(OPTIONAL_KINDS) <= kinds
 
 
 def test_service_monitor_is_valid_against_prometheus_operator_crd(everything_docs):
