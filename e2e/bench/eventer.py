@@ -80,6 +80,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--query-reps", type=int, help="timed runs per query (30)")
     p.add_argument("--query-budget", type=float, help="max seconds per query scenario (10)")
+    p.add_argument(
+        "--phases",
+        default="register,query",
+        help="register (throughput, CPU/event, notify latency) and/or query (default both)",
+    )
     p.add_argument("--quick", action="store_true", help="small counts, < 1 min")
     p.add_argument("--json", type=pathlib.Path, help="write the raw results here")
     p.add_argument("--markdown", type=pathlib.Path, help="write the Markdown table here")
@@ -108,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         a.plot = None
     elif a.plot is None and not quick:
         a.plot = DEFAULT_PLOT
+    a.phases = {x.strip() for x in a.phases.split(",") if x.strip()}
+    if not a.phases or a.phases - {"register", "query"}:
+        p.error("--phases: register and/or query")
     a.server_keys = [k.strip() for k in a.servers.split(",") if k.strip()]
     bad = [k for k in a.server_keys if k not in KINDS]
     if bad or not a.server_keys:
@@ -163,6 +171,7 @@ def machine_meta(args: argparse.Namespace) -> dict:
         "stored": args.stored,
         "register_stored": args.register_stored,
         "repeat": args.repeat,
+        "phases": sorted(args.phases),
         "query_reps": args.query_reps,
         "query_budget_s": args.query_budget,
         "quick": args.quick,
@@ -379,148 +388,155 @@ async def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict:
         return keys[rot % len(keys) :] + keys[: rot % len(keys)]
 
     # --- phase 1: register throughput / CPU per event, then notify latency ------------
-    procs = await start_all(keys, workdir, "register")
-    markers: dict[str, scenarios.PersistMarker] = {}
-    try:
-        for k, sp in procs.items():
-            markers[k] = scenarios.PersistMarker(sp)
-            await markers[k].open()
-        if args.register_stored:
+    if "register" in args.phases:
+        procs = await start_all(keys, workdir, "register")
+        markers: dict[str, scenarios.PersistMarker] = {}
+        try:
             for k, sp in procs.items():
-                pre = await guarded(
-                    sp,
-                    scenarios.prefill(sp, markers[k], stored=args.register_stored),
-                    max(300.0, args.register_stored / 200),
-                )
-                log(f"[{k}] register store pre-filled with {args.register_stored:,} events "
-                    f"({pre.seconds:.1f} s)")  # fmt: skip
-        prof.start("register", procs)
-        for skey, b, q, c in reg_scen:
-            runs: dict[str, list[dict]] = {k: [] for k in keys}
-            for rep in range(args.repeat):
+                markers[k] = scenarios.PersistMarker(sp)
+                await markers[k].open()
+            if args.register_stored:
+                for k, sp in procs.items():
+                    pre = await guarded(
+                        sp,
+                        scenarios.prefill(sp, markers[k], stored=args.register_stored),
+                        max(300.0, args.register_stored / 200),
+                    )
+                    log(f"[{k}] register store pre-filled with {args.register_stored:,} events "
+                        f"({pre.seconds:.1f} s)")  # fmt: skip
+            prof.start("register", procs)
+            for skey, b, q, c in reg_scen:
+                runs: dict[str, list[dict]] = {k: [] for k in keys}
+                for rep in range(args.repeat):
+                    for k in order():
+                        sp = procs[k]
+                        if R[k]["register"].get(skey, {}).get("error"):
+                            continue
+                        rep_txt = f" [run {rep + 1}/{args.repeat}]" if args.repeat > 1 else ""
+                        try:
+                            r = await guarded(
+                                sp,
+                                scenarios.run_register(
+                                    sp,
+                                    markers[k],
+                                    batch=b,
+                                    inflight=q,
+                                    clients=c,
+                                    events=args.events,
+                                ),
+                                scen_timeout,
+                            )
+                            runs[k].append(r.to_json())
+                            log(
+                                f"[{k}] register {report.reg_label(b, q, c)}{rep_txt}: "
+                                f"{r.events_per_s:,.0f} ev/s, {r.cpu_us_per_event:,.1f} µs CPU/ev "
+                                f"(loop thread {r.main_thread_cpu_us_per_event:,.1f}) "
+                                f"({r.seconds:.2f} s, persisted +{r.persist_wait_s * 1e3:.0f} ms)"
+                            )
+                        except Exception as e:
+                            R[k]["register"][skey] = {"error": err_text(e)}
+                            log(f"[{k}] register {report.reg_label(b, q, c)}: ERROR {err_text(e)}")
+                for k in keys:
+                    if runs[k] and not R[k]["register"].get(skey, {}).get("error"):
+                        R[k]["register"][skey] = scenarios.median_register(runs[k])
+            profile_lines += prof.stop()
+            for persisted in (False, True):
                 for k in order():
                     sp = procs[k]
-                    if R[k]["register"].get(skey, {}).get("error"):
-                        continue
-                    rep_txt = f" [run {rep + 1}/{args.repeat}]" if args.repeat > 1 else ""
+                    name = f"persisted={str(persisted).lower()}"
                     try:
                         r = await guarded(
                             sp,
-                            scenarios.run_register(
-                                sp, markers[k], batch=b, inflight=q, clients=c, events=args.events
+                            scenarios.run_notify(
+                                sp,
+                                persisted=persisted,
+                                count=args.latency_events,
+                                interval=args.latency_interval,
                             ),
                             scen_timeout,
                         )
-                        runs[k].append(r.to_json())
+                        R[k]["notify"][str(persisted).lower()] = r.to_json()
                         log(
-                            f"[{k}] register {report.reg_label(b, q, c)}{rep_txt}: "
-                            f"{r.events_per_s:,.0f} ev/s, {r.cpu_us_per_event:,.1f} µs CPU/ev "
-                            f"(loop thread {r.main_thread_cpu_us_per_event:,.1f}) "
-                            f"({r.seconds:.2f} s, persisted +{r.persist_wait_s * 1e3:.0f} ms)"
+                            f"[{k}] notify latency {name}: p50 {r.p50_ms:.2f} ms, "
+                            f"p99 {r.p99_ms:.2f} ms ({r.samples} events)"
                         )
                     except Exception as e:
-                        R[k]["register"][skey] = {"error": err_text(e)}
-                        log(f"[{k}] register {report.reg_label(b, q, c)}: ERROR {err_text(e)}")
-            for k in keys:
-                if runs[k] and not R[k]["register"].get(skey, {}).get("error"):
-                    R[k]["register"][skey] = scenarios.median_register(runs[k])
-        profile_lines += prof.stop()
-        for persisted in (False, True):
-            for k in order():
-                sp = procs[k]
-                name = f"persisted={str(persisted).lower()}"
-                try:
-                    r = await guarded(
-                        sp,
-                        scenarios.run_notify(
-                            sp,
-                            persisted=persisted,
-                            count=args.latency_events,
-                            interval=args.latency_interval,
-                        ),
-                        scen_timeout,
-                    )
-                    R[k]["notify"][str(persisted).lower()] = r.to_json()
-                    log(
-                        f"[{k}] notify latency {name}: p50 {r.p50_ms:.2f} ms, "
-                        f"p99 {r.p99_ms:.2f} ms ({r.samples} events)"
-                    )
-                except Exception as e:
-                    R[k]["notify"][str(persisted).lower()] = {"error": err_text(e)}
-                    log(f"[{k}] notify latency {name}: ERROR {err_text(e)}")
-        for k, sp in procs.items():
-            with contextlib.suppress(OSError):
-                R[k]["rss"]["after_register_kib"] = sp.stat().rss_kib
-    finally:
-        profile_lines += prof.stop()
-        for m in markers.values():
-            await m.close()
-        stop_all(procs)
+                        R[k]["notify"][str(persisted).lower()] = {"error": err_text(e)}
+                        log(f"[{k}] notify latency {name}: ERROR {err_text(e)}")
+            for k, sp in procs.items():
+                with contextlib.suppress(OSError):
+                    R[k]["rss"]["after_register_kib"] = sp.stat().rss_kib
+        finally:
+            profile_lines += prof.stop()
+            for m in markers.values():
+                await m.close()
+            stop_all(procs)
 
     # --- phase 2: queries on a store pre-filled with --stored events --------------------
-    procs = await start_all(keys, workdir, "query")
-    markers = {}
-    pre: dict[str, scenarios.Prefill] = {}
-    try:
-        for k in keys:
-            sp = procs[k]
-            markers[k] = scenarios.PersistMarker(sp)
-            await markers[k].open()
-            try:
-                pre[k] = await guarded(
-                    sp,
-                    scenarios.prefill(sp, markers[k], stored=args.stored),
-                    max(300.0, args.stored / 200),
-                )
-                log(
-                    f"[{k}] prefill {args.stored:,} events over 1000 types: "
-                    f"{pre[k].seconds:.1f} s ({args.stored / pre[k].seconds:,.0f} ev/s)"
-                )
-            except Exception as e:
-                log(f"[{k}] prefill: ERROR {err_text(e)}")
-        conns = {}
-        for k in pre:
-            conns[k] = await scenarios.connect(procs[k], "bench-query")
-        prof.start("query", {k: procs[k] for k in pre})
-        for name, label in scenarios.QUERY_NAMES:
-            for k in order():
+    if "query" in args.phases:
+        procs = await start_all(keys, workdir, "query")
+        markers = {}
+        pre: dict[str, scenarios.Prefill] = {}
+        try:
+            for k in keys:
                 sp = procs[k]
-                if k not in pre:
-                    R[k]["query"][name] = {"error": "prefill failed"}
-                    continue
-                if not conns[k].is_open:  # a failed query may have closed it
-                    with contextlib.suppress(Exception):
-                        conns[k] = await scenarios.connect(sp, "bench-query")
-                fn = scenarios.query_fns(conns[k], pre[k])[name]
+                markers[k] = scenarios.PersistMarker(sp)
+                await markers[k].open()
                 try:
-                    r = await guarded(
+                    pre[k] = await guarded(
                         sp,
-                        scenarios.measure_query(
-                            sp, name, fn, reps=args.query_reps, budget=args.query_budget
-                        ),
-                        max(scen_timeout, 20 * args.query_budget),
+                        scenarios.prefill(sp, markers[k], stored=args.stored),
+                        max(300.0, args.stored / 200),
                     )
-                    R[k]["query"][name] = r.to_json()
                     log(
-                        f"[{k}] query {label}: p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, "
-                        f"server CPU {r.server_cpu_ms:.1f} ms/run "
-                        f"({r.samples} runs, {r.returned} events)"
+                        f"[{k}] prefill {args.stored:,} events over 1000 types: "
+                        f"{pre[k].seconds:.1f} s ({args.stored / pre[k].seconds:,.0f} ev/s)"
                     )
                 except Exception as e:
-                    R[k]["query"][name] = {"error": err_text(e)}
-                    log(f"[{k}] query {label}: ERROR {err_text(e)}")
-        profile_lines += prof.stop()
-        await scenarios.close_all(list(conns.values()))
-        for k, sp in procs.items():
-            with contextlib.suppress(OSError):
-                st = sp.stat()
-                R[k]["rss"]["after_query_kib"] = st.rss_kib
-                R[k]["rss"]["hwm_kib"] = st.hwm_kib
-    finally:
-        profile_lines += prof.stop()
-        for m in markers.values():
-            await m.close()
-        stop_all(procs)
+                    log(f"[{k}] prefill: ERROR {err_text(e)}")
+            conns = {}
+            for k in pre:
+                conns[k] = await scenarios.connect(procs[k], "bench-query")
+            prof.start("query", {k: procs[k] for k in pre})
+            for name, label in scenarios.QUERY_NAMES:
+                for k in order():
+                    sp = procs[k]
+                    if k not in pre:
+                        R[k]["query"][name] = {"error": "prefill failed"}
+                        continue
+                    if not conns[k].is_open:  # a failed query may have closed it
+                        with contextlib.suppress(Exception):
+                            conns[k] = await scenarios.connect(sp, "bench-query")
+                    fn = scenarios.query_fns(conns[k], pre[k])[name]
+                    try:
+                        r = await guarded(
+                            sp,
+                            scenarios.measure_query(
+                                sp, name, fn, reps=args.query_reps, budget=args.query_budget
+                            ),
+                            max(scen_timeout, 20 * args.query_budget),
+                        )
+                        R[k]["query"][name] = r.to_json()
+                        log(
+                            f"[{k}] query {label}: p50 {r.p50_ms:.2f} ms, p99 {r.p99_ms:.2f} ms, "
+                            f"server CPU {r.server_cpu_ms:.1f} ms/run "
+                            f"({r.samples} runs, {r.returned} events)"
+                        )
+                    except Exception as e:
+                        R[k]["query"][name] = {"error": err_text(e)}
+                        log(f"[{k}] query {label}: ERROR {err_text(e)}")
+            profile_lines += prof.stop()
+            await scenarios.close_all(list(conns.values()))
+            for k, sp in procs.items():
+                with contextlib.suppress(OSError):
+                    st = sp.stat()
+                    R[k]["rss"]["after_query_kib"] = st.rss_kib
+                    R[k]["rss"]["hwm_kib"] = st.hwm_kib
+        finally:
+            profile_lines += prof.stop()
+            for m in markers.values():
+                await m.close()
+            stop_all(procs)
 
     meta["loadavg_end"] = os.getloadavg()
     res["profile"] = profile_lines

@@ -334,6 +334,9 @@ QUERY_NAMES = [
     ("ts_bounded_paged", "timeseries 1000, time-bounded, pages of 100"),
     ("ts_unbounded", "timeseries 1000, unbounded, 1 query"),
     ("ts_unbounded_paged", "timeseries 1000, unbounded, pages of 100"),
+    # informational (no target): one sparse type, no time bound -- the reference filters
+    # types after reading its single timeseries partition, so it scans
+    ("ts_one_type", "timeseries of 1 type (of 1000), unbounded, newest 100"),
 ]
 
 
@@ -371,7 +374,13 @@ def query_fns(conn: eventer.Client, pre: Prefill) -> dict[str, Callable[[], Awai
             last_id = events[-1].id
         return got
 
+    async def one_type() -> int:
+        params = common.QueryTimeseriesParams(event_types=[("bench", "q", "7")], max_results=100)
+        res = await conn.query(params)
+        return len(res.events)
+
     return {
+        "ts_one_type": one_type,
         "latest": latest,
         "ts_bounded": lambda: single(True),
         "ts_bounded_paged": lambda: paged(True),
