@@ -45,6 +45,8 @@ class WindowSummary:
     aggregates: int
     types: int
     read_seconds: float
+    parquet_seconds: float
+    write_back_seconds: float
     parquet: ParquetResult
     write_back: WriteBackResult | None
     seconds: float
@@ -58,6 +60,8 @@ class WindowSummary:
             "aggregates": self.aggregates,
             "types": self.types,
             "read_aggregate_seconds": round(self.read_seconds, 3),
+            "parquet_seconds": round(self.parquet_seconds, 3),
+            "write_back_seconds": round(self.write_back_seconds, 3),
             "parquet": dataclasses.asdict(self.parquet),
             "write_back": dataclasses.asdict(self.write_back) if self.write_back else None,
             "seconds": round(self.seconds, 3),
@@ -78,6 +82,7 @@ class WindowSummary:
             + f") aggregates={self.aggregates} types={self.types}"
             f" parquet_dates={','.join(self.parquet.dates) or '-'} write_back: {wb}"
             f" | read+aggregate {self.read_seconds:.1f} s ({rate:,.0f} events/s),"
+            f" parquet {self.parquet_seconds:.1f} s, write-back {self.write_back_seconds:.1f} s,"
             f" window {self.seconds:.1f} s"
         )
 
@@ -178,16 +183,21 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
     agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
     agg = agg.localCheckpoint(eager=True)
     aggregates = [aggregation.to_aggregate(r, opts.bucket_seconds) for r in agg.collect()]
-    read_seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
 
+    new_dates: dict[str, int] = {}
+    for a in aggregates:
+        date = parquet_output.date_of(a.bucket_start_us)
+        new_dates[date] = new_dates.get(date, 0) + 1
     parquet = parquet_output.write_window(
         spark,
         aggregation.parquet_frame(agg, opts.bucket_seconds),
-        len(aggregates),
+        new_dates,
         opts.output,
         opts.bucket_seconds,
         span,
     )
+    t2 = time.perf_counter()
     wb = None
     if opts.write_back:
         wb = asyncio.run(
@@ -200,6 +210,7 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
                 token=opts.token,
             )
         )
+    t3 = time.perf_counter()
     payloads = {name: 0 for name in PAYLOAD_CLASSES}
     for a in aggregates:
         for name in PAYLOAD_CLASSES:
@@ -212,7 +223,9 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
         payloads=payloads,
         aggregates=len(aggregates),
         types=len({a.type for a in aggregates}),
-        read_seconds=read_seconds,
+        read_seconds=t1 - t0,
+        parquet_seconds=t2 - t1,
+        write_back_seconds=t3 - t2,
         parquet=parquet,
         write_back=wb,
         seconds=time.perf_counter() - t0,

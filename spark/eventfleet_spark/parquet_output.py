@@ -48,26 +48,34 @@ def window_dates(span: timeplan.Span, bucket_seconds: int) -> list[str]:
     """UTC dates of the bucket starts in `span` (each date partition the window owns a
     part of)."""
     last_bucket = span.end - bucket_seconds * timeplan.US
-    day, last_day = timeplan.floor_to(span.start, _DAY_US), timeplan.floor_to(last_bucket, _DAY_US)
     out = []
-    while day <= last_day:
-        out.append(
-            (datetime.date(1970, 1, 1) + datetime.timedelta(days=day // _DAY_US)).isoformat()
-        )
+    day = timeplan.floor_to(span.start, _DAY_US)
+    while day <= last_bucket:
+        out.append(date_of(day))
         day += _DAY_US
     return out
+
+
+def date_of(bucket_start_us: int) -> str:
+    """The ``date`` partition of a bucket (UTC date of its start)."""
+    day = timeplan.floor_to(bucket_start_us, _DAY_US) // _DAY_US
+    return (datetime.date(1970, 1, 1) + datetime.timedelta(days=day)).isoformat()
 
 
 def write_window(
     spark: SparkSession,
     frame: DataFrame,
-    new_rows: int,
+    new_dates: dict[str, int],
     output: str,
     bucket_seconds: int,
     span: timeplan.Span,
 ) -> ParquetResult:
-    """Replace the buckets of `span` under `output` with `frame` (`aggregation.parquet_frame`
-    rows, `new_rows` of them, all inside `span`)."""
+    """Replace the buckets of `span` under `output` with `frame`.
+
+    `frame` holds `aggregation.parquet_frame` rows, all inside `span`; `new_dates` maps
+    each of their dates to its row count (the caller has the aggregates in hand, so no
+    Spark job is spent on finding them).
+    """
     root = bucket_root(output, bucket_seconds)
     jvm = spark.sparkContext._jvm
     hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
@@ -76,9 +84,8 @@ def write_window(
     def path(date: str):
         return jvm.org.apache.hadoop.fs.Path(f"{root}/date={date}")
 
-    dates = window_dates(span, bucket_seconds)
-    present = [d for d in dates if fs.exists(path(d))]
-    kept_rows, kept_dates = 0, set()
+    present = [d for d in window_dates(span, bucket_seconds) if fs.exists(path(d))]
+    kept_dates: dict[str, int] = {}
     # Always a union with the declared (all-nullable) schema: a first run would
     # otherwise write some columns as `required` and the next run as `optional`, and
     # the files of two runs over the same events would differ.
@@ -95,20 +102,23 @@ def write_window(
         )
         # Materialized before the overwrite below deletes the files it comes from.
         kept = kept.localCheckpoint(eager=True)
-        kept_dates = {r[0] for r in kept.select("date").distinct().collect()}
-        kept_rows = kept.count()
-    merged = frame.unionByName(kept)
-    written: set[str] = set()
-    if new_rows + kept_rows:
-        merged = merged.repartition("date").sortWithinPartitions("date", "type", "bucket_start")
+        kept_dates = {r[0]: r[1] for r in kept.groupBy("date").count().collect()}
+    written = {**new_dates}
+    for date, n in kept_dates.items():
+        written[date] = written.get(date, 0) + n
+    if written:
         (
-            merged.write.mode("overwrite")
+            frame.unionByName(kept)
+            .repartition("date")
+            .sortWithinPartitions("date", "type", "bucket_start")
+            .write.mode("overwrite")
             .option("partitionOverwriteMode", "dynamic")
             .partitionBy("date")
             .parquet(root)
         )
-        written = kept_dates | {r[0] for r in frame.select("date").distinct().collect()}
     deleted = tuple(d for d in present if d not in written)
     for d in deleted:
         fs.delete(path(d), True)
-    return ParquetResult(tuple(sorted(written)), new_rows + kept_rows, kept_rows, deleted)
+    return ParquetResult(
+        tuple(sorted(written)), sum(written.values()), sum(kept_dates.values()), deleted
+    )

@@ -283,3 +283,16 @@ def test_pages_become_arrow_batches_with_numbers():
     assert rows[0]["json_numbers"] == [("v", 2.0)] and rows[1]["json_numbers"] == []
     assert rows[1]["source_timestamp"].timestamp() == 9.000001
     assert rows[2]["payload_binary"] == b"\x01" and rows[2]["server"] == 2
+
+
+def test_window_dates_cover_each_bucket_start():
+    from eventfleet_spark.parquet_output import date_of, window_dates
+
+    span = Span(us("2024-02-28T23:00:00Z"), us("2024-03-01T00:00:00Z"))
+    assert window_dates(span, 3600) == ["2024-02-28", "2024-02-29"]
+    assert window_dates(Span(span.start, span.end + US), 1) == [
+        "2024-02-28",
+        "2024-02-29",
+        "2024-03-01",
+    ]
+    assert date_of(us("1969-12-31T23:59:59Z")) == "1969-12-31"
