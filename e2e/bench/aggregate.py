@@ -1,0 +1,419 @@
+"""Aggregation benchmark: the Spark job vs a single-process Python baseline, same data.
+
+Run from the repository root (needs the ``spark`` and ``test`` extras)::
+
+    .venv/bin/python -m e2e.bench.aggregate                      # 200,000 events
+    .venv/bin/python -m e2e.bench.aggregate --events 1000000     # the documented figure
+    .venv/bin/python -m e2e.bench.aggregate --events 3000 --json /tmp/a.json   # smoke
+
+One replica process (``eventfleet server``) is seeded with N events of `--types` types
+(JSON objects with numeric fields, bare numbers, and a few invalid/binary/empty
+payloads) over the Eventer client. Then, on the same stored events and in this order:
+
+1. baseline read: this process reads the range over Eventer (`eventer_io.read_span`,
+   the same paged reads the Spark source does, one connection);
+2. baseline job: read again and aggregate with `eventfleet_spark.reference` (plain
+   Python, one process);
+3. Spark job, cold: ``eventfleet aggregate`` as a subprocess (JVM start-up, Spark
+   session, read, aggregate, Parquet, write-back: what a scheduled run costs);
+4. Spark read: a fresh in-process session counts the source's rows (read path only);
+5. Spark job, warm: the same job again in that session (its write-back finds every
+   aggregate already registered and registers nothing).
+
+The Spark Parquet output is checked against the baseline's aggregates, and the
+registered aggregate events against the Parquet rows (no duplicates after two runs).
+Replica CPU seconds are read from /proc for each phase: the server side of the read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import pathlib
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from e2e.bench import servers
+
+SPARK_CONF = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+
+def _payload(rng: random.Random, i: int):
+    from eventfleet_server.common.model import EventPayloadBinary, EventPayloadJson
+
+    r = i % 100
+    if r < 80:
+        return EventPayloadJson(
+            json.dumps({"value": round(rng.uniform(-20, 120), 3), "count": i % 17, "state": "ok"})
+        )
+    if r < 92:
+        return EventPayloadJson(json.dumps(rng.random()))
+    if r < 95:
+        return EventPayloadJson('{"nested": {"v": 1}, "label": "x"}')
+    if r < 97:
+        return EventPayloadJson("{not json")
+    if r < 99:
+        return EventPayloadBinary("raw", b"\x00\x01\x02\x03")
+    return None
+
+
+async def seed(endpoint: str, events: int, types: int, batch: int, in_flight: int) -> float:
+    """Register `events` events, `in_flight` batches at a time; returns the seconds."""
+    from eventfleet_server.common.model import RegisterEvent
+    from eventfleet_server.eventer import connect
+
+    host, port = endpoint.rsplit(":", 1)
+    client = await connect(host, int(port), "bench-seed")
+    rng = random.Random(1)
+    type_list = [("bench", f"site{i % 5}", f"dev{i}", "value") for i in range(types)]
+    pending: set[asyncio.Future] = set()
+    t0 = time.perf_counter()
+    try:
+        for start in range(0, events, batch):
+            chunk = [
+                RegisterEvent(type_list[i % types], None, _payload(rng, i))
+                for i in range(start, min(start + batch, events))
+            ]
+            if len(pending) >= in_flight:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                _check_registered(done)
+            pending.add(asyncio.ensure_future(client.register(chunk, with_response=True)))
+        if pending:
+            _check_registered((await asyncio.wait(pending))[0])
+    finally:
+        await client.close()
+    return time.perf_counter() - t0
+
+
+def _check_registered(done) -> None:
+    for fut in done:
+        if fut.result() is None:
+            raise RuntimeError("the replica refused a seed batch")
+
+
+async def stored_range(endpoint: str) -> tuple[int, int]:
+    """First and last stored timestamp (us): two one-event queries."""
+    from eventfleet_server.common.model import Order, QueryTimeseriesParams, timestamp_to_us
+    from eventfleet_server.eventer import connect
+
+    host, port = endpoint.rsplit(":", 1)
+    client = await connect(host, int(port), "bench-range")
+    try:
+        first = await client.query(QueryTimeseriesParams(order=Order.ASCENDING, max_results=1))
+        last = await client.query(QueryTimeseriesParams(order=Order.DESCENDING, max_results=1))
+    finally:
+        await client.close()
+    return timestamp_to_us(first.events[0].timestamp), timestamp_to_us(last.events[0].timestamp)
+
+
+class Phase:
+    """Wall time and replica CPU of one phase."""
+
+    def __init__(self, name: str, server, events: int):
+        self.name, self.server, self.events = name, server, events
+        self.seconds = self.cpu = 0.0
+        self.note = ""
+
+    def __enter__(self):
+        self._cpu0 = self.server.stat().cpu_s
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._t0
+        self.cpu = self.server.stat().cpu_s - self._cpu0
+
+    def row(self) -> dict:
+        return {
+            "phase": self.name,
+            "seconds": round(self.seconds, 2),
+            "events_per_s": round(self.events / self.seconds) if self.seconds else None,
+            "replica_cpu_s": round(self.cpu, 2),
+            "replica_cpu_us_per_event": round(self.cpu / self.events * 1e6, 1)
+            if self.events
+            else None,
+            "note": self.note,
+        }
+
+
+def run(args) -> dict:
+    from eventfleet_server.common.jsonfmt import timestamp_to_iso
+    from eventfleet_server.common.model import timestamp_from_us
+    from eventfleet_spark import job, reference, timeplan
+    from eventfleet_spark.eventer_io import read_span
+    from eventfleet_spark.options import JobOptions
+
+    workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-aggregate-"))
+    server = servers.start_server(servers.KINDS["eventfleet"], workdir, "replica")
+    try:
+        asyncio.run(servers.wait_operational(server))
+        endpoint = f"127.0.0.1:{server.port}"
+        print(f"seeding {args.events:,} events ({args.types} types) ...", file=sys.stderr)
+        seed_s = asyncio.run(seed(endpoint, args.events, args.types, 1000, 4))
+        first, last = asyncio.run(stored_range(endpoint))
+        bucket_us = args.bucket * timeplan.US
+        span = timeplan.aligned_range(first, last + 1, bucket_us)
+        n = args.events
+        iso = [timestamp_to_iso(timestamp_from_us(t)) for t in span]
+        phases = []
+
+        print("baseline: read ...", file=sys.stderr)
+        with Phase("baseline read (1 process)", server, n) as p:
+            got = sum(len(page) for page in read_span(_ep(endpoint), span.start, span.end))
+        assert got == n, f"baseline read {got} events, stored {n}"
+        phases.append(p)
+
+        print("baseline: read + aggregate ...", file=sys.stderr)
+        with Phase("baseline job: read + aggregate (1 process)", server, n) as p:
+            pages = read_span(_ep(endpoint), span.start, span.end)
+            expected = reference.aggregate(
+                reference.from_raw(itertools.chain.from_iterable(pages)), args.bucket
+            )
+        phases.append(p)
+
+        output = workdir / "parquet"
+        cli = [
+            sys.executable,
+            "-m",
+            "eventfleet_cli",
+            "aggregate",
+            "--eventer",
+            endpoint,
+            "--bucket",
+            str(args.bucket),
+            "--output",
+            str(output),
+            "--start",
+            iso[0],
+            "--end",
+            iso[1],
+            "--window",
+            str((span.end - span.start) // timeplan.US),
+            "--master",
+            args.master,
+            "--json",
+        ]
+        if args.partitions:
+            cli += ["--partitions", str(args.partitions)]
+        print("spark job (cold, eventfleet aggregate) ...", file=sys.stderr)
+        with Phase("Spark job, cold: eventfleet aggregate (JVM start included)", server, n) as p:
+            proc = subprocess.run(cli, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"eventfleet aggregate failed:\n{proc.stderr[-4000:]}")
+        summary = json.loads(proc.stdout.strip().splitlines()[-1])
+        p.note = f"read+aggregate {summary['read_aggregate_seconds']} s inside"
+        phases.append(p)
+
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        from pyspark.sql import SparkSession
+
+        t0 = time.perf_counter()
+        builder = SparkSession.builder.master(args.master).appName("eventfleet-bench")
+        for k, v in SPARK_CONF.items():
+            builder = builder.config(k, v)
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        startup = time.perf_counter() - t0
+        try:
+            opts = JobOptions(
+                eventer=endpoint,
+                bucket_seconds=args.bucket,
+                output=str(output),
+                start_us=span.start,
+                end_us=span.end,
+                window_seconds=(span.end - span.start) // timeplan.US,
+                partitions=args.partitions,
+            )
+            from eventfleet_spark.source import EventerDataSource
+
+            spark.dataSource.register(EventerDataSource)
+            # The first query of a session starts the Python workers (imports of
+            # pyarrow, pandas, eventfleet): counted as start-up, not as read time.
+            t0 = time.perf_counter()
+            job.read_events(spark, opts, timeplan.Span(0, timeplan.US)).count()
+            warmup = time.perf_counter() - t0
+            print("spark read ...", file=sys.stderr)
+            with Phase("Spark read: source rows counted (warm session)", server, n) as p:
+                counted = job.read_events(spark, opts, span).count()
+            assert counted == n, f"Spark read {counted} events, stored {n}"
+            p.note = f"{job.read_events(spark, opts, span).rdd.getNumPartitions()} partitions"
+            phases.append(p)
+            print("spark job (warm) ...", file=sys.stderr)
+            with Phase("Spark job, warm session (write-back finds all)", server, n) as p:
+                (warm,) = job.run(opts, spark, out=None)
+            phases.append(p)
+        finally:
+            spark.stop()
+
+        parquet = _read_parquet(output)
+        registered = asyncio.run(_registered(endpoint, span))
+        checks = {
+            "parquet_equals_baseline": parquet
+            == {k: v.payload_json() for k, v in expected.items()},
+            "aggregates": len(expected),
+            "registered_once_each": registered == {k: 1 for k in expected},
+            "warm_run_registered": warm.write_back.registered,
+        }
+        return {
+            "events": n,
+            "types": args.types,
+            "bucket_seconds": args.bucket,
+            "seed_seconds": round(seed_s, 1),
+            "spark_session_startup_seconds": round(startup, 1),
+            "spark_first_query_seconds": round(warmup, 1),
+            "phases": [ph.row() for ph in phases],
+            "checks": checks,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "python": platform.python_version(),
+                "master": args.master,
+                "loadavg_at_end": os.getloadavg()[0],
+                "date": datetime.date.today().isoformat(),
+            },
+        }
+    finally:
+        server.stop()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _ep(endpoint: str):
+    from eventfleet_spark.endpoints import parse_endpoints
+
+    return parse_endpoints(endpoint)[0]
+
+
+def _read_parquet(root: pathlib.Path) -> dict:
+    """Parquet rows as {(type, bucket us): payload JSON} (the canonical comparison)."""
+    import pyarrow.parquet as pq
+    from eventfleet_spark.record import Aggregate, FieldStats
+
+    out = {}
+    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+    def us(dt):
+        return (dt - epoch) // datetime.timedelta(microseconds=1)
+
+    for row in pq.read_table(root, partitioning="hive").to_pylist():
+        agg = Aggregate(
+            type=tuple(row["type"]),
+            bucket_start_us=us(row["bucket_start"]),
+            bucket_seconds=int(row["bucket_seconds"]),
+            count=row["count"],
+            first_us=us(row["first_timestamp"]),
+            last_us=us(row["last_timestamp"]),
+            numeric_payloads=row["numeric_payloads"],
+            non_numeric_payloads=row["non_numeric_payloads"],
+            invalid_json_payloads=row["invalid_json_payloads"],
+            binary_payloads=row["binary_payloads"],
+            empty_payloads=row["empty_payloads"],
+            skipped_fields=row["skipped_fields"],
+            fields={k: FieldStats(**v) for k, v in row["fields"]},
+        )
+        out[agg.key] = agg.payload_json()
+    return out
+
+
+async def _registered(endpoint: str, span) -> dict:
+    """How many aggregate events each (type, bucket) has in the fleet (counted here
+    with a plain query, not with the job's own write-back code)."""
+    from eventfleet_server.common.model import (
+        Order,
+        OrderBy,
+        QueryTimeseriesParams,
+        timestamp_from_us,
+        timestamp_to_us,
+    )
+    from eventfleet_server.eventer import connect
+
+    host, port = endpoint.rsplit(":", 1)
+    client = await connect(host, int(port), "bench-check")
+    params = QueryTimeseriesParams(
+        event_types=[("eventfleet", "aggregate", "*")],
+        source_t_from=timestamp_from_us(span.start),
+        source_t_to=timestamp_from_us(span.end - 1),
+        order=Order.ASCENDING,
+        order_by=OrderBy.SOURCE_TIMESTAMP,
+    )
+    counts: dict = {}
+    try:
+        while True:
+            result = await client.query(params)
+            for e in result.events:
+                key = (tuple(e.type[3:]), timestamp_to_us(e.source_timestamp))
+                counts[key] = counts.get(key, 0) + 1
+            if not (result.more_follows and result.events):
+                return counts
+            params = params._replace(last_event_id=result.events[-1].id)
+    finally:
+        await client.close()
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"{result['events']:,} events, {result['types']} types, "
+        f"{result['bucket_seconds']} s buckets, Spark `{result['machine']['master']}`, "
+        f"{result['machine']['cpus']} CPUs (load average at the end "
+        f"{result['machine']['loadavg_at_end']:.1f}); seeding took {result['seed_seconds']} s; "
+        f"a Spark session starts in {result['spark_session_startup_seconds']} s and its first"
+        f" (empty) query takes {result['spark_first_query_seconds']} s (Python workers start).",
+        "",
+        "| phase | seconds | events/s | replica CPU µs/event | note |",
+        "| --- | ---: | ---: | ---: | --- |",
+    ]
+    for p in result["phases"]:
+        lines.append(
+            f"| {p['phase']} | {p['seconds']:.1f} | {p['events_per_s']:,} | "
+            f"{p['replica_cpu_us_per_event']} | {p['note']} |"
+        )
+    c = result["checks"]
+    lines += [
+        "",
+        f"Checks: Parquet equals the baseline: {c['parquet_equals_baseline']}; "
+        f"{c['aggregates']:,} aggregates, each registered exactly once after two runs: "
+        f"{c['registered_once_each']}; the warm run registered {c['warm_run_registered']}.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m e2e.bench.aggregate", description=__doc__)
+    p.add_argument("--events", type=int, default=200_000, help="events to seed (default 200000)")
+    p.add_argument("--types", type=int, default=50, help="distinct event types (default 50)")
+    p.add_argument("--bucket", type=int, default=1, help="bucket seconds (default 1)")
+    p.add_argument("--master", default="local[2]", help="Spark master (default local[2])")
+    p.add_argument("--partitions", type=int, help="read partitions (default: the job's)")
+    p.add_argument("--json", type=pathlib.Path, help="write the result as JSON here")
+    p.add_argument("--markdown", type=pathlib.Path, help="write the table here")
+    p.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = p.parse_args(argv)
+    try:
+        result = run(args)
+    finally:
+        with contextlib.suppress(Exception):
+            servers.stop_all()
+    table = markdown(result)
+    print(table)
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    if args.markdown:
+        args.markdown.write_text(table + "\n")
+    return 0 if result["checks"]["parquet_equals_baseline"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""The aggregation job as it is really launched, against a replica process.
+
+* ``spark-submit spark/aggregate.py`` with exactly the arguments the operator renders
+  into the ScheduledSparkApplication (no ``--start``/``--end``: the default window), so
+  the spark-submit path (master from spark-submit, not the job) is covered;
+* the benchmark (`e2e.bench.aggregate`) with a few thousand events, which runs
+  ``eventfleet aggregate`` as a subprocess and checks the Spark result against the
+  plain-Python baseline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("pyspark")
+pa_parquet = pytest.importorskip("pyarrow.parquet")
+
+from e2e.bench import servers  # noqa: E402
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+BIN = pathlib.Path(sys.executable).parent
+
+
+async def _register_and_count_aggregates(port: int, n: int) -> None:
+    from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
+    from eventfleet_server.eventer import connect
+
+    client = await connect("127.0.0.1", port, "e2e-seed")
+    try:
+        events = [
+            RegisterEvent(("e2e", f"t{i % 3}"), None, EventPayloadJson(json.dumps({"v": i})))
+            for i in range(n)
+        ]
+        assert await client.register(events, with_response=True)
+    finally:
+        await client.close()
+
+
+async def _aggregate_events(port: int) -> list:
+    from eventfleet_server.common.model import Order, QueryTimeseriesParams
+    from eventfleet_server.eventer import connect
+
+    client = await connect("127.0.0.1", port, "e2e-check")
+    try:
+        result = await client.query(
+            QueryTimeseriesParams(
+                event_types=[("eventfleet", "aggregate", "*")], order=Order.ASCENDING
+            )
+        )
+    finally:
+        await client.close()
+    return result.events
+
+
+@pytest.mark.timeout(240)
+def test_spark_submit_with_the_operator_arguments(tmp_path):
+    server = servers.start_server(servers.KINDS["eventfleet"], tmp_path, "replica")
+    try:
+        asyncio.run(servers.wait_operational(server))
+        asyncio.run(_register_and_count_aggregates(server.port, 30))
+        time.sleep(1.1)  # the default range ends at the last complete bucket
+        output = tmp_path / "out"
+        # builders.scheduled_spark_application: --eventer, --bucket, --output, --window.
+        args = ["--eventer", f"127.0.0.1:{server.port}", "--bucket", "1"]
+        args += ["--output", str(output), "--window", "120"]
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        env.pop("EVENTFLEET_TOKEN", None)
+        proc = subprocess.run(
+            [
+                str(BIN / "spark-submit"),
+                "--master",
+                "local[2]",
+                str(ROOT / "spark" / "aggregate.py"),
+                *args,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=200,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("aggregate ")]
+        assert "events=30 " in line and "bucket=1s" in line, line
+        rows = pa_parquet.read_table(output, partitioning="hive").to_pylist()
+        assert sum(r["count"] for r in rows) == 30
+        assert {tuple(r["type"]) for r in rows} == {("e2e", "t0"), ("e2e", "t1"), ("e2e", "t2")}
+        registered = asyncio.run(_aggregate_events(server.port))
+        assert len(registered) == len(rows)
+        assert all(e.type[:3] == ("eventfleet", "aggregate", "1") for e in registered)
+    finally:
+        server.stop()
+
+
+@pytest.mark.timeout(300)
+def test_benchmark_smoke(tmp_path):
+    out = tmp_path / "result.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "e2e.bench.aggregate",
+            "--events",
+            "3000",
+            "--types",
+            "7",
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["checks"]["parquet_equals_baseline"] is True
+    assert result["checks"]["registered_once_each"] is True
+    assert result["checks"]["warm_run_registered"] == 0
+    assert len(result["phases"]) == 5
+    assert "| Spark job, cold" in proc.stdout
