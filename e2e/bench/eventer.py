@@ -104,11 +104,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     a = p.parse_args(argv)
     quick = a.quick
-    a.events = a.events or (2000 if quick else 20000)
-    a.latency_events = a.latency_events or (200 if quick else 1000)
-    a.stored = a.stored if a.stored is not None else (5000 if quick else 50000)
-    a.query_reps = a.query_reps or (10 if quick else 30)
-    a.query_budget = a.query_budget or (2.0 if quick else 10.0)
+    a.events = a.events or (1000 if quick else 20000)
+    a.latency_events = a.latency_events or (100 if quick else 1000)
+    a.stored = a.stored if a.stored is not None else (3000 if quick else 50000)
+    a.query_reps = a.query_reps or (5 if quick else 30)
+    a.query_budget = a.query_budget or (1.0 if quick else 10.0)
     if a.no_plot:
         a.plot = None
     elif a.plot is None and not quick:
