@@ -676,3 +676,25 @@ async def test_paging_cost_does_not_grow_with_table(tmp_path, capsys):
             print(f"  VM steps/100 {name}: {small[name]} at 1k, {large[name]} at 100k")
     for name in small:
         assert large[name] <= 2 * small[name] + 20, (name, small[name], large[name])
+
+
+async def test_inline_writes_are_checkpointed_in_the_background(tmp_path):
+    """NORMAL commits run on the loop; the WAL is checkpointed from the reader's thread."""
+    storage = await Storage.open(tmp_path / "inline.sqlite", synchronous="NORMAL")
+    try:
+        assert storage._inline
+        events = [
+            Event(EventId(1, i, i), ("w",), Timestamp(i, 0), None, None) for i in range(1, 301)
+        ]
+        for e in events:
+            await storage.write([e])
+        assert storage._commits_since_checkpoint > 0
+        await asyncio.sleep(1.2)
+        assert storage._commits_since_checkpoint == 0
+        result = await storage.query(QueryServerParams(1), max_results_cap=1000)
+        assert [e.id for e in result.events] == [e.id for e in events]
+    finally:
+        await storage.close()
+    full = await Storage.open(tmp_path / "full.sqlite", synchronous="FULL")
+    assert not full._inline
+    await full.close()

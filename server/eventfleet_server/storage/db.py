@@ -8,6 +8,14 @@ holds up a query. `write` returns only after COMMIT, and the reader starts a fre
 snapshot per statement (autocommit, cursors always drained), so a query issued after
 `write` returns sees those events.
 
+Inline writes: with ``synchronous`` OFF or NORMAL a commit does not wait for the disk
+(WAL pages are handed to the OS, fsync happens only at checkpoints), so `write` runs on
+the event loop's thread instead of hopping to the writer thread: the hop (queue, wake-up,
+self-pipe, context switches) costs more CPU than the commit itself. The writer then has
+automatic checkpoints disabled and a background task checkpoints (PASSIVE) from the
+reader's thread, so no fsync ever blocks the loop. With FULL or EXTRA every commit
+fsyncs, and writes go to the writer thread as described below.
+
 Each public call is one hop to the connection's thread: the whole call (validation,
 statements, commit, decoding) runs there as one function through aiosqlite's
 ``Connection._execute`` (a private method, pinned by ``aiosqlite~=0.22``; the public
@@ -18,7 +26,10 @@ looks values up.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import logging
 import math
 import os
 import pathlib
@@ -59,7 +70,11 @@ _KIND_NONE, _KIND_BINARY, _KIND_JSON = 0, 1, 2
 # Up to this many matching types a timeseries query merges per-type index scans;
 # beyond it, it scans the timestamp index and filters by type id.
 _MERGE_MAX_TYPES = 32
-_RETENTION_CHUNK = 10_000
+# Small enough that an inline chunk blocks the event loop only for milliseconds.
+_RETENTION_CHUNK = 2_000
+_CHECKPOINT_INTERVAL = 0.5  # seconds between PASSIVE checkpoints when inline writes are on
+
+log = logging.getLogger(__name__)
 _EXPANSION_CACHE = 256
 
 
@@ -193,8 +208,15 @@ class Storage:
         self._expansions: dict[tuple, tuple[int, list[int], str]] = {}
 
         sync = synchronous.upper()
+        self._inline = sync in ("OFF", "NORMAL")
+        self._commits_since_checkpoint = 0
+        self._checkpoint_task: asyncio.Task | None = None
         try:
-            self._writer = await aiosqlite.connect(path, isolation_level=None, cached_statements=64)
+            # check_same_thread=False: inline writes use this connection from the loop's
+            # thread; the writer thread then only ever runs set-up and close.
+            self._writer = await aiosqlite.connect(
+                path, isolation_level=None, cached_statements=64, check_same_thread=False
+            )
             try:
                 await _run(self._writer, self._init_writer, sync)
                 self._reader = await aiosqlite.connect(
@@ -211,6 +233,8 @@ class Storage:
                 raise
         except sqlite3.Error as e:
             raise StorageError(f"{path}: cannot open: {e}") from e
+        if self._inline:
+            self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
         return self
 
     def _init_writer(self, synchronous: str) -> None:
@@ -225,6 +249,8 @@ class Storage:
         if mode.lower() != "wal":
             raise StorageError(f"{self._path}: journal_mode WAL refused (got {mode!r})")
         conn.execute(f"PRAGMA synchronous = {synchronous}")
+        if self._inline:
+            conn.execute("PRAGMA wal_autocheckpoint = 0")  # see "Inline writes" above
         conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA cache_size = -32000")  # KiB
         if version == 0:
@@ -268,10 +294,29 @@ class Storage:
         if self._closed:
             return
         self._closed = True
+        if self._checkpoint_task:
+            self._checkpoint_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._checkpoint_task
         try:
             await self._reader.close()
         finally:
             await self._writer.close()
+
+    async def _checkpoint_loop(self) -> None:
+        """Checkpoint the WAL from the reader's thread while inline writes are on."""
+        while True:
+            await asyncio.sleep(_CHECKPOINT_INTERVAL)
+            if not self._commits_since_checkpoint:
+                continue
+            self._commits_since_checkpoint = 0
+            try:
+                await _run(self._reader, self._checkpoint)
+            except sqlite3.Error as e:
+                log.warning("%s: WAL checkpoint failed (will retry): %s", self._path, e)
+
+    def _checkpoint(self) -> None:
+        self._reader._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     @property
     def last_ids(self) -> dict[int, EventId]:
@@ -316,6 +361,10 @@ class Storage:
         if not events and not meta_items:
             return []
         self._check_open()
+        if self._inline:
+            inserted = self._write(events, meta_items)
+            self._commits_since_checkpoint += 1
+            return inserted
         return await _run(self._writer, self._write, events, meta_items)
 
     def _write(
@@ -631,7 +680,7 @@ class Storage:
     async def enforce_retention(self) -> int:
         """Delete events per the `Retention` given to `open`; returns how many.
 
-        Deletes in chunks of 10,000 events, one transaction each, so writes queued
+        Deletes in chunks of 2,000 events, one transaction each, so writes queued
         meanwhile get their turn. Each chunk repairs the latest-per-type table (a type
         whose latest event went falls back to its next newest, or disappears).
         `last_ids` and `last_seq` are untouched.
@@ -642,8 +691,8 @@ class Storage:
         if retention.max_age_seconds is not None:
             cutoff = time.time_ns() // 1000 - round(retention.max_age_seconds * _US)
             while True:
-                n = await _run(
-                    self._writer, self._delete, schema.DELETE_OLDER, (cutoff, _RETENTION_CHUNK)
+                n = await self._on_writer(
+                    self._delete, schema.DELETE_OLDER, (cutoff, _RETENTION_CHUNK)
                 )
                 total += n
                 if n < _RETENTION_CHUNK:
@@ -651,11 +700,20 @@ class Storage:
         if retention.max_events is not None:
             while (excess := self._event_count - retention.max_events) > 0:
                 chunk = (min(excess, _RETENTION_CHUNK),)
-                n = await _run(self._writer, self._delete, schema.DELETE_FIRST, chunk)
+                n = await self._on_writer(self._delete, schema.DELETE_FIRST, chunk)
                 total += n
                 if n == 0:  # the counter disagrees with the table; do not spin
                     break
         return total
+
+    async def _on_writer(self, fn: Callable[..., _T], *args: Any) -> _T:
+        """Run `fn` where writes run: inline (then yield, so chunks interleave) or on the thread."""
+        if self._inline:
+            result = fn(*args)
+            self._commits_since_checkpoint += 1
+            await asyncio.sleep(0)
+            return result
+        return await _run(self._writer, fn, *args)
 
     def _delete(self, sql: str, args: tuple) -> int:
         conn = self._writer._conn
