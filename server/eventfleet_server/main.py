@@ -13,16 +13,23 @@ from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import EventerLimits, EventerServer
 from eventfleet_server.http import HttpServer
 from eventfleet_server.storage import Retention, Storage
+from eventfleet_server.syncer import Syncer
 
 log = logging.getLogger(__name__)
 
 
 class Replica:
-    """One replica built from a validated configuration mapping."""
+    """One replica built from a validated configuration mapping.
 
-    def __init__(self, conf: Mapping, token: str | None):
+    `config_path` (optional) is the file the peer list is reloaded from.
+    """
+
+    def __init__(self, conf: Mapping, token: str | None, config_path: pathlib.Path | None = None):
         self.conf = conf
         self.token = token
+        self.config_path = config_path
+        # Exists from construction so that /readyz can report "initial sync not done".
+        self.syncer = Syncer(conf, token)
         self.storage: Storage | None = None
         self.engine: Engine | None = None
         self.eventer: EventerServer | None = None
@@ -52,7 +59,10 @@ class Replica:
             max_results_cap=ev["max_results_cap"],
         )
         self.http.metrics.instrument(self.engine)
-        await self.engine.start()
+        # Serve our store to peers first (peers booting at the same time learn from us),
+        # then learn our own highest id from them before the engine creates any event.
+        await self.syncer.start_server(self.engine)
+        await self.engine.start(continue_after=await self.syncer.bootstrap())
         self.eventer = EventerServer(
             self.engine,
             conf["host"],
@@ -71,11 +81,15 @@ class Replica:
                 self._retention_loop(retention_conf["check_interval_seconds"])
             )
         self.engine.set_operational()
+        self.syncer.start_mesh(self.config_path)
         log.info(
-            "replica server_id=%s operational: eventer=%s:%s data=%s",
+            "replica server_id=%s operational: eventer=%s:%s syncer=%s:%s peers=%s data=%s",
             conf["server_id"],
             conf["host"],
             self.eventer.port,
+            conf["host"],
+            self.syncer.port,
+            [p.name for p in self.syncer.peers],
             data_dir,
         )
 
@@ -85,6 +99,8 @@ class Replica:
             self._retention_task.cancel()
         if self.engine:
             await self.engine.stop()
+        # After the last commit: peers confirm they hold our events (MsgFlushReq/Res).
+        await self.syncer.stop()
         if self.eventer:
             await self.eventer.stop()
         if self.storage:
@@ -105,17 +121,28 @@ class Replica:
                 log.exception("retention pass failed")
 
 
-async def run(conf: Mapping, token: str | None) -> None:
-    """Run a replica until SIGTERM/SIGINT, then stop gracefully."""
-    replica = Replica(conf, token)
+async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None = None) -> None:
+    """Run a replica until SIGTERM/SIGINT, then stop gracefully; SIGHUP reloads peers."""
+    replica = Replica(conf, token, config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, replica.syncer.reload)
     try:
-        await replica.start()
-        await stop.wait()
+        # Start-up can wait for peers (identity safety): a stop request must still win.
+        starting = loop.create_task(replica.start())
+        stopping = loop.create_task(stop.wait())
+        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done():
+            starting.result()
+            await stopping
+        else:
+            starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await starting
         log.info("stop requested")
     finally:
         await replica.stop()

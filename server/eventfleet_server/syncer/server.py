@@ -1,0 +1,457 @@
+"""Syncer server: serves the events this replica holds to Syncer clients (its peers).
+
+Per connection: ``MsgInitReq`` → ``MsgInitRes`` at once; history after ``lastEventId``
+in ``MsgEvents`` (one session each, ascending ids); ``MsgSynced``; then what was
+committed meanwhile (buffered since the init) and live events. Only committed events
+are ever sent: the engine listener is used with ``persisted=True`` only, and history
+comes from storage. See docs/syncer.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from eventfleet_server import chatter
+from eventfleet_server.common.model import Event, EventId, Status
+from eventfleet_server.engine import Engine
+from eventfleet_server.syncer import protocol
+from eventfleet_server.syncer.protocol import InitReq, ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SyncerServerLimits:
+    """Per-connection bounds of the Syncer server."""
+
+    max_msg_size: int = 64 * 1024 * 1024
+    init_timeout: float = 10.0
+    init_error_close_timeout: float = 2.0
+    history_page: int = 5_000
+    # Events committed while a connection is still sending history are buffered; more
+    # than this and the peer is dropped as too slow (it reconnects and resumes).
+    max_queued_events: int = 200_000
+    # Unsent bytes to a live peer before it is dropped as not reading.
+    max_write_buffer: int = 64 * 1024 * 1024
+    # A history write that cannot drain for this long: the peer stopped reading.
+    send_timeout: float = 30.0
+    ping_delay: float = 20.0
+    ping_timeout: float = 20.0
+
+
+class SyncerServer:
+    """Serves Syncer on host:port from one engine's store.
+
+    `known_server_ids` returns server ids this replica may be asked about besides those
+    it holds events of (its peers' ids): a request for any other id is refused.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        host: str,
+        port: int,
+        *,
+        token: str | None = None,
+        known_server_ids: Callable[[], set[int]] = set,
+        limits: SyncerServerLimits = SyncerServerLimits(),
+    ):
+        self._engine = engine
+        self._host = host
+        self._port = port
+        self._token = token
+        self._known = known_server_ids
+        self._limits = limits
+        self._server: asyncio.Server | None = None
+        self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
+        self._unsubscribe: Callable[[], None] | None = None
+        self.rejected: dict[str, int] = {}
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when configured as 0)."""
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    def sessions(self) -> list[_Session]:
+        return [s for group in self._sessions.values() for s in group]
+
+    def connections(self) -> list[dict]:
+        """One dict per client connection (for status pages)."""
+        return [s.describe() for s in self.sessions()]
+
+    async def start(self) -> None:
+        self._unsubscribe = self._engine.add_listener(self._on_events)
+        self._server = await chatter.serve(
+            self._on_connection,
+            self._host,
+            self._port,
+            max_msg_size=self._limits.max_msg_size,
+            ping_delay=self._limits.ping_delay,
+            ping_timeout=self._limits.ping_timeout,
+        )
+        log.info("syncer listening on %s:%s", self._host, self.port)
+
+    async def flush_all(self, timeout: float) -> dict[str, bool]:
+        """Ask every connected client to confirm it committed what it was sent.
+
+        Used on graceful shutdown: returns ``{client name: confirmed}``.
+        """
+        sessions = self.sessions()
+        results = await asyncio.gather(*(s.flush(timeout) for s in sessions))
+        out: dict[str, bool] = {}
+        for s, ok in zip(sessions, results, strict=True):
+            out[s.label] = ok
+        return out
+
+    async def flush_client(self, names: set[str], timeout: float) -> bool | None:
+        """Flush every connection of a client named in `names`.
+
+        True when the stream of this replica's own events answered and every other
+        stream either answered or ended meanwhile (a catch-up closing after
+        ``MsgSynced``); None if the client has no stream of our own events.
+        """
+        own = self._engine.server_id
+        sessions = [s for s in self.sessions() if s.name in names]
+        if not any(s.server_id == own for s in sessions):
+            return None
+        results = await asyncio.gather(*(s.flush(timeout) for s in sessions))
+        return all(
+            ok or (s.server_id != own and s.conn.is_closed)
+            for s, ok in zip(sessions, results, strict=True)
+        ) and any(ok and s.server_id == own for s, ok in zip(sessions, results, strict=True))
+
+    async def stop(self) -> None:
+        if self._unsubscribe:
+            self._unsubscribe()
+            self._unsubscribe = None
+        if self._server:
+            self._server.close()
+        for session in self.sessions():
+            session.conn.close()
+        if self._server:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 5)
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    # -- fan-out of committed events ---------------------------------------------------------
+
+    def _on_events(self, events: list[Event], persisted: bool) -> None:
+        if not persisted:
+            return  # peers only ever get committed events
+        sessions = self._sessions.get(events[0].id.server)
+        if not sessions:
+            return
+        encoded_all: bytes | None = None
+        for session in list(sessions):
+            selected = session.select(events)
+            if not selected:
+                continue
+            if len(selected) == len(events):
+                if encoded_all is None:
+                    encoded_all = protocol.encode_events(events)
+                session.on_live(selected, encoded_all)
+            else:
+                session.on_live(selected, None)
+
+    # -- connections -------------------------------------------------------------------------
+
+    async def _on_connection(self, conn: chatter.Connection) -> None:
+        req = await self._initialize(conn)
+        if req is None:
+            return
+        session = _Session(self, conn, req)
+        group = self._sessions.setdefault(req.last_event_id.server, set())
+        # Registered before history is read: whatever commits from now on is buffered.
+        group.add(session)
+        try:
+            await session.run()
+        finally:
+            group.discard(session)
+            if not group:
+                self._sessions.pop(req.last_event_id.server, None)
+            log.info(
+                "syncer client %s disconnected: sent=%d%s",
+                session.label,
+                session.sent_events,
+                f" reason={conn.close_reason}" if conn.close_reason else "",
+            )
+
+    async def _initialize(self, conn: chatter.Connection) -> InitReq | None:
+        limits = self._limits
+        try:
+            msg = await asyncio.wait_for(conn.receive(), limits.init_timeout)
+        except TimeoutError:
+            self._reject("init_timeout")
+            conn.close(f"syncer: no MsgInitReq within {limits.init_timeout} s")
+            return None
+        except chatter.FrameError as e:
+            self._reject("bad_frame")
+            conn.close(f"syncer: before init: {e}")
+            return None
+        except ConnectionError:
+            return None
+        if msg.type != protocol.INIT_REQ:
+            self._reject("not_initialized")
+            conn.close(f"syncer: first message is {msg.type!r}, expected {protocol.INIT_REQ}")
+            return None
+        try:
+            req = protocol.decode_init_req(msg.data)
+        except ProtocolError as e:
+            self._reject("bad_message")
+            await self._init_error(conn, msg, str(e), None)
+            return None
+        error, reason = self._check(req)
+        if error:
+            self._reject(reason)
+            await self._init_error(conn, msg, error, req.client_name)
+            return None
+        conn.send(protocol.INIT_RES, protocol.encode_init_res(None), conv=msg.conv)
+        log.info(
+            "syncer client %r connected from %s: server_id=%s after=%s subscriptions=%s",
+            req.client_name,
+            conn.peer,
+            req.last_event_id.server,
+            tuple(req.last_event_id),
+            [list(p) for p in req.subscription.patterns],
+        )
+        return req
+
+    def _check(self, req: InitReq) -> tuple[str | None, str]:
+        """(error text, rejection reason) or (None, '')."""
+        # Tokens must be configured alike on both sides (the seed's "configuration
+        # synchronization" check): a token is required when we have one, refused if not.
+        if (req.client_token is None) != (self._token is None) or (
+            req.client_token is not None
+            and not hmac.compare_digest(req.client_token.encode(), self._token.encode())
+        ):
+            return "invalid client token", "bad_token"
+        server_id = req.last_event_id.server
+        own = self._engine.server_id
+        held = self._engine.storage.last_ids
+        if server_id != own and server_id not in held and server_id not in self._known():
+            return (
+                f"server id {server_id} is unknown here: not this replica's ({own}), "
+                "not a peer's, and no event of it is held",
+                "unknown_server",
+            )
+        if server_id == own and self._engine.status != Status.STANDBY:
+            last = self._engine.last_id
+            after = req.last_event_id
+            if after.instance > last.instance or after.session > last.session:
+                return (
+                    f"lastEventId {tuple(after)} is from the future: this server's last "
+                    f"id is {tuple(last)}",
+                    "future_id",
+                )
+        return None, ""
+
+    async def _init_error(self, conn, msg, error: str, name: str | None) -> None:
+        log.warning("syncer init of %r from %s rejected: %s", name, conn.peer, error)
+        with contextlib.suppress(ConnectionError):
+            conn.send(protocol.INIT_RES, protocol.encode_init_res(error), conv=msg.conv)
+        await conn.close_after_flush(self._limits.init_error_close_timeout, f"syncer: {error}")
+
+
+class _Session:
+    """One initialized Syncer client connection serving one server id."""
+
+    def __init__(self, server: SyncerServer, conn: chatter.Connection, req: InitReq):
+        self.server = server
+        self.conn = conn
+        self.req = req
+        self.name = req.client_name
+        self.server_id = req.last_event_id.server
+        self.label = f"{req.client_name!r} ({conn.peer}) server_id={self.server_id}"
+        self.live = False
+        self.synced = asyncio.get_running_loop().create_future()
+        self.sent_events = 0
+        self.last_sent = req.last_event_id.instance
+        self.connected_at = time.time()
+        self._limits = server._limits
+        self._buffer: deque[list[Event]] = deque()
+        self._buffered = 0
+        self._flushes: dict[chatter.Conversation, asyncio.Future] = {}
+
+    def describe(self) -> dict:
+        return {
+            "client": self.name,
+            "peer": self.conn.peer,
+            "server_id": self.server_id,
+            "state": "live" if self.live else "history",
+            "sent_events": self.sent_events,
+            "last_sent_instance": self.last_sent,
+        }
+
+    def select(self, events: list[Event]) -> list[Event]:
+        sub = self.req.subscription
+        if sub.matches_all:
+            return events
+        if sub.is_empty:
+            return []
+        return [e for e in events if sub.matches(e.type)]
+
+    # -- live ------------------------------------------------------------------------------
+
+    def on_live(self, events: list[Event], encoded: bytes | None) -> None:
+        if self.conn.is_closed:
+            return
+        if not self.live:
+            self._buffer.append(events)
+            self._buffered += len(events)
+            if self._buffered > self._limits.max_queued_events:
+                self._drop(
+                    f"too slow, {self._buffered} events buffered during history "
+                    f"(limit {self._limits.max_queued_events})"
+                )
+            return
+        self._send(events, encoded)
+        if self.conn.write_buffer_size > self._limits.max_write_buffer:
+            self._drop(
+                f"not reading, {self.conn.write_buffer_size} bytes unsent "
+                f"(limit {self._limits.max_write_buffer})"
+            )
+
+    def _drop(self, why: str) -> None:
+        """Close a peer that does not keep up, without waiting for it to read."""
+        self.server._reject("slow_peer")
+        self.conn.close(f"syncer client {self.label}: {why}")
+        # A plain close would keep the socket until the unsent bytes are read, which a
+        # peer that stopped reading never does: abort drops them. (The chatter
+        # Connection has no public abort; its writer's transport is the stream's.)
+        with contextlib.suppress(Exception):
+            self.conn._writer.transport.abort()
+
+    def _send(self, events: list[Event], encoded: bytes | None = None) -> None:
+        data = encoded if encoded is not None else protocol.encode_events(events)
+        try:
+            self.conn.send(protocol.EVENTS, data)
+        except ConnectionError:
+            return
+        self.sent_events += len(events)
+        self.last_sent = max(self.last_sent, events[-1].id.instance)
+
+    # -- flush -----------------------------------------------------------------------------
+
+    async def flush(self, timeout: float) -> bool:
+        """MsgFlushReq once synced; True when MsgFlushRes arrives within `timeout`."""
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self.synced)
+                fut = asyncio.get_running_loop().create_future()
+                conv = self.conn.send(protocol.FLUSH_REQ, protocol.encode_none(), last=False)
+                self._flushes[conv] = fut
+                try:
+                    await fut
+                finally:
+                    self._flushes.pop(conv, None)
+            return True
+        except (TimeoutError, ConnectionError):
+            return False
+
+    # -- the connection ----------------------------------------------------------------------
+
+    async def run(self) -> None:
+        reader = asyncio.get_running_loop().create_task(self._read_loop())
+        try:
+            history = asyncio.get_running_loop().create_task(self._send_history())
+            done, _ = await asyncio.wait({reader, history}, return_when=asyncio.FIRST_COMPLETED)
+            if history in done and history.exception() is None:
+                await reader  # live from here on: events go out from `on_live`
+            else:
+                history.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await history
+                if history in done and history.exception() is not None:
+                    err = history.exception()
+                    if not isinstance(err, ConnectionError):
+                        log.error("syncer client %s: history failed: %r", self.label, err)
+                    self.conn.close(f"syncer client {self.label}: history failed: {err}")
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self.conn.close()
+            for fut in self._flushes.values():
+                if not fut.done():
+                    fut.set_exception(ConnectionError("connection closed"))
+            if not self.synced.done():
+                self.synced.set_exception(ConnectionError("connection closed"))
+                self.synced.exception()  # retrieved: nobody may be waiting
+
+    async def _send_history(self) -> None:
+        storage = self.server._engine.storage
+        page_size = self._limits.history_page
+        after = self.req.last_event_id.instance
+        group: list[Event] = []  # held back: the next page may continue its session
+        started = time.monotonic()
+        while True:
+            page = await storage.read_server(
+                self.server_id, EventId(self.server_id, 0, after), page_size
+            )
+            if page:
+                after = page[-1].id.instance
+            for e in self.select(page):
+                if group and group[0].id.session != e.id.session:
+                    self._send(group)
+                    group = []
+                group.append(e)
+            await self._drain()
+            if len(page) < page_size:
+                break
+        if group:
+            self._send(group)
+        self.conn.send(protocol.SYNCED, protocol.encode_none())
+        history = self.sent_events
+        # Committed after the init: sent now, after MsgSynced. Those also read as
+        # history (committed between the listener and the read) are skipped.
+        while self._buffer:
+            events = [e for e in self._buffer.popleft() if e.id.instance > self.last_sent]
+            if events:
+                self._send(events)
+        self._buffered = 0
+        self.live = True
+        self.synced.set_result(None)
+        log.info(
+            "syncer client %s synced: %d history events in %.2f s, last instance %d",
+            self.label,
+            history,
+            time.monotonic() - started,
+            self.last_sent,
+        )
+
+    async def _drain(self) -> None:
+        try:
+            await asyncio.wait_for(self.conn.drain(), self._limits.send_timeout)
+        except TimeoutError:
+            self._drop(f"not reading, history write blocked for {self._limits.send_timeout} s")
+            raise ConnectionError("peer stopped reading") from None
+
+    async def _read_loop(self) -> None:
+        """The client only ever sends MsgFlushRes after the init."""
+        while True:
+            try:
+                msg = await self.conn.receive()
+            except chatter.FrameError as e:
+                self.server._reject("bad_frame")
+                self.conn.close(f"syncer client {self.label}: {e}")
+                return
+            except ConnectionError:
+                return
+            if msg.type == protocol.FLUSH_RES:
+                fut = self._flushes.get(msg.conv)
+                if fut is not None and not fut.done():
+                    fut.set_result(None)
+                continue
+            self.server._reject("unexpected_message")
+            self.conn.close(f"syncer client {self.label}: unexpected message {msg.type!r}")
+            return

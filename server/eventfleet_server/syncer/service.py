@@ -1,0 +1,286 @@
+"""`Syncer`: what a replica runs for redundancy, and what status pages read.
+
+Start order (driven by `eventfleet_server.main.Replica`): `start_server` (serve what
+we hold, so peers that boot at the same time can bootstrap from us), `bootstrap`
+(identity safety, before the engine creates any event), then `start_mesh` once the
+engine runs. Read `state()`, `initial_sync_done` and `identity` at any time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pathlib
+import time
+from collections.abc import Mapping
+
+from eventfleet_server.common.model import EventId
+from eventfleet_server.config import ConfigError
+from eventfleet_server.engine import Engine
+from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
+from eventfleet_server.syncer.client import Peer, SyncerClientLimits
+from eventfleet_server.syncer.merger import Merger
+from eventfleet_server.syncer.mesh import Mesh
+from eventfleet_server.syncer.peers import PeerFileWatcher, parse_peers
+from eventfleet_server.syncer.server import SyncerServer, SyncerServerLimits
+from eventfleet_server.syncer.state import SyncStateRecorder, peer_state
+
+log = logging.getLogger(__name__)
+
+
+class Syncer:
+    """The replica's Syncer server, its client mesh, identity bootstrap and sync state.
+
+    Public API for status/health pages and the operator:
+
+    - `state()` → one dict per configured peer (see `eventfleet_server.syncer.state`);
+    - `initial_sync_done` → readiness: identity decided and every peer reachable at
+      start-up caught up with once;
+    - `identity` → the bootstrap decision as a dict (None until decided);
+    - `await flush_peer(name, timeout)` → True once peer `name` confirmed it committed
+      every event this replica has sent it (scale-down safety).
+    """
+
+    def __init__(self, conf: Mapping, token: str | None):
+        self._conf = conf
+        self._sconf = conf["syncer"]
+        self._token = token
+        self.server_id: int = conf["server_id"]
+        peers, own_name = parse_peers(conf.get("peers", []), self.server_id)
+        self._peers: list[Peer] = peers
+        self.client_name: str = (
+            self._sconf.get("client_name") or own_name or f"server-{self.server_id}"
+        )
+        self.initial_sync_done = False
+        self.identity: dict | None = None
+        self.engine: Engine | None = None
+        self.server: SyncerServer | None = None
+        self.mesh: Mesh | None = None
+        self.merger: Merger | None = None
+        self._watcher: PeerFileWatcher | None = None
+        self._initial_task: asyncio.Task | None = None
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    @property
+    def peers(self) -> list[Peer]:
+        return list(self._peers)
+
+    @property
+    def connection_count(self) -> int:
+        """Peer connections served (incoming Syncer clients), for metrics."""
+        return len(self.server.sessions()) if self.server else 0
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Refused connections/messages of the Syncer server by reason, for metrics."""
+        return dict(self.server.rejected) if self.server else {}
+
+    # -- start-up -----------------------------------------------------------------------
+
+    async def start_server(self, engine: Engine) -> None:
+        """Serve this replica's store to peers (before the engine starts)."""
+        s = self._sconf
+        self.engine = engine
+        self.merger = Merger(
+            engine,
+            max_queued_events=s["max_queued_events"],
+            committed_cb=lambda events: self.mesh.on_committed(events),
+        )
+        self.mesh = Mesh(
+            engine,
+            self.merger,
+            client_name=self.client_name,
+            token=self._token,
+            subscriptions=[tuple(p) for p in s["subscriptions"]],
+            limits=SyncerClientLimits(max_msg_size=s["max_msg_size"]),
+            reconnect_min_delay=s["reconnect_min_delay"],
+            reconnect_max_delay=s["reconnect_max_delay"],
+            state_cb=SyncStateRecorder(engine),
+        )
+        self.mesh.peers = list(self._peers)
+        await self.mesh.load_named_ids()
+        self.merger.start()
+        self.server = SyncerServer(
+            engine,
+            self._conf["host"],
+            s["port"],
+            token=self._token,
+            known_server_ids=self.mesh.known_server_ids,
+            limits=SyncerServerLimits(
+                max_msg_size=s["max_msg_size"], max_queued_events=s["max_queued_events"]
+            ),
+        )
+        await self.server.start()
+
+    async def bootstrap(self) -> EventId | None:
+        """Identity safety (see `eventfleet_server.syncer.bootstrap`).
+
+        Returns the highest own id to continue after (None: a new identity).
+        """
+        assert self.engine is not None and self.mesh is not None
+        mesh = self.mesh
+        decision: IdentityDecision = await bootstrap_identity(
+            server_id=self.server_id,
+            storage=self.engine.storage,
+            peers=lambda: list(self._peers),
+            make_stream=lambda peer, sid: mesh.make_stream(peer, sid, None),
+            timeout=self._sconf["bootstrap_timeout"],
+            grace=self._sconf["bootstrap_grace"],
+            allow_empty_start=self._conf["allow_empty_start"],
+        )
+        self.identity = decision.as_dict()
+        return decision.learned_last
+
+    def start_mesh(self, config_path: pathlib.Path | None = None) -> None:
+        """Start a client per peer; watch `config_path` for peer list changes."""
+        assert self.mesh is not None
+        self.mesh.start()
+        self._initial_task = asyncio.get_running_loop().create_task(self._initial_sync())
+        if config_path is not None:
+            self._watcher = PeerFileWatcher(
+                config_path, self._sconf["reload_interval"], self.set_peers
+            )
+            self._watcher.start()
+
+    async def _initial_sync(self) -> None:
+        mesh = self.mesh
+        started = time.monotonic()
+        links = list(mesh.links.values())
+
+        def done() -> bool:
+            return all(
+                link.ever_synced or link.last_error is not None or link not in mesh.links.values()
+                for link in links
+            )
+
+        await mesh.wait_for(done)
+        self.initial_sync_done = True
+        log.info(
+            "initial sync done in %.2f s: synced with %s%s",
+            time.monotonic() - started,
+            [link.peer.name for link in links if link.ever_synced],
+            "; unreachable: "
+            + str({link.peer.name: link.last_error for link in links if not link.ever_synced})
+            if any(not link.ever_synced for link in links)
+            else "",
+        )
+
+    # -- peers --------------------------------------------------------------------------
+
+    def set_peers(self, raw: list[dict]) -> None:
+        """Apply a new raw ``peers`` list (already schema-validated)."""
+        try:
+            peers, own_name = parse_peers(raw, self.server_id)
+        except ConfigError as e:
+            log.error("peer list ignored, keeping the current peers: %s", e)
+            return
+        if own_name and own_name != self.client_name and not self._sconf.get("client_name"):
+            log.warning(
+                "own peer entry is now named %r; this process keeps the name %r until restart",
+                own_name,
+                self.client_name,
+            )
+        old = {p.name for p in self._peers}
+        new = {p.name for p in peers}
+        log.info(
+            "peers: %s (added %s, removed %s)",
+            sorted(new),
+            sorted(new - old),
+            sorted(old - new),
+        )
+        self._peers = peers
+        if self.mesh is not None:
+            self.mesh.set_peers(peers)
+
+    def reload(self, reason: str = "SIGHUP") -> None:
+        """Re-read the peer list from the configuration file now."""
+        if self._watcher is None:
+            log.warning("peer reload (%s): no configuration file to read", reason)
+            return
+        self._watcher.reload(reason)
+
+    # -- the API ------------------------------------------------------------------------
+
+    def state(self) -> list[dict]:
+        """Per configured peer: name, server_id, state, last_event_id, lag_events,
+        lag_seconds (and address, since, events_received, connects, last_error)."""
+        if self.mesh is None or self.engine is None or not self.mesh.links:
+            return [
+                {
+                    "name": p.name,
+                    "server_id": p.server_id,
+                    "address": p.address,
+                    "state": "disconnected",
+                    "since": None,
+                    "last_event_id": None,
+                    "lag_events": None,
+                    "lag_seconds": None,
+                    "events_received": 0,
+                    "connects": 0,
+                    "last_error": None,
+                }
+                for p in self._peers
+            ]
+        held = self.engine.storage.last_ids
+        return [
+            peer_state(link, held.get(link.peer.server_id)) for link in self.mesh.links.values()
+        ]
+
+    async def flush_peer(self, name: str, timeout: float) -> bool:
+        """Prove that peer `name` holds every event this replica has sent it.
+
+        Commits this replica's pending registrations, then sends ``MsgFlushReq`` on
+        every connection the peer has open to this replica (once it is past
+        ``MsgSynced``) and waits for ``MsgFlushRes``, which the peer sends only after
+        committing. True when all answered within `timeout`, False otherwise.
+        Raises `KeyError` for a name that is not a configured peer and
+        `ConnectionError` when the peer has no connection to this replica.
+        """
+        peer = next((p for p in self._peers if p.name == name), None)
+        if peer is None:
+            raise KeyError(name)
+        if self.server is None or self.engine is None:
+            raise ConnectionError("the Syncer is not running")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        try:
+            await asyncio.wait_for(self.engine.flush(), timeout)
+        except TimeoutError:
+            return False
+        names = {name, f"server-{peer.server_id}"}
+        result = await self.server.flush_client(names, max(deadline - loop.time(), 0.0))
+        if result is None:
+            raise ConnectionError(f"peer {name!r} has no stream of this replica's events open")
+        log.info("flush of peer=%s: %s", name, "confirmed" if result else "not confirmed")
+        return result
+
+    # -- shutdown -----------------------------------------------------------------------
+
+    async def stop(self, flush_timeout: float | None = None) -> None:
+        """Ask connected peers to confirm they hold what we sent, then close everything."""
+        timeout = self._sconf["shutdown_flush_timeout"] if flush_timeout is None else flush_timeout
+        if self._watcher:
+            await self._watcher.stop()
+        if self._initial_task:
+            self._initial_task.cancel()
+        if self.server is not None and timeout > 0:
+            results = await self.server.flush_all(timeout)
+            if results:
+                log.info(
+                    "shutdown flush: confirmed by %d of %d peer connections%s",
+                    sum(results.values()),
+                    len(results),
+                    f"; unconfirmed: {[k for k, v in results.items() if not v]}"
+                    if not all(results.values())
+                    else "",
+                )
+        if self.server is not None:
+            await self.server.stop()
+        if self.mesh is not None:
+            await self.mesh.stop()
+        if self.merger is not None:
+            await self.merger.stop()

@@ -1,0 +1,107 @@
+"""HatSyncer message checks, peer-list parsing and small mesh helpers (no sockets)."""
+
+from __future__ import annotations
+
+import pytest
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadJson,
+    Timestamp,
+)
+from eventfleet_server.config import ConfigError
+from eventfleet_server.syncer import protocol
+from eventfleet_server.syncer.mesh import Backoff, ids_named_by, sync_state_type
+from eventfleet_server.syncer.peers import parse_peers
+from eventfleet_server.syncer.protocol import ProtocolError
+
+
+def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
+    return Event(EventId(server, session, instance), tuple(type_), ts, None, payload)
+
+
+def test_init_req_round_trip():
+    data = protocol.encode_init_req(EventId(2, 3, 4), "r1", "tok", [("a", "*")])
+    req = protocol.decode_init_req(data)
+    assert req.last_event_id == EventId(2, 3, 4)
+    assert req.client_name == "r1" and req.client_token == "tok"
+    assert req.subscription.patterns == (("a", "*"),)
+
+
+@pytest.mark.parametrize(
+    ("last", "subs", "error"),
+    [
+        (EventId(0, 0, 0), [("*",)], "lastEventId.server 0"),
+        (EventId(1, -1, 0), [("*",)], "outside"),
+        (EventId(-5, 0, 0), [("*",)], "lastEventId.server -5"),
+        (EventId(1, 0, 0), [("*", "a")], "'*' is only valid as the last segment"),
+    ],
+)
+def test_init_req_rejects_bad_values_naming_them(last, subs, error):
+    data = protocol.encode_init_req(last, "r1", None, subs)
+    with pytest.raises(ProtocolError, match=error.replace("*", r"\*")):
+        protocol.decode_init_req(data)
+
+
+def test_init_req_garbage():
+    with pytest.raises(ProtocolError, match="does not decode"):
+        protocol.decode_init_req(b"\xff\xff")
+
+
+def test_events_round_trip_and_checks():
+    events = [ev(instance=1), ev(instance=2, payload=EventPayloadJson('{"x": 1}'))]
+    assert protocol.decode_events(protocol.encode_events(events), 1) == events
+    with pytest.raises(ProtocolError, match="is of server 1, this stream is for server 2"):
+        protocol.decode_events(protocol.encode_events(events), 2)
+    mixed = [ev(session=1), ev(session=2, instance=2)]
+    with pytest.raises(ProtocolError, match="mixes sessions 1 and 2"):
+        protocol.decode_events(protocol.encode_events(mixed), 1)
+    with pytest.raises(ProtocolError, match="wildcard"):
+        protocol.decode_events(protocol.encode_events([ev(type_=("a", "*"))]), 1)
+    with pytest.raises(ProtocolError, match=r"us must be in 0\.\.999999"):
+        protocol.decode_events(protocol.encode_events([ev(ts=Timestamp(1, 2_000_000))]), 1)
+    with pytest.raises(ProtocolError, match="empty"):
+        protocol.decode_events(codec.repo.encode(protocol.EVENTS, []), 1)
+    with pytest.raises(ProtocolError, match="does not decode"):
+        protocol.decode_events(b"\x01", 1)
+
+
+def test_init_res():
+    assert protocol.decode_init_res(protocol.encode_init_res(None)) is None
+    assert protocol.decode_init_res(protocol.encode_init_res("no")) == "no"
+
+
+def test_split_sessions_keeps_order():
+    events = [ev(session=1, instance=1), ev(session=1, instance=2), ev(session=3, instance=3)]
+    assert protocol.split_sessions(events) == [events[:2], events[2:]]
+
+
+def test_parse_peers_skips_self_and_names_duplicates():
+    raw = [
+        {"name": "a", "host": "h", "port": 1, "server_id": 1},
+        {"name": "b", "host": "h", "port": 2, "server_id": 2},
+    ]
+    peers, own = parse_peers(raw, 2)
+    assert [p.name for p in peers] == ["a"] and own == "b"
+    with pytest.raises(ConfigError, match="name 'a' appears twice"):
+        parse_peers([*raw, {"name": "a", "host": "h", "port": 3, "server_id": 3}], 9)
+    with pytest.raises(ConfigError, match="server_id 2 appears twice"):
+        parse_peers([*raw, {"name": "c", "host": "h", "port": 3, "server_id": 2}], 9)
+
+
+def test_sync_state_types_name_server_ids():
+    assert sync_state_type(1, 4) == ("event", "1", "synced", "4")
+    assert ids_named_by(("event", "1", "synced", "4")) == (1, 4)
+    assert ids_named_by(("event", "0", "synced", "x")) == ()
+    assert ids_named_by(("event", "1", "eventer", "4")) == ()
+    assert ids_named_by(("event", "1", "synced", str(1 << 64))) == (1,)
+
+
+def test_backoff_doubles_to_the_cap_with_jitter():
+    b = Backoff(1.0, 4.0)
+    delays = [b.next() for _ in range(5)]
+    assert 0.8 <= delays[0] <= 1.2 and 1.6 <= delays[1] <= 2.4
+    assert all(3.2 <= d <= 4.8 for d in delays[2:])
+    b.reset()
+    assert b.next() <= 1.2
