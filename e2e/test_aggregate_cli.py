@@ -126,5 +126,6 @@ def test_benchmark_smoke(tmp_path):
     assert result["checks"]["parquet_equals_baseline"] is True
     assert result["checks"]["registered_once_each"] is True
     assert result["checks"]["warm_run_registered"] == 0
-    assert len(result["phases"]) == 5
+    assert result["checks"]["spark_side_parquet_equal"] is True
+    assert len(result["phases"]) == 6
     assert "| Spark job, cold" in proc.stdout

@@ -8,7 +8,9 @@ Modules (each usable on its own):
 ``schema``          the source's row schema; raw pages as Arrow record batches
 ``source``          the ``eventfleet`` Spark Python data source
 ``record``          `Aggregate`, its canonical JSON payload
+``payloads``        how a payload counts (class, numbers, skipped fields)
 ``reference``       the aggregation rules in plain Python (test oracle, baseline)
+``partial``         partial aggregation inside the reading worker (the default path)
 ``aggregation``     the aggregation as a Spark plan
 ``parquet_output``  window-replacing Parquet writes
 ``writeback``       idempotent registration of aggregates as events

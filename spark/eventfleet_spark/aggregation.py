@@ -1,7 +1,9 @@
-"""The aggregation as a Spark plan over the source's rows (result defined by `reference`).
+"""The aggregation as a Spark plan (the result is defined by `reference`).
 
-Input: the ``eventfleet`` source with ``json_numbers=true`` (payloads are classified
-and their numbers extracted in the reading Python workers; see `payloads` for why).
+Two inputs, one result: event rows of the ``eventfleet`` source with
+``json_numbers=true`` (`aggregate` = `combine` ∘ `partials`: Spark computes everything),
+or the source's ``aggregate`` mode, whose rows are already the partials (`combine`
+only; see `partial` for why that is the job's default).
 
 Determinism: the source cuts a window into slices at bucket boundaries, so all events
 of one (type, bucket) are read by one task in ascending natural order; explode and
@@ -24,11 +26,14 @@ _DAY_US = 86_400 * _US
 
 
 def aggregate(events: DataFrame, bucket_seconds: int, prefix_depth: int | None = None) -> DataFrame:
-    """Aggregates of `events`, one row per (type, bucket).
+    """Aggregates of event rows: `combine` (`partials`)."""
+    return combine(partials(events, bucket_seconds, prefix_depth))
 
-    Columns: ``type`` array<string>, ``bucket_us`` bigint, ``count``, ``first_us``,
-    ``last_us``, one ``<class>_payloads`` count per payload class, ``skipped_fields``,
-    and ``fields`` map<string, struct<count, min, max, sum, mean>> with sorted keys.
+
+def partials(events: DataFrame, bucket_seconds: int, prefix_depth: int | None = None) -> DataFrame:
+    """Event rows → one row per (type, bucket, field), `partial.PARTIAL_SCHEMA_DDL`.
+
+    This is what the source computes itself in its ``aggregate`` mode; here Spark does it.
     """
     if not isinstance(bucket_seconds, int) or bucket_seconds < 1:
         raise ValueError(f"bucket_seconds {bucket_seconds!r} must be an integer >= 1")
@@ -50,24 +55,52 @@ def aggregate(events: DataFrame, bucket_seconds: int, prefix_depth: int | None =
         "    'value', e.value, 'cls', CAST(NULL AS STRING), 'skipped', CAST(NULL AS INT)))"
         ")) AS r",
     )
-    per_field = exploded.groupBy("group_type", "bucket_us", F.col("r.field").alias("field")).agg(
+    header = F.col("r.field").isNull()
+    return exploded.groupBy(
+        F.col("group_type").alias("type"), "bucket_us", F.col("r.field").alias("field")
+    ).agg(
         F.count(F.lit(1)).alias("n"),
-        F.min("ts").alias("first_us"),
-        F.max("ts").alias("last_us"),
-        *[F.count_if(F.col("r.cls") == name).alias(f"{name}_payloads") for name in PAYLOAD_CLASSES],
-        F.sum("r.skipped").alias("skipped_fields"),
+        F.min(F.when(header, F.col("ts"))).alias("first_us"),
+        F.max(F.when(header, F.col("ts"))).alias("last_us"),
+        *[
+            F.sum(F.when(header, (F.col("r.cls") == name).cast("bigint"))).alias(f"{name}_payloads")
+            for name in PAYLOAD_CLASSES
+        ],
+        F.sum(F.col("r.skipped").cast("bigint")).alias("skipped_fields"),
         F.min("r.value").alias("vmin"),
         F.max("r.value").alias("vmax"),
         F.sum("r.value").alias("vsum"),
     )
 
+
+def combine(partial_rows: DataFrame) -> DataFrame:
+    """Partial rows (`partials`, or the source's ``aggregate`` mode) → one row per
+    (type, bucket).
+
+    Columns: ``type`` array<string>, ``bucket_us`` bigint, ``count``, ``first_us``,
+    ``last_us``, one ``<class>_payloads`` count per payload class, ``skipped_fields``,
+    and ``fields`` map<string, struct<count, min, max, sum, mean>> with sorted keys.
+    """
+    # Partial rows of one key come from one task (bucket-aligned slices), so this merge
+    # sees a single row per key and the sums stay exactly as the task added them.
+    merged = partial_rows.groupBy("type", "bucket_us", "field").agg(
+        F.sum("n").alias("n"),
+        F.min("first_us").alias("first_us"),
+        F.max("last_us").alias("last_us"),
+        *[F.sum(f"{name}_payloads").alias(f"{name}_payloads") for name in PAYLOAD_CLASSES],
+        F.sum("skipped_fields").alias("skipped_fields"),
+        F.min("vmin").alias("vmin"),
+        F.max("vmax").alias("vmax"),
+        F.sum("vsum").alias("vsum"),
+    )
+
     def header(column: str):
         return F.max(F.expr(f"CASE WHEN field IS NULL THEN {column} END"))
 
-    return per_field.groupBy(F.col("group_type").alias("type"), "bucket_us").agg(
+    return merged.groupBy("type", "bucket_us").agg(
         header("n").alias("count"),
-        F.min("first_us").alias("first_us"),
-        F.max("last_us").alias("last_us"),
+        header("first_us").alias("first_us"),
+        header("last_us").alias("last_us"),
         *[header(f"{name}_payloads").alias(f"{name}_payloads") for name in PAYLOAD_CLASSES],
         header("coalesce(skipped_fields, 0)").alias("skipped_fields"),
         F.expr(

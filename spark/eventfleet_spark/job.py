@@ -145,8 +145,16 @@ def run(
     return summaries
 
 
-def read_events(spark, opts: JobOptions, span: timeplan.Span, partitions: int | None = None):
-    """The source DataFrame of one window (bucket-aligned slices, own prefix excluded)."""
+def read_events(
+    spark,
+    opts: JobOptions,
+    span: timeplan.Span,
+    partitions: int | None = None,
+    partials: bool = False,
+):
+    """The source DataFrame of one window (bucket-aligned slices, own prefix excluded):
+    event rows with the ``json_numbers`` columns, or with `partials` the reader's partial
+    aggregates."""
     from eventfleet_spark.source import FORMAT
 
     if partitions is None:
@@ -163,6 +171,10 @@ def read_events(spark, opts: JobOptions, span: timeplan.Span, partitions: int | 
         .option("exclude", json.dumps([list(exclusion_prefix(opts.prefix))]))
         .option("json_numbers", "true")
     )
+    if partials:
+        reader = reader.option("aggregate_bucket_seconds", str(opts.bucket_seconds))
+        if opts.prefix_depth is not None:
+            reader = reader.option("aggregate_prefix_depth", str(opts.prefix_depth))
     if opts.types is not None:
         reader = reader.option("types", job_options.types_option(opts.types))
     if opts.token:
@@ -177,10 +189,13 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
 
     t0 = time.perf_counter()
     spark.sparkContext.setJobDescription(f"eventfleet aggregate {_iso(span.start)}")
-    events = read_events(spark, opts, span)
+    if opts.partial_aggregation == "reader":
+        agg = aggregation.combine(read_events(spark, opts, span, partials=True))
+    else:
+        events = read_events(spark, opts, span)
+        agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
     # Checkpointed so that Parquet and the write-back see one result and the window
     # is read from the fleet exactly once.
-    agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
     agg = agg.localCheckpoint(eager=True)
     aggregates = [aggregation.to_aggregate(r, opts.bucket_seconds) for r in agg.collect()]
     t1 = time.perf_counter()

@@ -20,6 +20,7 @@ from eventfleet_spark.endpoints import TOKEN_ENV, parse_endpoints
 
 DEFAULT_PREFIX = ("eventfleet", "aggregate", "{bucket}")
 DEFAULT_WINDOW_SECONDS = 3600
+PARTIAL_AGGREGATION = ("reader", "spark")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +40,7 @@ class JobOptions:
     types: tuple[tuple[str, ...], ...] | None = None
     partitions: int | None = None
     page_size: int = 10_000
+    partial_aggregation: str = "reader"
     client_name: str = "eventfleet-aggregate"
     token: str | None = dataclasses.field(default=None, repr=False)
     json_summary: bool = False
@@ -53,6 +55,11 @@ class JobOptions:
             raise ValueError(f"partitions {self.partitions!r} must be >= 1")
         if self.prefix_depth is not None and self.prefix_depth < 0:
             raise ValueError(f"prefix depth {self.prefix_depth!r} must be >= 0")
+        if self.partial_aggregation not in PARTIAL_AGGREGATION:
+            raise ValueError(
+                f"partial aggregation {self.partial_aggregation!r} is not one of"
+                f" {', '.join(PARTIAL_AGGREGATION)}"
+            )
         if not self.output:
             raise ValueError("output path is empty")
         if any(s in ("*", "?") for s in self.prefix):
@@ -140,6 +147,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--partitions", type=_positive_int, help="read partitions per window")
     p.add_argument("--page-size", type=_positive_int, default=10_000, help="events per query")
+    p.add_argument(
+        "--partial-aggregation",
+        choices=PARTIAL_AGGREGATION,
+        default="reader",
+        help="where events are first aggregated: in the reading Python workers (default,"
+        " faster) or by Spark from event rows",
+    )
     p.add_argument("--name", default="eventfleet-aggregate", help="Eventer client name")
     p.add_argument(
         "--token-file",
@@ -168,6 +182,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         types=tuple(args.types) if args.types else None,
         partitions=args.partitions,
         page_size=args.page_size,
+        partial_aggregation=args.partial_aggregation,
         client_name=args.name,
         token=token or os.environ.get(TOKEN_ENV) or None,
         json_summary=args.json,

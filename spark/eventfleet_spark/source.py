@@ -28,7 +28,10 @@ Options (all strings, as Spark passes them):
     JSON list of type prefixes to drop (``'?'`` matches one segment).
 ``json_numbers`` (default false)
     add the derived columns ``payload_class``, ``json_numbers``, ``json_skipped``
-    (see `schema`); the aggregation job uses them.
+    (see `schema`).
+``aggregate_bucket_seconds``, ``aggregate_prefix_depth`` (default: not set)
+    instead of events, emit partial aggregates per (type or type prefix, bucket,
+    field), computed by the reading worker (`partial`; the aggregation job's default).
 ``page_size`` (default 10000, the server's default cap)
 ``client_name`` (default ``eventfleet-spark``), ``token`` (default ``$EVENTFLEET_TOKEN``
     on each executor), ``timeout`` seconds (default 30), ``retries`` (default 3).
@@ -52,6 +55,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from eventfleet_spark import timeplan
 from eventfleet_spark.endpoints import Endpoint, parse_endpoints
 from eventfleet_spark.eventer_io import read_span
+from eventfleet_spark.partial import PARTIAL_SCHEMA_DDL, PartialAggregator
 from eventfleet_spark.schema import (
     EVENT_SCHEMA_DDL,
     NUMBERS_SCHEMA_DDL,
@@ -85,6 +89,8 @@ class ReadOptions:
     types: tuple[tuple[str, ...], ...] | None = None
     exclude: tuple[tuple[str, ...], ...] = ()
     json_numbers: bool = False
+    aggregate_bucket_seconds: int | None = None
+    aggregate_prefix_depth: int | None = None
     page_size: int = 10_000
     client_name: str = "eventfleet-spark"
     token: str | None = None
@@ -138,7 +144,9 @@ class ReadOptions:
         start_us, end_us = instant("start"), instant("end")
         if end_us <= start_us:
             raise ValueError(f"option end={get('end')!r} is not after start={get('start')!r}")
-        align = number("align_seconds", None, float, 1e-6)
+        aggregate_bucket = number("aggregate_bucket_seconds", None)
+        # Partial aggregates are only final when no bucket spans two slices.
+        align = number("align_seconds", aggregate_bucket, float, 1e-6)
         numbers = get("json_numbers", "false").lower()
         if numbers not in ("true", "false"):
             raise ValueError(f"option json_numbers={numbers!r} must be true or false")
@@ -151,6 +159,8 @@ class ReadOptions:
             types=patterns("types"),
             exclude=patterns("exclude") or (),
             json_numbers=numbers == "true",
+            aggregate_bucket_seconds=aggregate_bucket,
+            aggregate_prefix_depth=number("aggregate_prefix_depth", None, int, 0),
             page_size=number("page_size", 10_000),
             client_name=get("client_name", "eventfleet-spark"),
             token=get("token"),
@@ -179,6 +189,8 @@ class EventerDataSource(DataSource):
         return FORMAT
 
     def schema(self) -> str:
+        if self.options.get("aggregate_bucket_seconds"):
+            return PARTIAL_SCHEMA_DDL
         numbers = str(self.options.get("json_numbers") or "").lower() == "true"
         return EVENT_SCHEMA_DDL + (NUMBERS_SCHEMA_DDL if numbers else "")
 
@@ -197,8 +209,7 @@ class EventerReader(DataSourceReader):
         # Runs in a Python worker on an executor: everything it needs (event loop,
         # connection) is created here, nothing is shared with the driver.
         o = self.options
-        converter = PageConverter(TypeFilter(o.exclude), numbers=o.json_numbers)
-        for page in read_span(
+        pages = read_span(
             Endpoint(partition.host, partition.port),
             partition.start_us,
             partition.end_us,
@@ -208,7 +219,18 @@ class EventerReader(DataSourceReader):
             token=o.token,
             timeout=o.timeout,
             retries=o.retries,
-        ):
+        )
+        if o.aggregate_bucket_seconds is not None:
+            partial = PartialAggregator(
+                o.aggregate_bucket_seconds, o.aggregate_prefix_depth, TypeFilter(o.exclude)
+            )
+            for page in pages:
+                partial.add(page)
+                yield from partial.finished()
+            yield from partial.rest()
+            return
+        converter = PageConverter(TypeFilter(o.exclude), numbers=o.json_numbers)
+        for page in pages:
             batch = converter.convert(page)
             if batch.num_rows:
                 yield batch

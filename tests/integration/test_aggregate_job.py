@@ -439,8 +439,19 @@ def test_smaller_windows_give_the_same_parquet(first_run, spark, fleet, tmp_path
     assert read_parquet(tmp_path) == read_parquet(output)
 
 
-def test_prefix_depth_groups_by_type_prefix(spark, fleet, seeded, tmp_path):
-    run_job(spark, options(fleet, tmp_path, prefix_depth=1, write_back=False))
+def test_spark_side_aggregation_gives_identical_parquet(first_run, spark, fleet, seeded, tmp_path):
+    """--partial-aggregation spark: event rows into the Spark plan (`aggregation.partials`)
+    instead of the reader's partial aggregates: an independent path, the same bytes."""
+    output, _, _ = first_run
+    run_job(spark, options(fleet, tmp_path, partial_aggregation="spark", write_back=False))
+    assert read_parquet(tmp_path) == expected(seeded, START, END)
+    assert file_digests(tmp_path) == file_digests(output)
+
+
+@pytest.mark.parametrize("where", ["reader", "spark"])
+def test_prefix_depth_groups_by_type_prefix(spark, fleet, seeded, tmp_path, where):
+    opts = options(fleet, tmp_path, prefix_depth=1, write_back=False, partial_aggregation=where)
+    run_job(spark, opts)
     assert read_parquet(tmp_path) == expected(seeded, START, END, prefix_depth=1)
 
 

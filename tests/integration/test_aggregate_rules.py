@@ -296,3 +296,71 @@ def test_window_dates_cover_each_bucket_start():
         "2024-03-01",
     ]
     assert date_of(us("1969-12-31T23:59:59Z")) == "1969-12-31"
+
+
+def test_reader_partial_aggregates_equal_the_reference():
+    """The source's partial aggregation (`partial`) and `reference` are independent
+    implementations of the same rules; their rows must agree exactly."""
+    import random
+
+    from eventfleet_spark.partial import PartialAggregator
+    from eventfleet_spark.schema import TypeFilter
+
+    rng = random.Random(3)
+    texts = ['{"a": 1.5, "b": "x"}', "2", "{bad", '{"a": -0.0, "c": 1e400}', "[1]", "null"]
+    events = []
+    for i in range(3000):
+        payload = rng.choice(
+            [
+                EventPayloadJson(rng.choice(texts)),
+                EventPayloadJson(str(rng.random())),
+                EventPayloadBinary("b", b"x"),
+                None,
+            ]
+        )
+        event_type = rng.choice([("a", "x"), ("a", "y"), ("b",), ("agg", "1", "q")])
+        events.append(
+            Event(EventId(1, 1, i + 1), event_type, Timestamp(100 + i // 400, i), None, payload)
+        )
+    raw = [
+        codec.repo.decode(
+            "HatEventer.Event", codec.repo.encode("HatEventer.Event", codec.event_to_sbs(e))
+        )
+        for e in events
+    ]
+    partial = PartialAggregator(2, 1, TypeFilter([("agg",)]))
+    rows = []
+    for page in (raw[:1000], raw[1000:2500], raw[2500:]):
+        partial.add(page)
+        rows += [r for b in partial.finished() for r in b.to_pylist()]
+    rows += [r for b in partial.rest() for r in b.to_pylist()]
+
+    got: dict = {}
+    for r in rows:
+        key = (tuple(r["type"]), r["bucket_us"])
+        assert r["field"] is not None or key not in got, f"{key} emitted twice"
+        if r["field"] is None:
+            got[key] = Aggregate(
+                type=key[0],
+                bucket_start_us=key[1],
+                bucket_seconds=2,
+                count=r["n"],
+                first_us=r["first_us"],
+                last_us=r["last_us"],
+                **{f"{c}_payloads": r[f"{c}_payloads"] for c in payloads.PAYLOAD_CLASSES},
+                skipped_fields=r["skipped_fields"],
+                fields={},
+            )
+    for r in rows:
+        if r["field"] is not None:
+            key = (tuple(r["type"]), r["bucket_us"])
+            got[key].fields[r["field"]] = FieldStats(
+                r["n"], r["vmin"], r["vmax"], r["vsum"], r["vsum"] / r["n"]
+            )
+    kept = [reference.from_event(e) for e in events if e.type[0] != "agg"]
+    assert got == reference.aggregate(kept, 2, prefix_depth=1)
+
+
+def test_partial_aggregation_choice_is_checked():
+    with pytest.raises(ValueError, match="partial aggregation 'gpu' is not one of reader, spark"):
+        options.JobOptions(eventer="h:1", bucket_seconds=1, output="o", partial_aggregation="gpu")
