@@ -9,7 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from eventfleet_cli import aggregate_command, client_commands, operator_command, server_command
+from eventfleet_cli import (
+    aggregate_command,
+    client_commands,
+    fleet_command,
+    operator_command,
+    server_command,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -18,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     server_command.add_parser(sub)
+    fleet_command.add_parser(sub)
     client_commands.add_parsers(sub)
     aggregate_command.add_parser(sub)
     operator_command.add_parser(sub)
