@@ -432,3 +432,60 @@ async def test_peers_are_reloaded_from_the_file_without_dropping_clients(tmp_pat
         assert [p["name"] for p in a.replica.syncer.state()] == ["r2"]
         assert not client.is_closed
         await client.close()
+
+
+async def test_merged_events_reach_local_subscribers_with_server_id_and_persisted(tmp_path):
+    async with cluster(tmp_path, 2) as (a, b):
+        await asyncio.gather(a.start(), b.start())
+        got_b, got_all = [], []
+        only_b = await connect(
+            "127.0.0.1",
+            a.replica.eventer.port,
+            "only-b",
+            subscriptions=[("n", "*")],
+            server_id=2,
+            persisted=True,
+            events_cb=got_b.extend,
+        )
+        everything = await connect(
+            "127.0.0.1",
+            a.replica.eventer.port,
+            "all",
+            subscriptions=[("n", "*")],
+            events_cb=got_all.extend,
+        )
+        try:
+            from_b = await b.replica.engine.register_wait([reg("n", "b")])
+            from_a = await a.replica.engine.register_wait([reg("n", "a")])
+            await until(lambda: len(got_all) == 2, "both events on the unfiltered watcher")
+            await until(lambda: got_b, "b's event on the server_id=2 watcher")
+            assert got_b == from_b  # server id 2 only, and after commit on a
+            assert from_b[0].id in {e.id for e in await all_events(a.replica)}
+            assert {e.id for e in got_all} == {from_a[0].id, from_b[0].id}
+        finally:
+            await only_b.close()
+            await everything.close()
+
+
+async def test_sync_state_goes_through_syncing_when_there_is_history(tmp_path):
+    async with cluster(tmp_path, 2) as (a, b):
+        await a.start()
+        await a.replica.engine.register_wait([reg("h", str(i)) for i in range(50)])
+        await b.start()
+        await until(lambda: b.replica.syncer.state()[0]["state"] == "synced", "b synced with a")
+
+        async def states():
+            events = await all_events(b.replica)
+            return [
+                json.loads(e.payload.data)
+                for e in events
+                if e.type == ("event", "2", "synced", "1")
+            ]
+
+        async def has_synced():
+            return any(s["state"] == "SYNCED" for s in await states())
+
+        await until(has_synced, "SYNCED registered")
+        seen = [s["state"] for s in await states()]
+        assert seen[:3] == ["CONNECTED", "SYNCING", "SYNCED"]
+        assert next(s for s in await states() if s["state"] == "SYNCED")["count"] >= 50

@@ -204,9 +204,9 @@ class SyncStream:
                 now = time.time()
                 stats.received_events += len(events)
                 if not stats.synced:
-                    if stats.history_events == 0:
-                        self._changed()  # syncing
                     stats.history_events += len(events)
+                    if stats.history_events == len(events):
+                        self._changed()  # the first history event: syncing
                 last = events[-1]
                 stats.last_event_id = last.id
                 stats.last_received_at = now

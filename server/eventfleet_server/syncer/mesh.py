@@ -92,6 +92,7 @@ class PeerLink:
         self.ever_synced = False
         self.last_synced_at: float | None = None
         self.last_error: str | None = None
+        self.stopping = False  # removed from the peer list, or this replica is stopping
         self.direct = mesh.make_stream(peer, peer.server_id, self._on_direct_change)
         self.streams: dict[int, SyncStream] = {peer.server_id: self.direct}
         self._tasks: dict[int, asyncio.Task] = {}
@@ -114,6 +115,7 @@ class PeerLink:
         self._tasks[server_id] = task
 
     async def stop(self) -> None:
+        self.stopping = True
         for stream in self.streams.values():
             stream.close()
         for task in self._tasks.values():
@@ -156,7 +158,8 @@ class PeerLink:
             self.last_synced_at = now
             self.last_error = None
         self.state_since = now
-        level = logging.WARNING if previous == "synced" else logging.INFO
+        # Losing a synced peer deserves attention; our own stop or a removal does not.
+        level = logging.WARNING if previous == "synced" and not self.stopping else logging.INFO
         log.log(
             level,
             "syncer peer=%s server_id=%s %s -> %s%s",
