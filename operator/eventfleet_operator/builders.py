@@ -68,7 +68,8 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             "port": spec.ports.syncer,
             "subscriptions": [list(s) for s in spec.subscriptions],
         },
-        "bus": {"port": spec.ports.bus, "enabled": spec.bus_enabled},
+        # Not implemented in this version: the replica refuses to start with it enabled.
+        "bus": {"port": spec.ports.bus, "enabled": False},
         "http": {"port": spec.ports.http},
         "storage": {"synchronous": spec.storage.synchronous, "retention": retention},
         "log": {"level": spec.log_level, "format": "json"},
@@ -108,13 +109,6 @@ def token_secret(spec: FleetSpec, token: str) -> dict[str, Any]:
     }
 
 
-def _bus_ports(spec: FleetSpec) -> list[tuple[str, int]]:
-    if not spec.bus_enabled:
-        return []
-    base = spec.ports.bus
-    return [("bus-snapshot", base), ("bus-publisher", base + 1), ("bus-collector", base + 2)]
-
-
 def peer_service(spec: FleetSpec) -> dict[str, Any]:
     """Headless Service giving every pod a stable DNS name for the Syncer mesh."""
     return {
@@ -145,9 +139,6 @@ def client_service(spec: FleetSpec) -> dict[str, Any]:
     ports = [
         {"name": "eventer", "port": spec.ports.eventer, "targetPort": "eventer", "protocol": "TCP"}
     ]
-    ports += [
-        {"name": n, "port": p, "targetPort": n, "protocol": "TCP"} for n, p in _bus_ports(spec)
-    ]
     ports.append({"name": "http", "port": spec.ports.http, "targetPort": "http", "protocol": "TCP"})
     return {
         "apiVersion": "v1",
@@ -166,7 +157,6 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
         {"name": "eventer", "containerPort": spec.ports.eventer, "protocol": "TCP"},
         {"name": "syncer", "containerPort": spec.ports.syncer, "protocol": "TCP"},
     ]
-    ports += [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in _bus_ports(spec)]
     ports.append({"name": "http", "containerPort": spec.ports.http, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": "replica",

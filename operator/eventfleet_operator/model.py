@@ -56,7 +56,7 @@ class SpecError(ValueError):
 class Ports:
     eventer: int = 23012
     syncer: int = 23013
-    bus: int = 23030  # the Event BUS uses bus, bus+1 and bus+2
+    bus: int = 23030  # reserved for the Event BUS (bus, bus+1, bus+2); not implemented yet
     http: int = 23080
 
 
@@ -137,7 +137,10 @@ class FleetSpec:
     storage: Storage = Storage()
     ports: Ports = Ports()
     token: TokenRef | None = None
-    bus_enabled: bool = True
+    # Fields that enable a protocol this version does not implement (e.g.
+    # "spec.protocols.bus.enabled"): reported as Ready=False/ProtocolNotImplemented,
+    # never served, their ports never rendered.
+    not_implemented: tuple[str, ...] = ()
     retention: Retention = Retention()
     subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
     service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
@@ -422,6 +425,20 @@ def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
     return parsed
 
 
+# Protocols the CRD accepts (so manifests written for later versions stay valid) but this
+# version does not implement; enabling one is reported, not served.
+UNIMPLEMENTED_PROTOCOLS = ("bus",)
+
+
+def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[str, ...]:
+    enabled = []
+    for name in UNIMPLEMENTED_PROTOCOLS:
+        section = _obj(protocols, name, "spec.protocols")
+        if _bool(section, "enabled", f"spec.protocols.{name}", False):
+            enabled.append(f"spec.protocols.{name}.enabled")
+    return tuple(enabled)
+
+
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
@@ -456,9 +473,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         storage=_parse_storage(spec),
         ports=_parse_ports(spec),
         token=_parse_token(spec),
-        bus_enabled=_bool(
-            _obj(protocols, "bus", "spec.protocols"), "enabled", "spec.protocols.bus", True
-        ),
+        not_implemented=_parse_protocols(protocols),
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
             max_events=_int(retention, "maxEvents", "spec.retention", None, 1),

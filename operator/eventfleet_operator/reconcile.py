@@ -220,6 +220,7 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
                 "ApplyFailed",
                 "TokenSecretNotFound",
                 "ImmutableFieldChanged",
+                "ProtocolNotImplemented",
             ):
                 emit("Warning", reason, message)
         elif kind == "ScaleDownHeld":
@@ -373,6 +374,7 @@ async def _apply_children(
         obs,
         token_error=token_error,
         immutable_error=immutable_error,
+        not_implemented=spec.not_implemented,
         statefulset=sts_after,
         decision=decision,
         peers=peers,

@@ -55,6 +55,7 @@ class Observation:
     spec_error: tuple[str, str] | None = None  # (field, message)
     token_error: str = ""
     immutable_error: str = ""
+    not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
     apply_error: str = ""
     statefulset: Mapping[str, Any] | None = None
     decision: Decision = dataclasses.field(default_factory=lambda: Decision(target=0))
@@ -176,6 +177,13 @@ def build(
         ready_c = ("False", "TokenSecretNotFound", obs.token_error)
     elif obs.immutable_error:
         ready_c = ("False", "ImmutableFieldChanged", obs.immutable_error[:500])
+    elif obs.not_implemented:
+        ready_c = (
+            "False",
+            "ProtocolNotImplemented",
+            f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
+            "version; it is not served and its ports are not exposed (set it to false)",
+        )
     elif obs.decision.held:
         ready_c = ("False", "ScaleDownHeld", obs.decision.message)
     elif sts_replicas != obs.desired:

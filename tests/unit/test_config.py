@@ -56,3 +56,13 @@ def test_token_sources(tmp_path):
     token_file.write_text("")
     with pytest.raises(config.ConfigError, match="empty"):
         config.read_token(conf, environ={})
+
+
+def test_bus_disabled_by_default_and_refused_when_enabled(tmp_path):
+    assert config.load(None, environ={})["bus"]["enabled"] is False
+    path = tmp_path / "bus.yaml"
+    path.write_text("bus:\n  port: 23030\n  enabled: true\n")
+    with pytest.raises(config.ConfigError, match=r"Event BUS .*not implemented in this version"):
+        config.load(path, environ={})
+    path.write_text("bus:\n  port: 23030\n  enabled: false\n")
+    assert config.load(path, environ={})["bus"]["port"] == 23030

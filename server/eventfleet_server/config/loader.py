@@ -43,7 +43,9 @@ DEFAULTS: dict[str, Any] = {
         "max_queued_events": 100_000,
         "shutdown_flush_timeout": 5.0,
     },
-    "bus": {"port": 23030, "enabled": True},
+    # The Event BUS is not implemented in this version: the keys are accepted so configs
+    # written for a later version stay valid, but enabling it is refused (see load()).
+    "bus": {"port": 23030, "enabled": False},
     "http": {"port": 23080},
     "storage": {
         "synchronous": "NORMAL",
@@ -68,6 +70,21 @@ def merge(base: Mapping, override: Mapping) -> dict:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+# Protocol sections the schema accepts but this version does not implement.
+UNIMPLEMENTED_PROTOCOLS = {"bus": "the Event BUS (ZeroMQ)"}
+
+
+def check_implemented(conf: Mapping) -> None:
+    """Refuse a configuration that enables a protocol this version does not implement."""
+    for key, name in UNIMPLEMENTED_PROTOCOLS.items():
+        section = conf.get(key)
+        if isinstance(section, Mapping) and section.get("enabled"):
+            raise ConfigError(
+                f"{key}.enabled: true is not supported: {name} is not implemented in this "
+                f"version; set {key}.enabled to false or remove it"
+            )
 
 
 def validate(conf: Mapping, source: str = "configuration") -> None:
@@ -135,6 +152,7 @@ def load(
     if overrides:
         conf = merge(conf, overrides)
     validate(conf)
+    check_implemented(conf)
     return conf
 
 

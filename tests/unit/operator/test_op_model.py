@@ -23,7 +23,7 @@ def test_full(full_spec):
     spec = parse(full_spec)
     assert spec.replicas == 5
     assert spec.token_ref == model.TokenRef("my-token", "secret", generated=False)
-    assert spec.bus_enabled is False
+    assert spec.not_implemented == ()
     assert spec.aggregation.executor.instances == 3
     assert spec.service_monitor.labels == (("release", "prom"),)
 
@@ -95,3 +95,10 @@ def test_disabled_aggregation_is_not_validated():
         parse({"aggregation": {"enabled": False, "schedule": "not yet"}}).aggregation.enabled
         is False
     )
+
+
+def test_unimplemented_protocols_are_off_by_default_and_named_when_enabled():
+    assert parse({}).not_implemented == ()
+    assert parse({"protocols": {"bus": {"enabled": False}}}).not_implemented == ()
+    spec = parse({"protocols": {"bus": {"enabled": True}}})
+    assert spec.not_implemented == ("spec.protocols.bus.enabled",)

@@ -86,6 +86,15 @@ def test_invalid_spec_is_failed_with_the_field():
     assert ready["message"].startswith("spec.ports.bus")
 
 
+def test_unimplemented_protocol_is_not_ready_with_the_field():
+    s = st.build(obs(not_implemented=("spec.protocols.bus.enabled",)), None)
+    ready = cond(s, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ProtocolNotImplemented")
+    assert ready["message"].startswith("spec.protocols.bus.enabled: ")
+    assert "not implemented in this version" in ready["message"]
+    assert s["phase"] != "Running"
+
+
 def test_not_ready_and_scaling_phases():
     sts = {"spec": {"replicas": 3}, "status": {"replicas": 3, "readyReplicas": 1}}
     s = st.build(obs(statefulset=sts), None)
