@@ -177,7 +177,7 @@ def read_events(
             reader = reader.option("aggregate_prefix_depth", str(opts.prefix_depth))
     if opts.types is not None:
         reader = reader.option("types", job_options.types_option(opts.types))
-    if opts.token:
+    if opts.token:  # from --token-file; else the executors read $EVENTFLEET_TOKEN
         reader = reader.option("token", opts.token)
     return reader.load()
 
@@ -222,7 +222,7 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
                 expand_prefix(opts.prefix, opts.bucket_seconds),
                 span,
                 client_name=opts.client_name,
-                token=opts.token,
+                token=job_options.effective_token(opts),
             )
         )
     t3 = time.perf_counter()

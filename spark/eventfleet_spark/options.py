@@ -42,6 +42,8 @@ class JobOptions:
     page_size: int = 10_000
     partial_aggregation: str = "reader"
     client_name: str = "eventfleet-aggregate"
+    # From --token-file; without it every process (driver and executors) reads
+    # $EVENTFLEET_TOKEN itself, so the token never enters the Spark plan.
     token: str | None = dataclasses.field(default=None, repr=False)
     json_summary: bool = False
 
@@ -184,9 +186,14 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         page_size=args.page_size,
         partial_aggregation=args.partial_aggregation,
         client_name=args.name,
-        token=token or os.environ.get(TOKEN_ENV) or None,
+        token=token,
         json_summary=args.json,
     )
+
+
+def effective_token(opts: JobOptions) -> str | None:
+    """The token this process uses: --token-file's, else ``$EVENTFLEET_TOKEN``."""
+    return opts.token or os.environ.get(TOKEN_ENV) or None
 
 
 def types_option(types: tuple[tuple[str, ...], ...] | None) -> str | None:

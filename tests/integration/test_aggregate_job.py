@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -144,13 +145,17 @@ class Fleet:
     """Replicas on a private event loop thread, so blocking Spark calls in the test
     thread never stall them (the Spark workers connect to them over TCP)."""
 
-    def __init__(self, base: pathlib.Path, size: int = 3):
+    def __init__(self, base: pathlib.Path, size: int = 3, token: str | None = None):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.stack = contextlib.AsyncExitStack()
         self.replicas = [
-            self.call(self.stack.enter_async_context(running_replica(base / f"r{i}", server_id=i)))
+            self.call(
+                self.stack.enter_async_context(
+                    running_replica(base / f"r{i}", server_id=i, token=token)
+                )
+            )
             for i in range(1, size + 1)
         ]
 
@@ -165,9 +170,10 @@ class Fleet:
         for r in self.replicas:
             self.call(r.engine.merge(events))
 
-    def query_all(self, params, replica: int = 0) -> list[Event]:
+    def query_all(self, params, replica: int = 0, token: str | None = None) -> list[Event]:
         async def run():
-            client = await connect("127.0.0.1", self.replicas[replica].eventer.port, "test")
+            port = self.replicas[replica].eventer.port
+            client = await connect("127.0.0.1", port, "test", client_token=token)
             out, p = [], params
             try:
                 while True:
@@ -480,3 +486,23 @@ def test_late_event_updates_its_bucket_once(spark, fleet, tmp_path):
     assert len(history) == 2  # the old aggregate stays; the latest is the new one
     assert max(history, key=natural_key).payload.data == want[key].payload_json()
     assert want[key].fields["value"].max == 1000.5
+
+
+def test_token_reaches_executors_and_write_back(spark, tmp_path):
+    """The token (--token-file) reaches the executors as a source option and the
+    write-back client: a wrong one is refused, and the job says so."""
+    from pyspark.errors import PySparkException
+
+    secured = Fleet(tmp_path / "fleet", size=1, token="s3cr3t")
+    try:
+        events = make_events(LATE_START, LATE_END, per_server=20, seed=5, servers=(31,))
+        secured.merge(events)
+        opts = options(secured, tmp_path / "out", start_us=LATE_START, end_us=LATE_END)
+        with pytest.raises(PySparkException, match="refused the connection: invalid client token"):
+            run_job(spark, dataclasses.replace(opts, token="wrong"))
+        (summary,), _ = run_job(spark, dataclasses.replace(opts, token="s3cr3t"))
+        want = expected(events, LATE_START, LATE_END)
+        assert summary.events == sum(a.count for a in want.values())
+        assert summary.write_back.registered == summary.aggregates == len(want)
+    finally:
+        secured.close()

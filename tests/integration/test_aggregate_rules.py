@@ -223,10 +223,16 @@ def test_operator_arguments_are_accepted():
     assert opts.master is None  # spark-submit's
 
 
-def test_token_from_environment(monkeypatch):
+def test_token_from_environment_or_file(monkeypatch, tmp_path):
     monkeypatch.setenv("EVENTFLEET_TOKEN", "s3cr3t")
     opts = parse(["--eventer", "h:1", "--bucket", "1", "--output", "o"])
-    assert opts.token == "s3cr3t" and "s3cr3t" not in repr(opts)
+    # Not copied into the options (they become Spark data source options).
+    assert opts.token is None and options.effective_token(opts) == "s3cr3t"
+    (tmp_path / "t").write_text("fromfile\n")
+    opts = parse(
+        ["--eventer", "h:1", "--bucket", "1", "--output", "o", "--token-file", str(tmp_path / "t")]
+    )
+    assert options.effective_token(opts) == "fromfile" and "fromfile" not in repr(opts)
 
 
 @pytest.mark.parametrize(
