@@ -1,6 +1,7 @@
 """A real Prometheus scrapes running replicas; metrics are read back through its HTTP API.
 
-Replicas run in this process (tests/conftest.py) until the local fleet command lands;
+One test scrapes the README's local fleet (`eventfleet fleet`, real processes); another
+scrapes in-process replicas (tests/conftest.py) and checks every dashboard query.
 Prometheus is Debian's binary (scripts/tools/prometheus.sh), on 127.0.0.1 with a
 temporary TSDB and a 1 s scrape interval.
 """
@@ -19,6 +20,7 @@ import yaml
 from eventfleet_server.common.model import RegisterEvent
 from eventfleet_server.eventer import connect
 
+from e2e.fleet_helpers import FleetProc, free_block
 from tests.conftest import running_replica
 from tests.integration.test_http_promtool import prometheus_tool
 
@@ -185,3 +187,47 @@ def dashboard_expr(title: str) -> str:
 def _fill(expr: str) -> str:
     # As Grafana sends them with "All" selected: the variables' allValue is ".*".
     return expr.replace("$namespace", ".*").replace("$pod", ".*").replace("$__rate_interval", "1m")
+
+
+async def test_prometheus_scrapes_the_local_fleet(tmp_path):
+    """The README's fleet, scraped for real: replication shows up in every replica's metrics."""
+    fleet = FleetProc(tmp_path / "fleet", 3, base_port=free_block(3)).start()
+    try:
+        lines = await fleet.wait_up()
+        targets = sorted(line["http"] for line in lines.values())
+        first = lines["replica-1"] if "replica-1" in lines else next(iter(lines.values()))
+        async with (
+            running_prometheus(tmp_path, targets) as base,
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as s,
+        ):
+
+            async def all_up():
+                active = (await api(s, base, "targets"))["activeTargets"]
+                health = {t["labels"]["instance"]: t["health"] for t in active}
+                return set(health) == set(targets) and set(health.values()) == {"up"}, health
+
+            await wait_for(all_up, "three fleet targets up")
+            host, port = first["eventer"].rsplit(":", 1)
+            client = await connect(host, int(port), "e2e/prometheus-fleet")
+            try:
+                events = [RegisterEvent(("e2e", "fleet", str(i)), None, None) for i in range(4)]
+                created = await client.register(events, with_response=True)
+                assert created
+            finally:
+                await client.close()
+            origin = str(created[-1].id.server)
+            last = created[-1].id.instance
+
+            async def replicated():
+                # Each replica exports the last instance it holds per server id; the
+                # replicas' own sync-state events may follow ours, hence ">=".
+                q = f'eventfleet_last_event_instance{{server="{origin}"}}'
+                result = await api(s, base, "query", query=q)
+                seen = {r["metric"]["instance"]: float(r["value"][1]) for r in result["result"]}
+                ok = set(seen) == set(targets) and min(seen.values(), default=0) >= last
+                return ok, seen
+
+            # Registered once, on one replica; Prometheus sees every replica hold them.
+            await wait_for(replicated, f"server {origin} instance >= {last} on all 3 replicas")
+    finally:
+        fleet.stop()
