@@ -190,23 +190,39 @@ async def measure_catchup(a: ReplicaProc, b: ReplicaProc, count: int) -> dict:
     }
 
 
+def median_of(runs: list[dict]) -> dict:
+    """Per-figure median over repeated runs (each figure on its own)."""
+    out = {}
+    for key, value in runs[0].items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            median = statistics.median(r[key] for r in runs)
+            ints = all(isinstance(r[key], int) for r in runs)
+            out[key] = round(median) if ints else round(median, 2)
+        else:
+            out[key] = value
+    return out
+
+
 async def run(args) -> dict:
+    load_before = os.getloadavg()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-repl-"))
     base = free_block(2)
     extra = {"log": {"level": "WARNING"}}
     a = ReplicaProc(workdir, "a", 1, base, extra=extra)
     b = ReplicaProc(workdir, "b", 2, base + 10, extra=extra)
+    lags, catchups = [], []
     try:
         for p in (a, b):
             p.write_config(mesh_peers([a, b]))
             p.start()
         await asyncio.gather(a.wait_ready(), b.wait_ready())
         await asyncio.sleep(1)
-        log(f"lag: {args.rate} events/s for {args.seconds} s")
-        lag = await measure_lag(a, b, args.rate, args.seconds)
-        log(f"lag: {lag}")
-        catchup = await measure_catchup(a, b, args.catchup)
-        log(f"catch-up: {catchup}")
+        for i in range(args.repeat):
+            log(f"run {i + 1}/{args.repeat}: lag at {args.rate} events/s for {args.seconds} s")
+            lags.append(await measure_lag(a, b, args.rate, args.seconds))
+            log(f"lag: {lags[-1]}")
+            catchups.append(await measure_catchup(a, b, args.catchup))
+            log(f"catch-up: {catchups[-1]}")
     finally:
         a.stop()
         b.stop()
@@ -215,9 +231,11 @@ async def run(args) -> dict:
         "machine": (
             f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
         ),
-        "load_average": os.getloadavg(),
-        "lag": lag,
-        "catchup": catchup,
+        "load_average": load_before,
+        "repeat": args.repeat,
+        "lag": median_of(lags),
+        "catchup": median_of(catchups),
+        "runs": {"lag": lags, "catchup": catchups},
         "targets": TARGETS,
     }
 
@@ -230,10 +248,16 @@ def markdown(r: dict) -> str:
             return "n/a"
         return "met" if (value >= target if higher else value <= target) else "**missed**"
 
+    runs = r["runs"]
+    p99s = [x["lag_p99_ms"] for x in runs["lag"]]
+    rates = [x["catchup_events_per_s"] for x in runs["catchup"]]
     return "\n".join(
         [
             f"Measured {r['when']} on {r['machine']} (load average before the run: "
-            f"{', '.join(f'{x:.1f}' for x in r['load_average'])}).",
+            f"{', '.join(f'{x:.1f}' for x in r['load_average'])}); median of "
+            f"{r['repeat']} run(s), each figure on its own; lag p99 per run: "
+            f"{', '.join(f'{x:g}' for x in p99s)} ms; catch-up per run: "
+            f"{', '.join(f'{x:,}' for x in rates)} events/s.",
             "",
             "| figure | value | target | |",
             "|---|---|---|---|",
@@ -261,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=2000.0, help="lag: events/s registered on A")
     p.add_argument("--seconds", type=float, default=10.0, help="lag: duration")
     p.add_argument("--catchup", type=int, default=200_000, help="events B misses")
+    p.add_argument("--repeat", type=int, default=1, help="runs; figures are medians")
     p.add_argument("--quick", action="store_true", help="3 s of lag, 20,000 events of catch-up")
     p.add_argument("--json", type=pathlib.Path)
     p.add_argument("--markdown", type=pathlib.Path)

@@ -187,7 +187,8 @@ class Supervisor:
                 r.last_log_line() or "(none)",
             )
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._stopping.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self._stopping.wait()
 
     async def _stop_all(self) -> None:
         running = [r for r in self.replicas if r.proc and r.proc.returncode is None]
@@ -260,7 +261,8 @@ async def _wait_port(host: str, port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+            async with asyncio.timeout(2):
+                _, writer = await asyncio.open_connection(host, port)
         except (OSError, TimeoutError):
             await asyncio.sleep(0.1)
             continue

@@ -123,16 +123,17 @@ class SyncStream:
         self.owner = owner = MergeOwner(self.label)
         stats.history_events = 0
         after = self._storage.last_ids.get(self.server_id) or EventId(self.server_id, 0, 0)
-        conn = await asyncio.wait_for(
-            chatter.connect(
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+        # cancellation that arrives as the connection completes (the mesh would then
+        # never stop). The same holds for every timeout in this package.
+        async with asyncio.timeout(limits.connect_timeout):
+            conn = await chatter.connect(
                 self.peer.host,
                 self.peer.port,
                 max_msg_size=limits.max_msg_size,
                 ping_delay=limits.ping_delay,
                 ping_timeout=limits.ping_timeout,
-            ),
-            limits.connect_timeout,
-        )
+            )
         self._conn = conn
         owner.on_error = lambda e: conn.close(f"syncer {self.label}: merge failed: {e}")
         watcher: asyncio.Task | None = None
@@ -145,7 +146,8 @@ class SyncStream:
                 last=False,
             )
             try:
-                msg = await asyncio.wait_for(conn.receive(), limits.init_timeout)
+                async with asyncio.timeout(limits.init_timeout):
+                    msg = await conn.receive()
             except TimeoutError:
                 raise ConnectionError(f"no MsgInitRes within {limits.init_timeout} s") from None
             if msg.type != protocol.INIT_RES or msg.conv != conv:

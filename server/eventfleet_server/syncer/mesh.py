@@ -116,6 +116,7 @@ class PeerLink:
 
     async def stop(self) -> None:
         self.stopping = True
+        self.mesh.notify()
         for stream in self.streams.values():
             stream.close()
         for task in self._tasks.values():
@@ -193,7 +194,7 @@ class PeerLink:
     async def _direct_loop(self) -> None:
         mesh = self.mesh
         backoff = Backoff(mesh.reconnect_min_delay, mesh.reconnect_max_delay)
-        while True:
+        while not self.stopping:
             self.attempts += 1
             error = await self._attempt(self.direct)
             if error is None:
@@ -222,8 +223,12 @@ class PeerLink:
         done_epoch = 0
         while True:
             await mesh.wait_for(
-                lambda done=done_epoch: self.epoch > done and self.state != "disconnected"
+                lambda done=done_epoch: (
+                    self.stopping or (self.epoch > done and self.state != "disconnected")
+                )
             )
+            if self.stopping:
+                return  # belt and braces: a lost cancellation must not keep us looping
             epoch = self.epoch
             error = await self._attempt(stream, until_synced=True)
             if error is None or error.startswith("refused"):
@@ -245,12 +250,16 @@ class PeerLink:
         done_epoch = 0
 
         def needed() -> bool:
+            if self.stopping:
+                return True
             if self.state not in ("synced", "syncing", "connected"):
                 return False
             return self.epoch > done_epoch or not mesh.direct_synced(server_id)
 
         while True:
             await mesh.wait_for(needed)
+            if self.stopping:
+                return
             epoch = self.epoch
             error = await self._attempt(stream, stop_when=lambda: mesh.direct_synced(server_id))
             if error is None:
@@ -297,7 +306,10 @@ class Mesh:
         self.peers: list[Peer] = []
         self._state_cb = state_cb
         self._seen: set[int] = set()  # server ids held or named by sync-state events
-        self._changed = asyncio.Condition()
+        # Replaced by a fresh Event on each change; waiters re-check their condition.
+        # (Not asyncio.Condition: on Python 3.11 a waiter cancelled while it is being
+        # notified can deadlock re-acquiring the condition's lock.)
+        self._changed = asyncio.Event()
         self._notify_pending = False
         self._running = False
         self._stopping: set[asyncio.Task] = set()  # links being stopped (kept referenced)
@@ -415,12 +427,10 @@ class Mesh:
         self._notify_pending = False
         for link in self.links.values():
             link.poke()
-        asyncio.get_running_loop().create_task(self._notify_all())
-
-    async def _notify_all(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     async def wait_for(self, predicate: Callable[[], bool]) -> None:
-        async with self._changed:
-            await self._changed.wait_for(predicate)
+        """Return once `predicate()` is true (re-checked after every change)."""
+        while not predicate():
+            await self._changed.wait()

@@ -138,7 +138,8 @@ class SyncerServer:
             session.conn.close()
         if self._server:
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
 
     def _reject(self, reason: str) -> None:
         self.rejected[reason] = self.rejected.get(reason, 0) + 1
@@ -152,7 +153,10 @@ class SyncerServer:
         if not sessions:
             return
         encoded_all: bytes | None = None
+        last = events[-1].id.instance
         for session in list(sessions):
+            if last <= session.req.last_event_id.instance:
+                continue  # all at or below what the client already holds
             selected = session.select(events)
             if not selected:
                 continue
@@ -189,7 +193,8 @@ class SyncerServer:
     async def _initialize(self, conn: chatter.Connection) -> InitReq | None:
         limits = self._limits
         try:
-            msg = await asyncio.wait_for(conn.receive(), limits.init_timeout)
+            async with asyncio.timeout(limits.init_timeout):
+                msg = await conn.receive()
         except TimeoutError:
             self._reject("init_timeout")
             conn.close(f"syncer: no MsgInitReq within {limits.init_timeout} s")
@@ -448,7 +453,8 @@ class _Session:
 
     async def _drain(self) -> None:
         try:
-            await asyncio.wait_for(self.conn.drain(), self._limits.send_timeout)
+            async with asyncio.timeout(self._limits.send_timeout):
+                await self.conn.drain()
         except TimeoutError:
             self._drop(f"not reading, history write blocked for {self._limits.send_timeout} s")
             raise ConnectionError("peer stopped reading") from None

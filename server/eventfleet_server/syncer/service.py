@@ -248,7 +248,8 @@ class Syncer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         try:
-            await asyncio.wait_for(self.engine.flush(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.engine.flush()
         except TimeoutError:
             return False
         names = {name, f"server-{peer.server_id}"}
