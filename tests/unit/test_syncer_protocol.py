@@ -105,3 +105,14 @@ def test_backoff_doubles_to_the_cap_with_jitter():
     assert all(3.2 <= d <= 4.8 for d in delays[2:])
     b.reset()
     assert b.next() <= 1.2
+
+
+def test_configuration_with_duplicate_peers_is_refused_at_load():
+    from eventfleet_server import config
+
+    peers = [
+        {"name": "a", "host": "h", "port": 1, "server_id": 1},
+        {"name": "b", "host": "h", "port": 2, "server_id": 1},
+    ]
+    with pytest.raises(ConfigError, match=r"peers\[1\] \(b\): server_id 1 appears twice"):
+        config.load(None, environ={}, overrides={"peers": peers})

@@ -153,7 +153,23 @@ def load(
         conf = merge(conf, overrides)
     validate(conf)
     check_implemented(conf)
+    check_peers(conf.get("peers", []))
     return conf
+
+
+def check_peers(peers: list) -> None:
+    """Peer names and server ids must be unique (the schema cannot say so)."""
+    names: set = set()
+    ids: set = set()
+    for i, peer in enumerate(peers):
+        if peer["name"] in names:
+            raise ConfigError(f"peers[{i}]: name {peer['name']!r} appears twice")
+        if peer["server_id"] in ids:
+            raise ConfigError(
+                f"peers[{i}] ({peer['name']}): server_id {peer['server_id']} appears twice"
+            )
+        names.add(peer["name"])
+        ids.add(peer["server_id"])
 
 
 def read_token(conf: Mapping, environ: Mapping[str, str] | None = None) -> str | None:
