@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 import yaml
 from eventfleet_server.common.model import EventId, QueryServerParams
+from eventfleet_server.config import merge
 from eventfleet_server.eventer import connect
 
 PYTHON = sys.executable
@@ -184,6 +185,7 @@ class ReplicaProc:
         token_file: pathlib.Path | None = None,
         extra: dict | None = None,
     ):
+        """`extra` is deep-merged into the configuration the test writes."""
         self.name = name
         self.server_id = server_id
         self.dir = workdir / name
@@ -234,8 +236,7 @@ class ReplicaProc:
             "http": {"port": self.ports["http"]},
             "peers": self.peers,
         }
-        for key, value in self.extra.items():
-            conf[key] = value
+        conf = merge(conf, self.extra)
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(yaml.safe_dump(conf))
         tmp.replace(self.config_path)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import aiohttp
 import pytest
@@ -127,3 +128,35 @@ async def test_scale_3_to_5_to_3_without_dropping_clients_or_events(tmp_path):
             await w.close()
         for p in procs:
             p.stop()
+
+
+async def test_sighup_reloads_the_peer_list_at_once(tmp_path):
+    base = free_block(2)
+    no_polling = {"syncer": {"reload_interval": 3600.0}}  # only SIGHUP can reload
+    a = ReplicaProc(tmp_path, "a", 1, base, extra=no_polling)
+    b = ReplicaProc(tmp_path, "b", 2, base + 10, extra=no_polling)
+    try:
+        for p in (a, b):
+            p.write_config([])
+            p.start()
+        await asyncio.gather(a.wait_ready(), b.wait_ready())
+        assert (await status(a.http))["peers"] == []
+        for p in (a, b):
+            p.write_config(mesh_peers([a, b]))
+            p.proc.send_signal(signal.SIGHUP)
+
+        async def synced():
+            for p in (a, b):
+                peers = (await status(p.http))["peers"]
+                if [x["state"] for x in peers] != ["synced"]:
+                    return False
+            return True
+
+        await eventually(synced, "both replicas synced after SIGHUP", timeout=20)
+        created = await register(b, "hup", 3)
+        held = await wait_converged([a.eventer, b.eventer], {1, 2})
+        assert created <= set(held)
+        assert "peer reload (SIGHUP)" in a.log()
+    finally:
+        a.stop()
+        b.stop()
