@@ -31,7 +31,7 @@ PYTHON = sys.executable
 HOST = "127.0.0.1"
 BLOCK = 10  # ports per replica, as the fleet lays them out
 START_TIMEOUT = 60.0
-STOP_TIMEOUT = 30.0
+STOP_TIMEOUT = 45.0  # above a replica's own 25 s stop deadline and the fleet's 30 s
 
 
 # -- ports -------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import pathlib
 import signal
 from collections.abc import Mapping
@@ -139,10 +140,33 @@ async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None
         if starting.done():
             starting.result()
             await stopping
-        else:
+        log.info("stop requested")
+        _arm_stop_deadline(loop)
+        if not starting.done():
             starting.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await starting
-        log.info("stop requested")
     finally:
         await replica.stop()
+
+
+STOP_DEADLINE = 25.0
+
+
+def _arm_stop_deadline(loop: asyncio.AbstractEventLoop) -> None:
+    """A graceful stop gets STOP_DEADLINE seconds; a second SIGTERM/SIGINT ends it now.
+
+    Why: a stop stuck on a peer or a task must not leave the process running forever
+    (a supervisor or kubelet would kill it anyway, later). The store needs no clean
+    close: every commit is already durable.
+    """
+
+    def force(why: str) -> None:
+        log.error("%s: exiting without finishing the graceful stop", why)
+        logging.shutdown()
+        os._exit(1)
+
+    loop.call_later(STOP_DEADLINE, force, f"graceful stop not done within {STOP_DEADLINE:g} s")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, force, f"{signal.Signals(sig).name} during the stop")
