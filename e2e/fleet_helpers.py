@@ -166,7 +166,20 @@ class FleetProc:
         raise TimeoutError(f"fleet not up within {timeout} s:\n{tail(self.log_path)}")
 
     def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
-        return stop_group(self.proc, timeout) if self.proc else None
+        code = stop_group(self.proc, timeout) if self.proc else None
+        # Safety net: replicas run in process groups of their own; kill any that
+        # outlived the supervisor (by pid, only if it is still one of ours).
+        with self._cond:
+            pids = {line["pid"] for line in self.lines if line.get("pid")}
+        for pid in pids:
+            try:
+                cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if str(self.data_dir) in cmdline:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        return code
 
     def supervisor_log(self) -> str:
         return tail(self.log_path, 400)
