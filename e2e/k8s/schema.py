@@ -14,7 +14,10 @@ from typing import Any
 import jsonschema
 
 
-def to_jsonschema(schema: Any, *, strict: bool) -> Any:
+def to_jsonschema(schema: Any, *, strict: bool = True) -> Any:
+    """Translate a CRD (OpenAPI v3 structural) schema to JSON Schema (draft 7)."""
+    if isinstance(schema, list):
+        return [to_jsonschema(s, strict=strict) for s in schema]
     if not isinstance(schema, dict):
         return schema
     out: dict[str, Any] = {}

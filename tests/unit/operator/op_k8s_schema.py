@@ -23,6 +23,9 @@ from typing import Any
 import jsonschema
 import yaml
 
+# One translation of the CRD dialect for the unit tests and the API emulator.
+from e2e.k8s.schema import to_jsonschema
+
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "eventfleet.io_eventservers.yaml"
 EXTERNAL = ROOT / "e2e" / "k8s" / "external-crds"  # vendored, see SOURCES.md there
@@ -36,39 +39,6 @@ def crd_schema(crd: dict[str, Any], version: str | None = None) -> dict[str, Any
     versions = crd["spec"]["versions"]
     chosen = next(v for v in versions if version is None or v["name"] == version)
     return chosen["schema"]["openAPIV3Schema"]
-
-
-def to_jsonschema(schema: Any, *, strict: bool = True) -> Any:
-    if isinstance(schema, list):
-        return [to_jsonschema(s, strict=strict) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out: dict[str, Any] = {}
-    for key, value in schema.items():
-        if key in ("properties", "patternProperties"):
-            out[key] = {k: to_jsonschema(v, strict=strict) for k, v in value.items()}
-        elif key in ("items", "additionalProperties", "not"):
-            out[key] = to_jsonschema(value, strict=strict)
-        elif key in ("allOf", "anyOf", "oneOf"):
-            out[key] = [to_jsonschema(v, strict=strict) for v in value]
-        elif key.startswith("x-kubernetes-") or key in (
-            "nullable",
-            "default",
-            "description",
-            "example",
-        ):
-            continue
-        else:
-            out[key] = copy.deepcopy(value)
-    if schema.get("x-kubernetes-int-or-string"):
-        out.pop("type", None)
-        out.setdefault("anyOf", [{"type": "integer"}, {"type": "string"}])
-    if schema.get("nullable") and "type" in out:
-        out["type"] = [out["type"], "null"]
-    preserve = schema.get("x-kubernetes-preserve-unknown-fields")
-    if strict and schema.get("type") == "object" and "properties" in schema and not preserve:
-        out.setdefault("additionalProperties", False)
-    return out
 
 
 def validator(schema: dict[str, Any]) -> jsonschema.Draft7Validator:
