@@ -20,7 +20,6 @@ anything). The ``eventfleet.io/force-scale-down: "true"`` annotation skips the c
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Awaitable, Callable
 
 from eventfleet_operator import GROUP, naming
@@ -29,8 +28,6 @@ from eventfleet_operator.model import FleetSpec
 from eventfleet_operator.replicas import Endpoints, ReplicaClient, ReplicaStatus, ReplicaUnreachable
 
 FORCE_ANNOTATION = f"{GROUP}/force-scale-down"
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)

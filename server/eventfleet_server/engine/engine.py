@@ -19,6 +19,7 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Status,
     Timestamp,
+    split_sessions,
     timestamp_from_us,
     timestamp_to_us,
 )
@@ -259,7 +260,7 @@ class Engine:
         with ``True``, one session at a time.
         """
         inserted = [e for _, e in await self._storage.write(events)]
-        for group in _sessions(inserted):
+        for group in split_sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
         return inserted
@@ -329,16 +330,6 @@ class Engine:
             room = max(limit - len(result.events), 0)
             result = QueryResult(result.events + extra[:room], len(extra) > room)
         return result
-
-
-def _sessions(events: list[Event]) -> list[list[Event]]:
-    groups: list[list[Event]] = []
-    for e in events:
-        if groups and groups[-1][0].id[:2] == e.id[:2]:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    return groups
 
 
 def _validate_register_event(i: int, e: RegisterEvent) -> None:

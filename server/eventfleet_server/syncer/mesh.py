@@ -359,9 +359,6 @@ class Mesh:
         ids.update(p.server_id for p in self.peers)
         return ids
 
-    def peer_server_ids(self) -> set[int]:
-        return {p.server_id for p in self.peers}
-
     def on_committed(self, events: list[Event]) -> None:
         """Merger callback: start relays for server ids seen for the first time."""
         new: set[int] = set()
