@@ -28,6 +28,13 @@ def add_parser(sub) -> None:
     p.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path(".data"))
     p.add_argument("--host", default="127.0.0.1", help="address every replica binds")
     p.add_argument(
+        "--require-client-token",
+        action="store_true",
+        help="every Eventer client must present the client token (DATA_DIR/token); by "
+        "default clients on loopback may omit it, as Hat components cannot send one "
+        "(see docs/security.md)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
@@ -41,7 +48,13 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
     try:
-        fleet = layout.plan(args.replicas, args.data_dir, base_port=args.base_port, host=args.host)
+        fleet = layout.plan(
+            args.replicas,
+            args.data_dir,
+            base_port=args.base_port,
+            host=args.host,
+            tokenless_loopback=not args.require_client_token,
+        )
         busy = layout.busy_ports(fleet)
         if busy:
             raise FleetError("ports already in use: " + ", ".join(busy))

@@ -62,6 +62,8 @@ class Connection:
         self._last_activity = self._loop.time()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # The remote IP alone (address-based policies: hat-compatible token exemption).
+        self.address = peer[0] if isinstance(peer, tuple) else str(peer)
         self._ping_task = (
             asyncio.get_running_loop().create_task(self._ping_loop(ping_delay, ping_timeout))
             if ping_delay

@@ -51,6 +51,7 @@ class StorageConfig:
 
 @dataclass(frozen=True)
 class HttpConfig:
+    host: str | None
     port: int
 
 
@@ -68,6 +69,8 @@ class ReplicaConfig:
     host: str
     data_dir: str
     token_file: str | None
+    peer_token_file: str | None
+    token_reload_interval: float
     allow_empty_start: bool
     storage: StorageConfig
     http: HttpConfig

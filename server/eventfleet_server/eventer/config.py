@@ -13,6 +13,8 @@ from eventfleet_server.config.typed import build
 @dataclass(frozen=True)
 class EventerConfig:
     port: int
+    allow_tokenless_clients: bool
+    tokenless_client_networks: tuple[str, ...]
     max_msg_size: int
     max_queued_events: int
     max_results_cap: int

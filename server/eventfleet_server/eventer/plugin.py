@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eventfleet_server.eventer.config import EventerConfig
 from eventfleet_server.eventer.server import EventerLimits, EventerServer
-from eventfleet_server.listener import TokenPolicy
+from eventfleet_server.listener import Credentials, TokenPolicy, parse_networks
 from eventfleet_server.plugin import ProtocolContext
 
 CONFIG = EventerConfig
@@ -12,11 +12,24 @@ CONFIG = EventerConfig
 
 def create(config: EventerConfig, ctx: ProtocolContext) -> EventerServer:
     """An Eventer server for `ctx.engine` on `ctx.host`:`config.port`."""
+    credentials = ctx.credentials if ctx.credentials is not None else Credentials.of(ctx.token)
+    # Validated here so that a bad entry stops the start naming it.
+    networks = parse_networks(config.tokenless_client_networks)
+
+    def tokens() -> TokenPolicy:
+        # Built per init from the current credentials: a rotation applies at once.
+        return TokenPolicy(
+            credentials.client,
+            allow_missing=config.allow_tokenless_clients,
+            refuse_unexpected=True,
+            missing_from=networks,
+        )
+
     return EventerServer(
         ctx.engine,
         ctx.host,
         config.port,
-        tokens=TokenPolicy.of(ctx.token, allow_missing=True, refuse_unexpected=True),
+        tokens=tokens,
         limits=EventerLimits(
             max_queued_events=config.max_queued_events,
             ack_every=config.ack_every,

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from eventfleet_server import chatter
@@ -58,14 +59,17 @@ class EventerServer:
         host: str,
         port: int,
         *,
-        tokens: TokenPolicy | None = None,
+        tokens: TokenPolicy | Callable[[], TokenPolicy] | None = None,
         limits: EventerLimits = EventerLimits(),
         admission: AdmissionLimits = AdmissionLimits(),
     ):
         self._engine = engine
-        # Hat clients may send no token (hat-gateway has no setting for one): admitted;
-        # a token that does not match, or one sent to a server without any, is refused.
-        self._tokens = tokens or TokenPolicy(allow_missing=True, refuse_unexpected=True)
+        # A policy, or a function returning the current one (token rotation). Without
+        # one: open, but a token sent to a server that has none is refused.
+        policy = tokens if tokens is not None else TokenPolicy(refuse_unexpected=True)
+        self._tokens: Callable[[], TokenPolicy] = (
+            policy if callable(policy) and not isinstance(policy, TokenPolicy) else lambda: policy
+        )
         self._limits = limits
         self.rejections = Rejections("eventer")
         self._listener = ChatterListener(
@@ -152,10 +156,14 @@ class EventerServer:
             raise _init_error(RejectReason.BAD_MESSAGE, f"MsgInitReq does not decode: {e}") from e
         name = req["clientName"]
         token = req["clientToken"][1] if req["clientToken"][0] == "value" else None
-        error = self._tokens.check(token)
+        error = self._tokens().check(token, conn.address)
         if error is not None:
             # The text is what Hat clients show; it never says which token was expected.
-            raise _init_error(RejectReason.BAD_TOKEN, "invalid client token", name)
+            raise _init_error(
+                RejectReason.BAD_TOKEN,
+                "client token required" if token is None else "invalid client token",
+                name,
+            )
         try:
             subscription = Subscription(req["subscriptions"])
         except InvalidSubscriptionError as e:

@@ -100,11 +100,20 @@ class FleetPlan:
     host: str
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
-    token_file: pathlib.Path
+    token_file: pathlib.Path  # client token (Eventer)
+    peer_token_file: pathlib.Path  # Syncer peers and HTTP's POST /flush
+    # Eventer clients on loopback may omit the client token (Hat components have no
+    # token setting); False: every client must present it.
+    tokenless_loopback: bool = True
 
 
 def plan(
-    replicas: int, data_dir: pathlib.Path, *, base_port: int | None = None, host: str = "127.0.0.1"
+    replicas: int,
+    data_dir: pathlib.Path,
+    *,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    tokenless_loopback: bool = True,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -122,7 +131,16 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
-    return FleetPlan(layouts, data_dir, host, base_port, not state, data_dir / "token")
+    return FleetPlan(
+        layouts,
+        data_dir,
+        host,
+        base_port,
+        not state,
+        data_dir / "token",
+        data_dir / "peer-token",
+        tokenless_loopback,
+    )
 
 
 def _read_state(data_dir: pathlib.Path) -> dict:
@@ -139,15 +157,17 @@ def _read_state(data_dir: pathlib.Path) -> dict:
 
 
 def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
-    """Create directories, the shared token and every replica's configuration file."""
+    """Create directories (0700), the client and peer tokens (0600, kept across runs)
+    and every replica's configuration file."""
     try:
-        fleet.data_dir.mkdir(parents=True, exist_ok=True)
-        if not fleet.token_file.exists():
-            fd = os.open(fleet.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
+        _private_dir(fleet.data_dir)
+        for path in (fleet.token_file, fleet.peer_token_file):
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32) + "\n")
         for r in fleet.replicas:
-            r.data_dir.mkdir(parents=True, exist_ok=True)
+            _private_dir(r.data_dir)
             write_config(fleet, r, log_level)
         state = {
             "base_port": fleet.base_port,
@@ -158,6 +178,11 @@ def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
         (fleet.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     except OSError as e:
         raise FleetError(f"cannot prepare the fleet directory {fleet.data_dir}: {e}") from e
+
+
+def _private_dir(path: pathlib.Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)  # also a directory an older version created world-readable
 
 
 def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> list[dict]:
@@ -174,9 +199,14 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "host": r.host,
         "data_dir": str(r.data_dir),
         "token_file": str(fleet.token_file),
+        "peer_token_file": str(fleet.peer_token_file),
         # Only a brand-new fleet may create identities without asking a peer first.
         "allow_empty_start": fleet.new_fleet,
-        "eventer": {"port": r.eventer_port},
+        "eventer": {
+            "port": r.eventer_port,
+            "allow_tokenless_clients": fleet.tokenless_loopback,
+            "tokenless_client_networks": ["127.0.0.0/8", "::1"],
+        },
         "syncer": {"port": r.syncer_port},
         "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
         "http": {"port": r.http_port},

@@ -69,6 +69,8 @@ class ReplicaProcess:
         # The token comes from the fleet's token file, never from the caller's environment.
         env.pop("EVENTFLEET_TOKEN", None)
         env.pop("EVENTFLEET_TOKEN_FILE", None)
+        env.pop("EVENTFLEET_PEER_TOKEN", None)
+        env.pop("EVENTFLEET_PEER_TOKEN_FILE", None)
         env.pop("EVENTFLEET_SERVER_ID", None)
         env.pop("EVENTFLEET_POD_NAME", None)
         env["PYTHONUNBUFFERED"] = "1"

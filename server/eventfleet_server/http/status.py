@@ -18,8 +18,13 @@ STATUS_VERSION = 1
 PEER_KEYS = ("name", "server_id", "state", "last_event_id", "lag_events", "lag_seconds")
 
 
-async def status_document(replica: Any) -> dict:
-    """Build the version-1 status document of `replica`."""
+async def status_document(replica: Any, *, full: bool = True) -> dict:
+    """Build the version-1 status document of `replica`.
+
+    Not `full` (an anonymous caller while tokens are configured): ``peers`` and
+    ``protocols`` are null and ``storage`` has only the event count — the fleet's
+    topology, peer lag and connection counts are not for whoever reaches the port.
+    """
     engine = getattr(replica, "engine", None)
     storage = getattr(replica, "storage", None)
     ready, _ = readiness(replica)
@@ -31,15 +36,17 @@ async def status_document(replica: Any) -> dict:
         "ready": ready,
         "session": engine.last_id.session if engine is not None else None,
         "last_ids": last_ids(storage),
-        "peers": peers(getattr(replica, "syncer", None)),
+        "peers": peers(getattr(replica, "syncer", None)) if full else None,
         "protocols": {
             name: proto.describe()
             for name, proto in dict(getattr(replica, "protocols", None) or {}).items()
-        },
+        }
+        if full
+        else None,
         "storage": {
             "events": stats.events if stats else None,
-            "db_bytes": stats.db_bytes if stats else None,
-            "last_seq": stats.last_seq if stats else None,
+            "db_bytes": stats.db_bytes if stats and full else None,
+            "last_seq": stats.last_seq if stats and full else None,
         },
     }
 

@@ -6,10 +6,17 @@ from eventfleet_server.listener.admission import Admission, AdmissionLimits, Tic
 from eventfleet_server.listener.reasons import RejectReason
 from eventfleet_server.listener.rejections import Rejections
 from eventfleet_server.listener.tasks import TaskFailed, Tasks
-from eventfleet_server.listener.tokens import TokenPolicy
+from eventfleet_server.listener.tokens import (
+    Credentials,
+    TokenPolicy,
+    address_in,
+    parse_networks,
+    parse_tokens,
+)
 
 __all__ = [
     "Admission",
+    "Credentials",
     "AdmissionLimits",
     "RejectReason",
     "Rejections",
@@ -17,4 +24,7 @@ __all__ = [
     "Tasks",
     "Ticket",
     "TokenPolicy",
+    "address_in",
+    "parse_networks",
+    "parse_tokens",
 ]

@@ -191,7 +191,7 @@ class Storage:
         if not isinstance(retention, Retention):
             raise TypeError(f"retention {retention!r} is not a Retention")
         path = pathlib.Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
 
         self = object.__new__(cls)
         self._path = path

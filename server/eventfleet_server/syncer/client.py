@@ -81,7 +81,7 @@ class SyncStream:
         server_id: int,
         *,
         client_name: str,
-        token: str | None,
+        token: str | Callable[[], str | None] | None,
         subscriptions: Iterable[EventType],
         storage: Storage,
         merger: Merger,
@@ -141,7 +141,10 @@ class SyncStream:
             conv = conn.send(
                 protocol.INIT_REQ,
                 protocol.encode_init_req(
-                    after, self._client_name, self._token, self._subscriptions
+                    after,
+                    self._client_name,
+                    self._token() if callable(self._token) else self._token,
+                    self._subscriptions,
                 ),
                 last=False,
             )

@@ -297,7 +297,7 @@ class Mesh:
         merger: Merger,
         *,
         client_name: str,
-        token: str | None,
+        token: str | Callable[[], str | None] | None,
         subscriptions: list[EventType],
         limits: SyncerClientLimits = SyncerClientLimits(),
         reconnect_min_delay: float = 0.5,

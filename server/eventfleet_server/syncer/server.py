@@ -63,7 +63,7 @@ class SyncerServer:
         host: str,
         port: int,
         *,
-        token: str | None = None,
+        token: str | Callable[[], TokenPolicy] | None = None,
         known_server_ids: Callable[[], set[int]] = set,
         limits: SyncerServerLimits = SyncerServerLimits(),
         admission: AdmissionLimits = AdmissionLimits(max_msg_size=64 * 1024 * 1024),
@@ -71,7 +71,12 @@ class SyncerServer:
         self._engine = engine
         # Peers must be configured alike: a token is required when we have one and
         # refused when we have none (the seed's "configuration synchronization").
-        self._tokens = TokenPolicy.of(token, refuse_unexpected=True)
+        # A callable gives the current policy (peer-token rotation).
+        self._tokens: Callable[[], TokenPolicy] = (
+            token
+            if callable(token)
+            else (lambda policy=TokenPolicy.of(token, refuse_unexpected=True): policy)
+        )
         self._known = known_server_ids
         self._limits = limits
         self.rejections = Rejections("syncer")
@@ -208,7 +213,7 @@ class SyncerServer:
 
     def _check(self, req: InitReq) -> tuple[str | None, RejectReason | None]:
         """(error text, rejection reason) or (None, None)."""
-        if self._tokens.check(req.client_token) is not None:
+        if self._tokens().check(req.client_token) is not None:
             return "invalid client token", RejectReason.BAD_TOKEN
         server_id = req.last_event_id.server
         own = self._engine.server_id
