@@ -27,7 +27,7 @@ from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
 from eventfleet_server.listener import Credentials, Tasks
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
-from eventfleet_server.storage import Retention, Storage
+from eventfleet_server.storage import CorruptStoreError, Retention, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,8 @@ class Replica:
         self.storage = await Storage.open(
             data_dir / "events.sqlite",
             synchronous=core.storage.synchronous,
+            quick_check_timeout=core.storage.quick_check_timeout,
+            max_db_bytes=core.storage.max_db_bytes,
             retention=Retention(
                 max_age_seconds=retention.max_age_seconds, max_events=retention.max_events
             ),
@@ -287,7 +289,14 @@ async def run(
         failing = loop.create_task(replica.failed.wait(), name="replica/failure")
         await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if starting.done() and not failing.done():
-            starting.result()
+            try:
+                starting.result()
+            except CorruptStoreError as e:
+                # One line, no traceback: the message says what to do (a restart loop
+                # with a traceback tells an operator nothing).
+                log.critical("cannot start: %s", e)
+                replica.failure = str(e)
+                return 1
             await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if failing.done():
             log.error("stopping: %s", replica.failure)

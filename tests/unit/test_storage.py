@@ -30,7 +30,14 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.common.subscription import Subscription
-from eventfleet_server.storage import Retention, Storage, StorageError, StorageStats, schema
+from eventfleet_server.storage import (
+    CorruptStoreError,
+    Retention,
+    Storage,
+    StorageError,
+    StorageStats,
+    schema,
+)
 from eventfleet_server.storage import db as storage_db
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -448,7 +455,7 @@ async def test_open_rejects_bad_synchronous(tmp_path):
 async def test_open_refuses_foreign_files(tmp_path):
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database" * 100)
-    with pytest.raises(StorageError, match=r"junk\.sqlite: cannot open"):
+    with pytest.raises(CorruptStoreError, match=r"junk\.sqlite is damaged .*restore"):
         await Storage.open(junk)
     newer = tmp_path / "newer.sqlite"
     with contextlib.closing(sqlite3.connect(newer)) as conn:

@@ -55,6 +55,8 @@ class Connection:
         self._writer = writer
         self._transport = writer.transport
         self._max_msg_size = max_msg_size
+        # Unsent bytes past which a peer that still sends pings is cut: it is not reading.
+        self.max_write_buffer: int | None = None
         self._next_id = 1
         self._closed = asyncio.get_running_loop().create_future()
         self._close_reason: str | None = None
@@ -95,6 +97,12 @@ class Connection:
         while True:
             msg = await self._read()
             if msg.type == _PING:
+                limit = self.max_write_buffer
+                if limit is not None and self.write_buffer_size > limit:
+                    self.abort(
+                        f"peer pings but does not read: {self.write_buffer_size} bytes unsent"
+                    )
+                    raise ConnectionError(f"connection {self.peer} closed: not reading")
                 self.send(_PONG, b"", conv=msg.conv)
                 continue
             if msg.type == _PONG:

@@ -46,6 +46,8 @@ class RetentionConfig:
 class StorageConfig:
     synchronous: str
     max_uncommitted: int
+    quick_check_timeout: float
+    max_db_bytes: int | None
     retention: RetentionConfig
 
 

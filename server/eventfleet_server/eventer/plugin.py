@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from eventfleet_server.eventer.config import EventerConfig
+from eventfleet_server.eventer.decode import RegisterLimits
 from eventfleet_server.eventer.server import EventerLimits, EventerServer
 from eventfleet_server.listener import Credentials, TokenPolicy, parse_networks
 from eventfleet_server.plugin import ProtocolContext
@@ -34,6 +35,15 @@ def create(config: EventerConfig, ctx: ProtocolContext) -> EventerServer:
             max_queued_events=config.max_queued_events,
             ack_every=config.ack_every,
             ack_window=config.ack_window,
+            max_write_buffer=config.max_write_buffer,
+            send_timeout=config.send_timeout,
+            register=RegisterLimits(
+                max_events=config.max_events_per_request,
+                max_payload_bytes=config.max_payload_bytes,
+                max_type_segments=config.max_type_segments,
+                max_segment_length=config.max_segment_length,
+            ),
+            max_latest_results=config.max_latest_results,
         ),
         admission=config.admission.limits(config.max_msg_size),
     )

@@ -12,9 +12,16 @@ from dataclasses import dataclass
 from eventfleet_server import chatter
 from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
-from eventfleet_server.common.model import Event, QueryTimeseriesParams, Status
+from eventfleet_server.common.model import (
+    Event,
+    QueryLatestParams,
+    QueryResult,
+    QueryTimeseriesParams,
+    Status,
+)
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
+from eventfleet_server.eventer.decode import MalformedRequest, RegisterLimits, decode_register
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,
@@ -45,6 +52,14 @@ class EventerLimits:
     max_concurrent_queries: int = 4
     ping_delay: float = 20.0
     ping_timeout: float = 20.0
+    # Bytes queued on a connection's socket (replies and notifies the client has not
+    # read) before it is closed as not reading, whatever it still sends.
+    max_write_buffer: int = 64 * 1024 * 1024
+    # Seconds a query reply may take to drain before the client is closed; the query
+    # slot is held until then, so a client that does not read cannot pile up replies.
+    send_timeout: float = 60.0
+    register: RegisterLimits = RegisterLimits()  # noqa: RUF009 (frozen, immutable)
+    max_latest_results: int = 10_000
 
 
 class EventerServer:
@@ -212,6 +227,7 @@ class _Session:
         self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
         # Per-session group: queries still running when the client leaves are cancelled.
         self._tasks = Tasks(f"eventer/{conn.peer}")
+        conn.max_write_buffer = self._limits.max_write_buffer
 
     def select(self, events: list[Event]) -> list[Event]:
         if self.subscription.is_empty:
@@ -246,10 +262,28 @@ class _Session:
         if checkpoint:
             self._since_checkpoint = 0
             self._outstanding_acks += 1
+        self._send(_P + "MsgEventsNotify", data, last=not checkpoint)
+
+    def _send(self, msg_type: str, data: bytes, **kwargs) -> bool:
+        """Queue a message unless the client stopped reading (then close it, logged and
+        counted). False when nothing was sent."""
+        conn = self.conn
+        if conn.is_closed:
+            return False
+        buffered = conn.write_buffer_size
+        if buffered + len(data) > self._limits.max_write_buffer:
+            self._refuse(
+                RejectReason.SLOW_CLIENT,
+                f"not reading: {buffered} bytes unsent, {len(data)} more would exceed "
+                f"max_write_buffer {self._limits.max_write_buffer}",
+                abort=True,
+            )
+            return False
         try:
-            self.conn.send(_P + "MsgEventsNotify", data, last=not checkpoint)
+            conn.send(msg_type, data, **kwargs)
         except ConnectionError:
-            pass
+            return False
+        return True
 
     def _on_ack(self) -> None:
         if self._outstanding_acks == 0:
@@ -282,7 +316,7 @@ class _Session:
         async for msg in chatter.messages(self.conn, self.server.rejections, label):
             t = msg.type
             if t == _P + "MsgRegisterReq":
-                self._on_register(msg)
+                await self._on_register(msg)
             elif t == _P + "MsgEventsAck":
                 self._on_ack()
             elif t == _P + "MsgQueryReq":
@@ -292,17 +326,30 @@ class _Session:
                 self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
                 return
 
-    def _on_register(self, msg: chatter.Msg) -> None:
+    async def _on_register(self, msg: chatter.Msg) -> None:
         conn = self.conn
         wants_response = not msg.last
         try:
-            data = codec.repo.decode(msg.type, msg.data)
-            events = [codec.register_event_from_sbs(e) for e in data]
-        except Exception as e:
+            # Slice by slice, yielding between slices: a maximal request never holds
+            # the loop (docs/security.md). Limits are checked before decoding.
+            events = await decode_register(msg.data, self._limits.register)
+        except MalformedRequest as e:
             self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
             return
+        except Exception as e:
+            # The whole request fails; the connection stays (the client may go on).
+            self.server.rejections.reject(
+                RejectReason.REGISTER_FAILED,
+                f"register by {self.name!r} refused: {e}",
+                conn.peer,
+            )
+            if wants_response:
+                self._respond_register(msg, None)
+            return
+        if conn.is_closed:
+            return
         try:
-            created, fut = self._engine.register(events)
+            created, fut = self._engine.register(events, validated=True)
         except EngineError as e:
             self.server.rejections.reject(
                 RejectReason.REGISTER_FAILED,
@@ -326,7 +373,7 @@ class _Session:
             if created is None
             else ("events", [codec.event_to_sbs(e) for e in created])
         )
-        self.conn.send(
+        self._send(
             _P + "MsgRegisterRes", codec.repo.encode(_P + "MsgRegisterRes", value), conv=msg.conv
         )
 
@@ -344,14 +391,35 @@ class _Session:
                 log.exception("query %r by %r failed", params, self.name)
                 self.conn.close(f"client {self.name!r}: query failed on the server")
                 return
-            if not self.conn.is_closed:
-                self.conn.send(
-                    _P + "MsgQueryRes",
-                    codec.repo.encode(_P + "MsgQueryRes", codec.query_result_to_sbs(result)),
-                    conv=msg.conv,
+            if isinstance(params, QueryLatestParams):
+                result = _cap_latest(result, self._limits.max_latest_results)
+            data = codec.repo.encode(_P + "MsgQueryRes", codec.query_result_to_sbs(result))
+            if not self._send(_P + "MsgQueryRes", data, conv=msg.conv):
+                return
+            # Hold the query slot until the reply has left: a client that sends queries
+            # and never reads runs out of slots instead of growing our memory.
+            try:
+                async with asyncio.timeout(self._limits.send_timeout):
+                    await self.conn.drain()
+            except TimeoutError:
+                self._refuse(
+                    RejectReason.SLOW_CLIENT,
+                    f"not reading: a query reply did not drain within "
+                    f"{self._limits.send_timeout:g} s",
+                    abort=True,
                 )
+            except ConnectionError:
+                pass
         finally:
             self._queries.release()
+
+
+def _cap_latest(result: QueryResult, cap: int) -> QueryResult:
+    """At most `cap` latest events; ``moreFollows`` tells the client there were more
+    (narrow the types to see them)."""
+    if len(result.events) <= cap:
+        return result
+    return QueryResult(result.events[:cap], True)
 
 
 def _check_query(params) -> None:

@@ -21,9 +21,10 @@ PEER_KEYS = ("name", "server_id", "state", "last_event_id", "lag_events", "lag_s
 async def status_document(replica: Any, *, full: bool = True) -> dict:
     """Build the version-1 status document of `replica`.
 
-    Not `full` (an anonymous caller while tokens are configured): ``peers`` and
-    ``protocols`` are null and ``storage`` has only the event count — the fleet's
-    topology, peer lag and connection counts are not for whoever reaches the port.
+    Not `full` (an anonymous caller while tokens are configured): only what an Eventer
+    client can learn anyway — last ids (server queries), peers and their sync state
+    (the ``('event', N, 'synced', M)`` events), the event count; ``protocols`` (ports,
+    connection counts) is null and ``storage`` has no sizes or sequence numbers.
     """
     engine = getattr(replica, "engine", None)
     storage = getattr(replica, "storage", None)
@@ -36,7 +37,7 @@ async def status_document(replica: Any, *, full: bool = True) -> dict:
         "ready": ready,
         "session": engine.last_id.session if engine is not None else None,
         "last_ids": last_ids(storage),
-        "peers": peers(getattr(replica, "syncer", None)) if full else None,
+        "peers": peers(getattr(replica, "syncer", None)),
         "protocols": {
             name: proto.describe()
             for name, proto in dict(getattr(replica, "protocols", None) or {}).items()

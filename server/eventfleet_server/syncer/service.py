@@ -141,6 +141,7 @@ class Syncer:
             reconnect_max_delay=s.reconnect_max_delay,
             state_cb=SyncStateRecorder(engine),
             tasks=self._tasks,
+            max_server_ids=s.max_known_server_ids,
         )
         self.mesh.peers = list(self._peers)
         await self.mesh.load_named_ids()
