@@ -21,12 +21,13 @@ from dataclasses import dataclass
 
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import RESERVED_TYPE_PREFIX, RegisterEvent, check_register_event
+from eventfleet_server.common.sbsint import SbsIntError, encode_int, read_int
 
 _REQ = "HatEventer.MsgRegisterReq"
 
 # A slice of the request decoded in one go: at most this many events or bytes.
-CHUNK_EVENTS = 256
-CHUNK_BYTES = 256 * 1024
+CHUNK_EVENTS = 128
+CHUNK_BYTES = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -48,17 +49,10 @@ class MalformedRequest(ValueError):
 
 
 def _int(data: memoryview, pos: int) -> tuple[int, int]:
-    end = len(data)
-    if pos >= end:
-        raise MalformedRequest("request truncated (integer expected)")
-    first = data[pos]
-    value = -1 if first & 0x40 else 0
-    for i in range(pos, min(pos + 10, end)):
-        b = data[i]
-        value = (value << 7) | (b & 0x7F)
-        if b & 0x80:
-            return value, i + 1
-    raise MalformedRequest("request truncated or integer too long")
+    try:
+        return read_int(data, pos)
+    except SbsIntError as e:
+        raise MalformedRequest(f"request {e}") from None
 
 
 def _length(data: memoryview, pos: int, what: str) -> tuple[int, int]:
@@ -119,24 +113,15 @@ def _walk_event(data: memoryview, pos: int, i: int, limits: RegisterLimits) -> i
     return pos
 
 
-def _encode_count(n: int) -> bytes:
-    groups = [n & 0x7F]
-    n >>= 7
-    while n:
-        groups.append(n & 0x7F)
-        n >>= 7
-    if groups[-1] & 0x40:
-        groups.append(0)  # keep the sign bit of the first byte clear
-    groups.reverse()
-    groups[-1] |= 0x80
-    return bytes(groups)
+_encode_count = encode_int
 
 
 def slices(data: bytes, limits: RegisterLimits) -> Iterator[tuple[int, bytes]]:
     """``(index of the first event, a MsgRegisterReq of a few events)`` per slice.
 
-    The whole request is walked and checked first (cheap: no objects are built), so a
-    request that breaks a limit is refused before anything is decoded.
+    The count is checked first; each slice is walked (limits checked, no objects built)
+    just before it is handed out, so the caller can yield to the loop between slices
+    and still refuse the whole request if a later event breaks a limit.
     """
     view = memoryview(data)
     count, pos = _int(view, 0)
@@ -146,23 +131,17 @@ def slices(data: bytes, limits: RegisterLimits) -> Iterator[tuple[int, bytes]]:
         raise RequestRefused(
             f"{count} events in one request (max_events_per_request {limits.max_events})"
         )
-    bounds = [pos]
-    for i in range(count):
-        pos = _walk_event(view, pos, i, limits)
-        bounds.append(pos)
-    if pos != len(view):
-        raise MalformedRequest(f"{len(view) - pos} bytes after the last event")
     first = 0
     while first < count:
-        last = first + 1
-        while (
-            last < count
-            and last - first < CHUNK_EVENTS
-            and bounds[last + 1] - bounds[first] <= CHUNK_BYTES
-        ):
+        start = pos
+        last = first
+        while last < count and last - first < CHUNK_EVENTS and pos - start <= CHUNK_BYTES:
+            pos = _walk_event(view, pos, last, limits)
             last += 1
-        yield first, _encode_count(last - first) + bytes(view[bounds[first] : bounds[last]])
+        yield first, _encode_count(last - first) + bytes(view[start:pos])
         first = last
+    if pos != len(view):
+        raise MalformedRequest(f"{len(view) - pos} bytes after the last event")
 
 
 def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None:
@@ -188,6 +167,7 @@ async def decode_register(data: bytes, limits: RegisterLimits) -> list[RegisterE
     either way nothing of the request is kept."""
     events: list[RegisterEvent] = []
     for first, chunk in slices(data, limits):
+        await asyncio.sleep(0)
         try:
             raw = codec.repo.decode(_REQ, chunk)
         except Exception as e:
@@ -196,5 +176,21 @@ async def decode_register(data: bytes, limits: RegisterLimits) -> list[RegisterE
             event = codec.register_event_from_sbs(item)
             check_client_event(first + offset, event, limits)
             events.append(event)
-        await asyncio.sleep(0)
     return events
+
+
+def encode_count(n: int) -> bytes:
+    """An SBS Integer (an Array's element count, a Choice index)."""
+    return _encode_count(n)
+
+
+async def encode_events(events, slice_events: int = CHUNK_EVENTS, prefix: bytes = b"") -> bytes:
+    """`prefix` + SBS ``Array(Event)`` of `events`, encoded a slice at a time with a yield
+    to the loop between slices (an Array is its count followed by its elements)."""
+    parts = [prefix, _encode_count(len(events))]
+    for start in range(0, len(events), slice_events):
+        chunk = [codec.event_to_sbs(e) for e in events[start : start + slice_events]]
+        encoded = codec.repo.encode("HatEventer.MsgEventsNotify", chunk)
+        parts.append(encoded[len(_encode_count(len(chunk))) :])
+        await asyncio.sleep(0)
+    return b"".join(parts)

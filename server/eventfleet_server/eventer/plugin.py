@@ -46,4 +46,5 @@ def create(config: EventerConfig, ctx: ProtocolContext) -> EventerServer:
             max_latest_results=config.max_latest_results,
         ),
         admission=config.admission.limits(config.max_msg_size),
+        tasks=ctx.tasks.group("eventer"),
     )

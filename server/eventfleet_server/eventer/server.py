@@ -21,7 +21,14 @@ from eventfleet_server.common.model import (
 )
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
-from eventfleet_server.eventer.decode import MalformedRequest, RegisterLimits, decode_register
+from eventfleet_server.eventer.decode import (
+    CHUNK_EVENTS,
+    MalformedRequest,
+    RegisterLimits,
+    decode_register,
+    encode_count,
+    encode_events,
+)
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,
@@ -77,8 +84,14 @@ class EventerServer:
         tokens: TokenPolicy | Callable[[], TokenPolicy] | None = None,
         limits: EventerLimits = EventerLimits(),
         admission: AdmissionLimits = AdmissionLimits(),
+        tasks: Tasks | None = None,
     ):
         self._engine = engine
+        self._tasks = tasks if tasks is not None else Tasks("eventer")
+        # Large sessions are fanned out a slice at a time by a task, in order with
+        # everything queued after them (see `_on_events`).
+        self._fanout: deque[tuple[list[Event], bool]] = deque()
+        self._fanout_task: asyncio.Task | None = None
         # A policy, or a function returning the current one (token rotation). Without
         # one: open, but a token sent to a server that has none is refused.
         policy = tokens if tokens is not None else TokenPolicy(refuse_unexpected=True)
@@ -136,10 +149,30 @@ class EventerServer:
             unsubscribe()
         self._unsubscribe = []
         await self._listener.stop()
+        await self._tasks.close()
 
     # -- fan-out -----------------------------------------------------------------------------
 
     def _on_events(self, events: list[Event], persisted: bool) -> None:
+        # Small sessions go out at once; a large one (or anything behind it, to keep
+        # the order) is encoded and sent a slice at a time with yields to the loop, so
+        # that 10,000 events of 1.6 KB do not hold the loop for the whole encoding.
+        if not self._fanout and len(events) <= CHUNK_EVENTS:
+            self._deliver(events, persisted)
+            return
+        self._fanout.append((events, persisted))
+        if self._fanout_task is None or self._fanout_task.done():
+            self._fanout_task = self._tasks.spawn("fan-out", self._fanout_loop(), critical=False)
+
+    async def _fanout_loop(self) -> None:
+        while self._fanout:
+            events, persisted = self._fanout[0]
+            for start in range(0, len(events), CHUNK_EVENTS):
+                self._deliver(events[start : start + CHUNK_EVENTS], persisted)
+                await asyncio.sleep(0)
+            self._fanout.popleft()
+
+    def _deliver(self, events: list[Event], persisted: bool) -> None:
         encoded_all: bytes | None = None
         for session in self._sessions:
             if session.persisted != persisted or session.conn.is_closed:
@@ -364,9 +397,17 @@ class _Session:
             fut.add_done_callback(
                 lambda f: self._respond_register(msg, None if f.exception() else created)
             )
+        elif len(events) > CHUNK_EVENTS:
+            # No answer to wait for: still, the next request waits for this commit, so
+            # a client cannot queue uncommitted batches faster than the disk takes them.
+            with contextlib.suppress(Exception):
+                await fut
 
     def _respond_register(self, msg: chatter.Msg, created: list[Event] | None) -> None:
         if self.conn.is_closed:
+            return
+        if created is not None and len(created) > CHUNK_EVENTS:
+            self._tasks.spawn("register-res", self._respond_large(msg, created), critical=False)
             return
         value = (
             ("failure", None)
@@ -376,6 +417,12 @@ class _Session:
         self._send(
             _P + "MsgRegisterRes", codec.repo.encode(_P + "MsgRegisterRes", value), conv=msg.conv
         )
+
+    async def _respond_large(self, msg: chatter.Msg, created: list[Event]) -> None:
+        # MsgRegisterRes = Choice {events: Array(Event), failure: None}: index 0, then
+        # the array encoded a slice at a time.
+        data = await encode_events(created, prefix=encode_count(0))
+        self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
 
     async def _on_query(self, msg: chatter.Msg) -> None:
         try:
