@@ -113,6 +113,8 @@ def load_file(path: pathlib.Path) -> dict:
         text = pathlib.Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text: {e}") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -219,6 +221,8 @@ def _tokens_from(value: str | None, path: str | None, key: str) -> tuple[str, ..
         text = pathlib.Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"{key} {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key} {path} is not UTF-8 text") from None
     tokens = parse_tokens(text)
     if not tokens:
         raise ConfigError(f"{key} {path} is empty (no token in it)")

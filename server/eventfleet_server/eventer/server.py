@@ -19,6 +19,7 @@ from eventfleet_server.common.model import (
     QueryTimeseriesParams,
     Status,
 )
+from eventfleet_server.common.sbsguard import check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.eventer.decode import (
@@ -199,6 +200,8 @@ class EventerServer:
 
     async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
         try:
+            # Untrusted bytes: bounds first (docs/security.md), the C decoder after.
+            check_bounds(codec.repo, msg.type, msg.data)
             req = codec.repo.decode(msg.type, msg.data)
         except Exception as e:
             raise _init_error(RejectReason.BAD_MESSAGE, f"MsgInitReq does not decode: {e}") from e
@@ -427,6 +430,7 @@ class _Session:
     async def _on_query(self, msg: chatter.Msg) -> None:
         try:
             try:
+                check_bounds(codec.repo, msg.type, msg.data)
                 params = codec.query_params_from_sbs(codec.repo.decode(msg.type, msg.data))
                 _check_query(params)
             except Exception as e:
