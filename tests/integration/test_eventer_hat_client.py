@@ -89,6 +89,33 @@ async def test_notifications_honour_subscriptions(replica, persisted):
         await pub.async_close()
 
 
+async def test_persisted_subscribers_hear_only_of_committed_events(tmp_path):
+    # A store too small for the event: its commit fails. persisted=false subscribers see
+    # it before the commit; persisted=true ones must never see it.
+    async with running_replica(tmp_path / "p", storage={"max_db_bytes": 128 * 1024}) as replica:
+        early, late = asyncio.Queue(), asyncio.Queue()
+        subs = [
+            await hat_client.connect(
+                addr(replica),
+                f"test/{name}",
+                subscriptions=[("*",)],
+                persisted=persisted,
+                events_cb=lambda _, e, q=q: q.put_nowait(e),
+            )
+            for name, persisted, q in (("early", False, early), ("late", True, late))
+        ]
+        pub = await hat_client.connect(addr(replica), "test/pub")
+        try:
+            big = hat.EventPayloadJson("x" * 600_000)
+            assert await pub.register([hat.RegisterEvent(("big",), None, big)], True) is None
+            assert [e.type for e in await collect(early, 1)] == [("big",)]
+            await asyncio.sleep(0.3)
+            assert late.empty()
+        finally:
+            for c in (*subs, pub):
+                await c.async_close()
+
+
 async def test_one_session_per_notify_message(replica):
     batches = asyncio.Queue()
     sub = await hat_client.connect(

@@ -133,3 +133,32 @@ async def test_forged_sync_state_events_start_no_relays(tmp_path):
         # Capped: at most max_known_server_ids, whatever peers name.
         mesh.on_committed([sync_event(2, 2, n) for n in range(10, 40)])
         assert len(mesh._seen) == 5 and 39 not in mesh.known_server_ids()
+
+
+async def test_restart_skips_max_uncommitted_plus_one_ids(tmp_path):
+    # Ids shown to persisted=false subscribers but never committed must never be reused:
+    # after a restart the engine continues max_uncommitted + 1 above the stored id.
+    data = tmp_path / "r"
+    async with running_replica(data, storage={"max_uncommitted": 10}) as replica:
+        created = await replica.engine.register_wait([RegisterEvent(("a",), None, None)] * 3)
+        last = created[-1].id
+    async with running_replica(data, storage={"max_uncommitted": 10}) as replica:
+        (after,) = await replica.engine.register_wait([RegisterEvent(("b",), None, None)])
+    assert after.id.instance == last.instance + 10 + 1 + 1
+    assert after.id.session == last.session + 10 + 1 + 1
+
+
+async def test_retention_settings_reach_the_store(tmp_path):
+    import asyncio
+
+    # max_events only (max_age_seconds would keep these fresh events): 5 of 12 remain.
+    retention = {"max_events": 5, "check_interval_seconds": 0.05}
+    async with running_replica(tmp_path / "r", storage={"retention": retention}) as replica:
+        await replica.engine.register_wait(
+            [RegisterEvent(("a", str(i)), None, None) for i in range(12)]
+        )
+        deadline = asyncio.get_running_loop().time() + 10
+        while (events := (await replica.storage.stats()).events) > 5:
+            assert asyncio.get_running_loop().time() < deadline, events
+            await asyncio.sleep(0.05)
+        assert events == 5

@@ -672,15 +672,10 @@ async def test_paging_cost_does_not_grow_with_table(tmp_path, capsys):
                 page_ms.append((time.perf_counter() - t0) * 1000)
             return result, insert_s, min(page_ms)
 
-    small, _, small_ms = await measure(1_000)
-    large, insert_s, large_ms = await measure(100_000)
-    with capsys.disabled():
-        print(
-            f"\n100k events inserted in {insert_s:.2f} s ({100_000 / insert_s:,.0f}/s, batches"
-            f" of 1000); 1000-event page: {small_ms:.1f} ms at 1k, {large_ms:.1f} ms at 100k"
-        )
-        for name in small:
-            print(f"  VM steps/100 {name}: {small[name]} at 1k, {large[name]} at 100k")
+    small, _, _ = await measure(1_000)
+    large, _, _ = await measure(100_000)
+    # Insert rates and page times belong to the benchmarks (scripts/bench); this test
+    # asserts the plan scales (VM steps), which does not depend on the machine's load.
     for name in small:
         assert large[name] <= 2 * small[name] + 20, (name, small[name], large[name])
 
