@@ -74,6 +74,7 @@ class ReplicaConfig:
     peer_token_file: str | None
     token_reload_interval: float
     allow_empty_start: bool
+    event_loop: str
     storage: StorageConfig
     http: HttpConfig
     log: LogConfig
