@@ -25,7 +25,7 @@ from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_cre
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
-from eventfleet_server.listener import Credentials, Tasks
+from eventfleet_server.listener import Credentials, Tasks, TlsError
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import CorruptStoreError, Retention, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
@@ -110,7 +110,13 @@ class Replica:
         data_dir = pathlib.Path(core.data_dir)
         # HTTP first: probes answer ("alive, not ready") during the whole start-up.
         _private_dir(data_dir)
-        self.http = HttpServer(self, core.http.host or core.host, core.http.port)
+        tls = core.tls.settings()
+        self.http = HttpServer(
+            self,
+            core.http.host or core.host,
+            core.http.port,
+            ssl_context=tls.server_context() if tls and core.tls.http else None,
+        )
         await self.http.start()
         retention = core.storage.retention
         self.storage = await Storage.open(
@@ -138,6 +144,7 @@ class Replica:
             data_dir=data_dir,
             token=self.token,
             credentials=self.credentials,
+            tls=tls,
             tasks=self.tasks,
             mount=self.http.mount,
             peers=lambda: list(self.conf.get("peers", [])),
@@ -291,7 +298,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except CorruptStoreError as e:
+            except (CorruptStoreError, TlsError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)

@@ -282,6 +282,7 @@ async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs
     return await asyncio.start_server(on_client, host, port, limit=1 << 20)
 
 
-async def connect(host: str, port: int, **conn_kwargs) -> Connection:
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+async def connect(host: str, port: int, *, ssl=None, **conn_kwargs) -> Connection:
+    """Connect (over TLS with `ssl`, an ssl.SSLContext verifying `host`)."""
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ssl)
     return Connection(reader, writer, **conn_kwargs)

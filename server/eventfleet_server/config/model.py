@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventfleet_server.config.typed import build
-from eventfleet_server.listener import AdmissionLimits
+from eventfleet_server.listener import AdmissionLimits, TlsError, TlsSettings
 
 
 @dataclass(frozen=True)
@@ -58,6 +58,24 @@ class HttpConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    enabled: bool
+    cert_file: str | None
+    key_file: str | None
+    ca_file: str | None
+    http: bool
+
+    def settings(self) -> TlsSettings | None:
+        """The listener layer's `TlsSettings`, None when TLS is off."""
+        if not self.enabled:
+            return None
+        missing = [k for k in ("cert_file", "key_file", "ca_file") if not getattr(self, k)]
+        if missing:
+            raise TlsError(f"tls.enabled is true but tls.{', tls.'.join(missing)} not set")
+        return TlsSettings(self.cert_file, self.key_file, self.ca_file)
+
+
+@dataclass(frozen=True)
 class LogConfig:
     level: str
     format: str
@@ -78,6 +96,7 @@ class ReplicaConfig:
     storage: StorageConfig
     http: HttpConfig
     log: LogConfig
+    tls: TlsConfig
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any]) -> ReplicaConfig:

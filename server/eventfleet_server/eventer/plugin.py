@@ -47,4 +47,5 @@ def create(config: EventerConfig, ctx: ProtocolContext) -> EventerServer:
         ),
         admission=config.admission.limits(config.max_msg_size),
         tasks=ctx.tasks.group("eventer"),
+        ssl=ctx.tls.server_context() if ctx.tls else None,
     )

@@ -86,6 +86,7 @@ class EventerServer:
         limits: EventerLimits = EventerLimits(),
         admission: AdmissionLimits = AdmissionLimits(),
         tasks: Tasks | None = None,
+        ssl=None,
     ):
         self._engine = engine
         self._tasks = tasks if tasks is not None else Tasks("eventer")
@@ -111,6 +112,7 @@ class EventerServer:
             rejections=self.rejections,
             ping_delay=limits.ping_delay,
             ping_timeout=limits.ping_timeout,
+            ssl=ssl,
         )
         self._unsubscribe = []
 

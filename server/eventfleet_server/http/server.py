@@ -50,8 +50,17 @@ class HttpServer:
     attributes) so this package does not depend on the replica's entry point.
     """
 
-    def __init__(self, replica: Any, host: str, port: int, *, shutdown_timeout: float = 5.0):
+    def __init__(
+        self,
+        replica: Any,
+        host: str,
+        port: int,
+        *,
+        shutdown_timeout: float = 5.0,
+        ssl_context: Any = None,
+    ):
         self._replica = replica
+        self._ssl = ssl_context
         self._host = host
         self._port = port
         self.metrics = Metrics(replica)
@@ -128,7 +137,7 @@ class HttpServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
         try:
             await site.start()
         except BaseException:

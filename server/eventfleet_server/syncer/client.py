@@ -87,8 +87,10 @@ class SyncStream:
         merger: Merger,
         limits: SyncerClientLimits = SyncerClientLimits(),
         on_change: Callable[[SyncStream], None] | None = None,
+        ssl=None,
     ):
         self.peer = peer
+        self._ssl = ssl
         self.server_id = server_id
         self.label = f"peer={peer.name} ({peer.address}) server_id={server_id}"
         self._client_name = client_name
@@ -133,6 +135,7 @@ class SyncStream:
                 max_msg_size=limits.max_msg_size,
                 ping_delay=limits.ping_delay,
                 ping_timeout=limits.ping_timeout,
+                ssl=self._ssl,
             )
         self._conn = conn
         owner.on_error = lambda e: conn.close(f"syncer {self.label}: merge failed: {e}")

@@ -316,7 +316,9 @@ class Mesh:
         state_cb: StateCb | None = None,
         tasks: Tasks | None = None,
         max_server_ids: int = 1000,
+        ssl=None,
     ):
+        self.ssl = ssl  # ssl.SSLContext for the links (mutual TLS), None: plain TCP
         self.engine = engine
         self.merger = merger
         self.tasks = tasks if tasks is not None else Tasks("syncer")
@@ -357,6 +359,7 @@ class Mesh:
             merger=self.merger,
             limits=self.limits,
             on_change=changed,
+            ssl=self.ssl,
         )
 
     # -- known server ids ---------------------------------------------------------------

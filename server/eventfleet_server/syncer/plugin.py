@@ -21,4 +21,5 @@ def create(config: SyncerConfig, ctx: ProtocolContext) -> Syncer:
         config_path=ctx.config_path,
         tasks=ctx.tasks,
         credentials=ctx.credentials,
+        tls=ctx.tls,
     )

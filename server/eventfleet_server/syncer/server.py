@@ -67,6 +67,7 @@ class SyncerServer:
         known_server_ids: Callable[[], set[int]] = set,
         limits: SyncerServerLimits = SyncerServerLimits(),
         admission: AdmissionLimits = AdmissionLimits(max_msg_size=64 * 1024 * 1024),
+        ssl=None,
     ):
         self._engine = engine
         # Peers must be configured alike: a token is required when we have one and
@@ -90,6 +91,7 @@ class SyncerServer:
             rejections=self.rejections,
             ping_delay=limits.ping_delay,
             ping_timeout=limits.ping_timeout,
+            ssl=ssl,
         )
         self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
         self._unsubscribe: Callable[[], None] | None = None

@@ -16,7 +16,7 @@ import time
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ConfigError
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Credentials, Tasks, TokenPolicy
+from eventfleet_server.listener import Credentials, Tasks, TlsSettings, TokenPolicy
 from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
 from eventfleet_server.syncer.client import Peer, SyncerClientLimits
 from eventfleet_server.syncer.config import SyncerConfig
@@ -56,7 +56,11 @@ class Syncer:
         config_path: pathlib.Path | None = None,
         tasks: Tasks | None = None,
         credentials: Credentials | None = None,
+        tls: TlsSettings | None = None,
     ):
+        # Mutual TLS: the listener requires a CA-signed client certificate, the links
+        # verify the peer's certificate and host name and present ours.
+        self._tls = tls
         self._config = config
         self._host = host
         # Peers present and accept the peer tokens (the client token when no separate
@@ -142,6 +146,7 @@ class Syncer:
             state_cb=SyncStateRecorder(engine),
             tasks=self._tasks,
             max_server_ids=s.max_known_server_ids,
+            ssl=self._tls.peer_client_context() if self._tls else None,
         )
         self.mesh.peers = list(self._peers)
         await self.mesh.load_named_ids()
@@ -154,6 +159,7 @@ class Syncer:
             known_server_ids=self.mesh.known_server_ids,
             limits=SyncerServerLimits(max_buffered_events=s.max_buffered_events),
             admission=s.admission.limits(s.max_msg_size),
+            ssl=self._tls.server_context(client_certificates=True) if self._tls else None,
         )
         await self.server.start()
 
