@@ -3,8 +3,10 @@ the hat-compatible Eventer setting limited to loopback (or off)."""
 
 from __future__ import annotations
 
+import shutil
 import stat
 
+import pytest
 from eventfleet_server import config
 from eventfleet_server.fleet import layout
 
@@ -37,3 +39,19 @@ def test_require_client_token(tmp_path):
     layout.prepare(fleet)
     conf = config.load(fleet.replicas[0].config_path, environ={})
     assert conf["eventer"]["allow_tokenless_clients"] is False
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_tls_fleet_gets_a_ca_and_a_certificate_per_replica(tmp_path):
+    fleet = layout.plan(2, tmp_path / "f", base_port=40000, tls=True)
+    layout.prepare(fleet)
+    conf = config.load(fleet.replicas[1].config_path, environ={})
+    settings = config.ReplicaConfig.from_mapping(conf).tls.settings()
+    assert settings.cert_file.endswith("replica-2.pem")
+    # The files work: server and mutual-TLS client contexts load them.
+    settings.server_context(client_certificates=True)
+    settings.peer_client_context()
+    assert mode(fleet.tls_dir / "ca.key") == 0o600 and mode(fleet.tls_dir) == 0o700
+    ca = (fleet.tls_dir / "ca.pem").read_bytes()
+    layout.prepare(layout.plan(2, tmp_path / "f", tls=True))  # resumed: same CA
+    assert (fleet.tls_dir / "ca.pem").read_bytes() == ca

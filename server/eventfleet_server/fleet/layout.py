@@ -25,6 +25,7 @@ import os
 import pathlib
 import secrets
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -105,6 +106,13 @@ class FleetPlan:
     # Eventer clients on loopback may omit the client token (Hat components have no
     # token setting); False: every client must present it.
     tokenless_loopback: bool = True
+    # TLS on every listener and mutual TLS between the replicas, with a CA and
+    # certificates generated under DIR/tls (openssl command-line tool).
+    tls: bool = False
+
+    @property
+    def tls_dir(self) -> pathlib.Path:
+        return self.data_dir / "tls"
 
 
 def plan(
@@ -114,6 +122,7 @@ def plan(
     base_port: int | None = None,
     host: str = "127.0.0.1",
     tokenless_loopback: bool = True,
+    tls: bool = False,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -140,6 +149,7 @@ def plan(
         data_dir / "token",
         data_dir / "peer-token",
         tokenless_loopback,
+        tls,
     )
 
 
@@ -166,6 +176,8 @@ def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
                 with os.fdopen(fd, "w") as f:
                     f.write(secrets.token_urlsafe(32) + "\n")
+        if fleet.tls:
+            _make_certificates(fleet)
         for r in fleet.replicas:
             _private_dir(r.data_dir)
             write_config(fleet, r, log_level)
@@ -178,6 +190,48 @@ def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
         (fleet.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     except OSError as e:
         raise FleetError(f"cannot prepare the fleet directory {fleet.data_dir}: {e}") from e
+
+
+def _openssl(*args: str, cwd: pathlib.Path) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise FleetError("--tls needs the openssl command-line tool") from e
+    except subprocess.CalledProcessError as e:
+        raise FleetError(f"openssl {args[0]} failed: {e.stderr.strip()[-300:]}") from e
+
+
+def _make_certificates(fleet: FleetPlan) -> None:
+    """A fleet CA (kept across runs) and one certificate per replica, valid for the
+    fleet's host and loopback, usable as server and as client (mutual TLS)."""
+    d = fleet.tls_dir
+    _private_dir(d)
+    key_opts = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    if not (d / "ca.pem").exists():
+        _openssl(
+            "req", "-x509", *key_opts, "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "3650", "-subj", "/CN=eventfleet local fleet CA", cwd=d,
+        )  # fmt: skip
+    san = f"IP:{fleet.host},IP:127.0.0.1,DNS:localhost"
+    if fleet.host in ("127.0.0.1", "localhost"):
+        san = "IP:127.0.0.1,DNS:localhost"
+    for r in fleet.replicas:
+        if (d / f"{r.name}.pem").exists():
+            continue
+        (d / f"{r.name}.ext").write_text(
+            f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
+        )
+        _openssl(
+            "req", *key_opts, "-keyout", f"{r.name}.key", "-out", f"{r.name}.csr",
+            "-subj", f"/CN={r.name}", cwd=d,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{r.name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{r.name}.pem", "-days", "825",
+            "-extfile", f"{r.name}.ext", cwd=d,
+        )  # fmt: skip
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
 
 
 def _private_dir(path: pathlib.Path) -> None:
@@ -210,6 +264,18 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "syncer": {"port": r.syncer_port},
         "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
         "http": {"port": r.http_port},
+        **(
+            {
+                "tls": {
+                    "enabled": True,
+                    "cert_file": str(fleet.tls_dir / f"{r.name}.pem"),
+                    "key_file": str(fleet.tls_dir / f"{r.name}.key"),
+                    "ca_file": str(fleet.tls_dir / "ca.pem"),
+                }
+            }
+            if fleet.tls
+            else {}
+        ),
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
