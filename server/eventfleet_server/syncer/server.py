@@ -34,6 +34,10 @@ from eventfleet_server.syncer.protocol import InitReq, ProtocolError
 log = logging.getLogger(__name__)
 
 
+# Events per MsgEvents when a large session is sent to peers in slices.
+FANOUT_SLICE = 256
+
+
 @dataclass(frozen=True)
 class SyncerServerLimits:
     """Per-session bounds of the Syncer server (connection bounds: `AdmissionLimits`)."""
@@ -95,6 +99,10 @@ class SyncerServer:
         )
         self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
         self._unsubscribe: Callable[[], None] | None = None
+        # Large committed sessions go to peers a slice at a time from a task, in order
+        # with everything after them, so encoding 16 MiB never holds the loop at once.
+        self._fanout: deque[list[Event]] = deque()
+        self._fanout_tasks = Tasks("syncer/fan-out")
 
     @property
     def port(self) -> int:
@@ -150,6 +158,7 @@ class SyncerServer:
         if self._unsubscribe:
             self._unsubscribe()
             self._unsubscribe = None
+        await self._fanout_tasks.close()
         await self._listener.stop()
 
     # -- fan-out of committed events ---------------------------------------------------------
@@ -157,6 +166,25 @@ class SyncerServer:
     def _on_events(self, events: list[Event], persisted: bool) -> None:
         if not persisted:
             return  # peers only ever get committed events
+        if not self._sessions.get(events[0].id.server):
+            return
+        if not self._fanout and len(events) <= FANOUT_SLICE:
+            self._deliver(events)
+            return
+        self._fanout.append(events)
+        if len(self._fanout) == 1:
+            self._fanout_tasks.spawn("slices", self._fanout_loop(), critical=False)
+
+    async def _fanout_loop(self) -> None:
+        while self._fanout:
+            events = self._fanout[0]
+            for start in range(0, len(events), FANOUT_SLICE):
+                # Each slice is one MsgEvents of one session (a part of it), in order.
+                self._deliver(events[start : start + FANOUT_SLICE])
+                await asyncio.sleep(0)
+            self._fanout.popleft()
+
+    def _deliver(self, events: list[Event]) -> None:
         sessions = self._sessions.get(events[0].id.server)
         if not sessions:
             return
