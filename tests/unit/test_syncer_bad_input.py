@@ -148,6 +148,7 @@ async def test_peer_sending_bad_events_is_cut_off_and_nothing_of_it_is_stored(tm
             state = node.replica.syncer.state()[0]
             assert reason in state["last_error"]
             assert reason in caplog.text
+
             # The good message's merge may still be committing (FULL: on the writer
             # thread) when the bad one cuts the stream: wait for it, bounded.
             async def held():
