@@ -124,6 +124,7 @@ async def test_maximal_register_request_keeps_healthz_under_100ms(tmp_path, peer
         )
         assert worst < limit, f"/healthz took {worst * 1000:.0f} ms during the request"
         if peered:
+
             async def replicated() -> int:
                 held = await read_all(procs[1].eventer, {1})
                 return sum(1 for e in held.values() if e[1][0] == "abuse")
