@@ -8,11 +8,13 @@ import logging
 import os
 import pathlib
 import signal
+import types
 from collections.abc import Mapping
 
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import EventerLimits, EventerServer
 from eventfleet_server.http import HttpServer
+from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Retention, Storage
 from eventfleet_server.syncer import Syncer
 
@@ -35,6 +37,8 @@ class Replica:
         self.engine: Engine | None = None
         self.eventer: EventerServer | None = None
         self.http: HttpServer | None = None
+        self.replication = None
+        self.tasks = Tasks("replica", self._fatal)
         self._retention_task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -77,6 +81,8 @@ class Replica:
             ),
         )
         await self.eventer.start()
+        if conf.get("replication", {}).get("enabled"):
+            await self._start_replication(data_dir)
         if retention_conf.get("max_age_seconds") or retention_conf.get("max_events"):
             self._retention_task = asyncio.get_running_loop().create_task(
                 self._retention_loop(retention_conf["check_interval_seconds"])
@@ -94,10 +100,35 @@ class Replica:
             data_dir,
         )
 
+    async def _start_replication(self, data_dir: pathlib.Path) -> None:
+        # Interim wiring until the protocol table of the scaffold: the same context shape.
+        from eventfleet_server import replication
+
+        config = replication.CONFIG.from_mapping(self.conf["replication"])
+        http = self.http
+        ctx = types.SimpleNamespace(
+            engine=self.engine,
+            host=self.conf["host"],
+            server_id=self.conf["server_id"],
+            data_dir=data_dir,
+            token=self.token,
+            tasks=self.tasks,
+            mount=lambda path, handler, method="GET": http.mount(path, handler, method=method),
+            peers=lambda: list(self.conf.get("peers", [])),
+        )
+        self.replication = replication.create(config, ctx)
+        await self.replication.start()
+
+    def _fatal(self, reason: str) -> None:
+        log.critical("stopping the replica: %s", reason)
+        os.kill(os.getpid(), signal.SIGTERM)
+
     async def stop(self) -> None:
         """Graceful: status stopping (clients are told), commit, close listeners and storage."""
         if self._retention_task:
             self._retention_task.cancel()
+        if self.replication:
+            await self.replication.stop()
         if self.engine:
             await self.engine.stop()
         # After the last commit: peers confirm they hold our events (MsgFlushReq/Res).

@@ -47,6 +47,7 @@ DEFAULTS: dict[str, Any] = {
     # written for a later version stay valid, but enabling it is refused (see load()).
     "bus": {"port": 23030, "enabled": False},
     "http": {"port": 23080},
+    "replication": {"enabled": False},
     "storage": {
         "synchronous": "NORMAL",
         "max_uncommitted": 100_000,

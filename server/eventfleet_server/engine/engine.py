@@ -35,6 +35,10 @@ to their own bounded per-connection queues.
 
 StatusListener = Callable[[Status], None]
 
+SequenceListener = Callable[[list[tuple[int, Event]]], None]
+"""Called after every commit (own registrations and merges) with ``(seq, event)`` of each
+inserted event: the local storage sequence number, strictly increasing, in commit order."""
+
 _OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
 
 
@@ -92,6 +96,7 @@ class Engine:
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
+        self._sequence_listeners: list[SequenceListener] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -194,6 +199,21 @@ class Engine:
         self._query_listeners.append(listener)
         return lambda: self._query_listeners.remove(listener)
 
+    def add_sequence_listener(self, listener: SequenceListener) -> Callable[[], None]:
+        """Be told the local sequence number of every event after its commit (see
+        `SequenceListener`); for sequence-based protocols (Replication usn, BUS)."""
+        self._sequence_listeners.append(listener)
+        return lambda: self._sequence_listeners.remove(listener)
+
+    def _fan_out_sequence(self, items: list[tuple[int, Event]]) -> None:
+        if not items:
+            return
+        for listener in list(self._sequence_listeners):
+            try:
+                listener(items)
+            except Exception:
+                log.exception("sequence listener %r failed", listener)
+
     def _fan_out(self, events: list[Event], persisted: bool) -> None:
         for listener in self._listeners:
             try:
@@ -258,7 +278,9 @@ class Engine:
         Every listener is told after the commit, once with ``persisted=False`` and once
         with ``True``, one session at a time.
         """
-        inserted = [e for _, e in await self._storage.write(events)]
+        items = await self._storage.write(events)
+        self._fan_out_sequence(items)
+        inserted = [e for _, e in items]
         for group in _sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
@@ -277,7 +299,7 @@ class Engine:
             meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
             started = time.perf_counter()
             try:
-                await self._storage.write(batch, meta)
+                items = await self._storage.write(batch, meta)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
                 for fut in futures:
@@ -290,6 +312,7 @@ class Engine:
             for fut in futures:
                 if not fut.done():
                     fut.set_result(None)
+            self._fan_out_sequence(items)
             for start, end in sessions:
                 self._fan_out(batch[start:end], True)
             for cb in self._commit_listeners:
