@@ -68,8 +68,14 @@ class AppWsClient:
         if info is not None:
             fields["info"] = info
         digest = login_digest(
-            fields["app"], fields["domain"], sip, fields["guid"], fields["dn"], challenge,
-            password, info,
+            fields["app"],
+            fields["domain"],
+            sip,
+            fields["guid"],
+            fields["dn"],
+            challenge,
+            password,
+            info,
         )
         return {"mt": "AppLogin", **fields, "digest": digest}
 

@@ -38,6 +38,7 @@ class Replica:
         self.eventer: EventerServer | None = None
         self.http: HttpServer | None = None
         self.replication = None
+        self.protocols: dict = {}
         self.tasks = Tasks("replica", self._fatal)
         self._retention_task: asyncio.Task | None = None
 
@@ -118,6 +119,7 @@ class Replica:
         )
         self.replication = replication.create(config, ctx)
         await self.replication.start()
+        self.protocols["replication"] = self.replication
 
     def _fatal(self, reason: str) -> None:
         log.critical("stopping the replica: %s", reason)

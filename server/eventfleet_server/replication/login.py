@@ -103,13 +103,13 @@ class Challenges:
     """Single-use, expiring challenges of one connection (at most one outstanding)."""
 
     def __init__(self, ttl: float, clock: Callable[[], float] = time.monotonic):
-        self._ttl = ttl
+        self.ttl = ttl
         self._clock = clock
         self._current: tuple[str, float] | None = None
 
     def issue(self) -> str:
         challenge = secrets.token_hex(16)
-        self._current = (challenge, self._clock() + self._ttl)
+        self._current = (challenge, self._clock() + self.ttl)
         return challenge
 
     def take(self) -> str:
@@ -121,7 +121,7 @@ class Challenges:
             )
         challenge, expires = current
         if self._clock() > expires:
-            raise LoginError(f"challenge expired (valid {self._ttl:g} s)")
+            raise LoginError(f"challenge expired (valid {self.ttl:g} s)")
         return challenge
 
 
@@ -175,5 +175,5 @@ class FailedLogins:
     def failed(self, address: str) -> None:
         self._failures.setdefault(address, deque()).append(self._clock())
         if len(self._failures) > 10_000:  # bound memory under a scan from many addresses
-            for key in list(self._failures)[:1000]:
-                self._recent(key)
+            for key in list(self._failures)[:1000]:  # the oldest addresses first
+                del self._failures[key]

@@ -154,12 +154,12 @@ class PublisherSession:
             return
         wait = self._failed.blocked_for(self._peer)
         if wait > 0:
-            self._challenges = Challenges(self._challenges._ttl)  # burn any outstanding one
-            self.refuse(
-                msg,
-                RejectReason.LOGIN_RATE_LIMITED,
-                f"AppLogin: too many failed logins from this address; retry in {wait:.0f} s",
+            self._challenges = Challenges(self._challenges.ttl)  # burn any outstanding one
+            error = f"too many failed logins from this address; retry in {wait:.0f} s"
+            self._rejections.reject(
+                RejectReason.LOGIN_RATE_LIMITED, f"AppLogin: {error}", self._peer
             )
+            self._send(codec.reply(msg, "AppLoginResult", ok=False, error=error))
             return
         try:
             challenge = self._challenges.take()

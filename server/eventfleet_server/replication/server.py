@@ -258,7 +258,7 @@ class _Connection:
                 )
             elif frame.type == WSMsgType.ERROR:
                 error = frame.data
-                if "too big" in str(error).lower() or ws.close_code == WSCloseCode.MESSAGE_TOO_BIG:
+                if getattr(error, "code", None) == WSCloseCode.MESSAGE_TOO_BIG:
                     self._rejections.reject(
                         RejectReason.MESSAGE_TOO_LARGE,
                         f"frame above replication.max_message_size "
