@@ -5,7 +5,6 @@ the SHA-256 digest, ReplicateStart/Next and the live Add/Update/Del messages."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 from typing import Any
@@ -124,5 +123,5 @@ class AppWsClient:
         try:
             while True:
                 out.append(await self.recv(seconds))
-        except (TimeoutError, asyncio.TimeoutError):
+        except TimeoutError:
             return out
