@@ -47,6 +47,7 @@ class TableConfig:
 class UpstreamConfig:
     name: str
     url: str
+    failover_urls: tuple[str, ...]
     table: str
     local_table: str
     key: str
@@ -106,6 +107,7 @@ class ReplicationConfig:
             UpstreamConfig(
                 name=u["name"],
                 url=u["url"],
+                failover_urls=tuple(u["failover_urls"]),
                 table=u["table"],
                 local_table=u["local_table"] or u["table"],
                 key=u["key"],

@@ -73,10 +73,12 @@ class Upstream:
         self.changes_sent = 0
         self._unlisten: Any = None
         self._password = ""
+        self._urls = (config.url, *config.failover_urls)
+        self._url_index = 0
 
     def describe(self) -> dict[str, Any]:
         return {
-            "url": self.config.url,
+            "url": self.url,
             "table": self.config.table,
             "state": self.state,
             "guid": self.guid,
@@ -87,6 +89,10 @@ class Upstream:
             "changes_sent": self.changes_sent,
             "last_error": self.last_error,
         }
+
+    @property
+    def url(self) -> str:
+        return self._urls[self._url_index]
 
     async def start(self) -> None:
         cfg = self.config
@@ -138,23 +144,24 @@ class Upstream:
                 self._ws = None
             if asyncio.get_running_loop().time() - started > 30:
                 delay = cfg.reconnect_min_delay  # it ran for a while: start the backoff over
+            # Next URL: another replica of the same fleet serves the same table.
+            self._url_index = (self._url_index + 1) % len(self._urls)
             self.state = "reconnecting"
             log.warning(
-                "replication upstream %s (%s): %s; reconnecting in %.1f s",
+                "replication upstream %s: %s; reconnecting to %s in %.1f s",
                 cfg.name,
-                cfg.url,
                 self.last_error,
+                self.url,
                 delay,
             )
             await asyncio.sleep(delay * (0.8 + 0.4 * random.random()))
             delay = min(delay * 2, cfg.reconnect_max_delay)
 
     async def _session(self) -> None:
-        cfg = self.config
         self.state = "connecting"
         async with (
             aiohttp.ClientSession() as http,
-            http.ws_connect(cfg.url, heartbeat=30.0, max_msg_size=64 * 1024 * 1024) as ws,
+            http.ws_connect(self.url, heartbeat=30.0, max_msg_size=64 * 1024 * 1024) as ws,
         ):
             self._ws = ws
             self._outbox = Outbox(ws, OUTBOX_LIMIT)
