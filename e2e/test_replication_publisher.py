@@ -259,6 +259,9 @@ async def test_column_selection_update_flags_and_refusals(publisher):
         assert start["add"] is False
         rows, _, _ = await c.initial_pass("phones")
         assert rows == {"p1": {"number": "100", "owner": "ann", "id": "p1"}}
+        # More ReplicateNext than rows (a pipelining replicator): the end marker again.
+        again = await c.request({"api": "phones", "mt": "ReplicateNext"})
+        assert "columns" not in again and "error" not in again
         # Updating a column that is not update:true: refused, with the row as it stands.
         refused = await c.request(
             {"api": "phones", "mt": "ReplicateUpdate", "columns": {"id": "p1", "owner": "eve"}}

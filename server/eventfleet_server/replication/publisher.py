@@ -271,11 +271,9 @@ class PublisherSession:
             )
             return
         if rep.pending is None:
-            self.refuse(
-                msg,
-                RejectReason.UNEXPECTED_MESSAGE,
-                f"ReplicateNext: the initial pass of {api!r} is over",
-            )
+            # Pipelining replicators may have asked for more rows than there were: the
+            # pass is over, say so again (not an error).
+            self._send(codec.reply(msg, "ReplicateNextResult", usn=rep.snapshot))
             return
         rows = rep.table.rows
         pending = rep.pending
