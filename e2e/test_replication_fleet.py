@@ -112,3 +112,30 @@ async def test_three_replicas_replication_eventer_and_failover(tmp_path):
             ext.stop()
         for p in procs:
             p.stop()
+
+
+async def test_local_fleet_command_enables_replication(tmp_path):
+    """`eventfleet fleet --replication users`: every replica publishes the table, the
+    login password is the fleet token, a row written on one replica reaches the other."""
+    from e2e.fleet_helpers import FleetProc
+
+    fleet = FleetProc(tmp_path / "fleet", 2, free_block(2), extra_args=["--replication", "users"])
+    fleet.start()
+    try:
+        up = await fleet.wait_up()
+        token = (tmp_path / "fleet" / "token").read_text().strip()
+        urls = [f"ws://{up[n]['http']}/replication" for n in ("replica-1", "replica-2")]
+        clients = []
+        for url in urls:
+            c = await AppWsClient(url).__aenter__()
+            clients.append(c)
+            assert (await c.login(token))["ok"] is True
+            assert "error" not in await c.start("users")
+            await c.initial_pass("users")
+        await clients[0].send({"api": "users", "mt": "ReplicateAdd", "columns": {"id": "x"}})
+        [m] = await clients[1].live(1, timeout=20)
+        assert m["mt"] == "ReplicateAdd" and m["columns"] == {"id": "x"}
+        for c in clients:
+            await c.__aexit__()
+    finally:
+        fleet.stop()

@@ -101,10 +101,17 @@ class FleetPlan:
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
     token_file: pathlib.Path
+    # Tables published over Replication (docs/replication.md); empty: Replication is off.
+    replication_tables: tuple[str, ...] = ()
 
 
 def plan(
-    replicas: int, data_dir: pathlib.Path, *, base_port: int | None = None, host: str = "127.0.0.1"
+    replicas: int,
+    data_dir: pathlib.Path,
+    *,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    replication_tables: tuple[str, ...] = (),
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -122,7 +129,12 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
-    return FleetPlan(layouts, data_dir, host, base_port, not state, data_dir / "token")
+    for table in replication_tables:
+        if not table or any(c in table for c in "?*"):
+            raise FleetError(f"--replication table name {table!r} must be non-empty, without ?/*")
+    return FleetPlan(
+        layouts, data_dir, host, base_port, not state, data_dir / "token", tuple(replication_tables)
+    )
 
 
 def _read_state(data_dir: pathlib.Path) -> dict:
@@ -169,7 +181,7 @@ def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> l
 
 
 def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> dict:
-    return {
+    conf = {
         "server_id": r.server_id,
         "host": r.host,
         "data_dir": str(r.data_dir),
@@ -183,6 +195,13 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
+    if fleet.replication_tables:
+        # The websocket lives on the HTTP port; the password is the fleet token.
+        conf["replication"] = {
+            "enabled": True,
+            "tables": [{"name": t} for t in fleet.replication_tables],
+        }
+    return conf
 
 
 def write_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> None:
