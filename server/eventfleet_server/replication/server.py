@@ -146,7 +146,7 @@ class ReplicationServer:
             return web.json_response({"error": "too many replication connections"}, status=503)
         with ticket:
             ws = web.WebSocketResponse(
-                max_msg_size=self.config.max_message_size, heartbeat=HEARTBEAT
+                max_msg_size=self.config.max_message_size, heartbeat=HEARTBEAT, compress=False
             )
             await ws.prepare(request)
             conn = _Connection(self, ws, peer, next(self._ids))
