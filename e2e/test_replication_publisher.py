@@ -472,7 +472,11 @@ async def test_session_that_never_reads_is_closed(publisher):
 
 async def test_login_timeout_closes_the_connection(tmp_path):
     replica = ReplicaProc(
-        tmp_path, "lt", 1, free_block(1), extra=replication_conf(tmp_path, login_timeout=0.5)
+        tmp_path,
+        "lt",
+        1,
+        free_block(1),
+        extra=replication_conf(tmp_path, admission={"init_timeout": 0.5}),
     )
     replica.start()
     try:

@@ -53,5 +53,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"eventfleet server: {e}", file=sys.stderr)
         return 2
     logs.setup(conf["log"]["level"], conf["log"]["format"], {"server_id": conf["server_id"]})
-    asyncio.run(main.run(conf, token, args.config))
-    return 0
+    return asyncio.run(main.run(conf, token, args.config))

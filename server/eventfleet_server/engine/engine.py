@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from eventfleet_server.common.model import (
     timestamp_from_us,
     timestamp_to_us,
 )
+from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,9 @@ to their own bounded per-connection queues.
 StatusListener = Callable[[Status], None]
 
 SequenceListener = Callable[[list[tuple[int, Event]]], None]
-"""Called after every commit (own registrations and merges) with ``(seq, event)`` of each
-inserted event: the local storage sequence number, strictly increasing, in commit order."""
+"""Called after every commit (own registrations and merges) with ``(seq, event)`` of the
+inserted events: `seq` is the replica's local storage sequence number, strictly
+increasing in commit order and never reused (the Event BUS sequence, Replication usn)."""
 
 _OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
 
@@ -72,6 +73,7 @@ class Engine:
         *,
         max_uncommitted: int = 100_000,
         max_results_cap: int = 10_000,
+        tasks: Tasks | None = None,
     ):
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -92,11 +94,14 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        # The writer is critical: if it ever stops, nothing is committed any more, so its
+        # exit stops the replica (through the owner's on_fatal).
+        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("engine")
         self._writer_task: asyncio.Task | None = None
+        self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
-        self._sequence_listeners: list[SequenceListener] = []
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -148,7 +153,7 @@ class Engine:
             session + 1,
             instance + 1,
         )
-        self._writer_task = asyncio.get_running_loop().create_task(self._writer_loop())
+        self._writer_task = self._tasks.spawn("writer", self._writer_loop())
 
     def set_operational(self) -> None:
         self._set_status(Status.OPERATIONAL)
@@ -157,11 +162,8 @@ class Engine:
         """Status ``stopping``, commit what is pending, stop the writer."""
         self._set_status(Status.STOPPING)
         await self.flush()
-        if self._writer_task:
-            self._writer_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
-            self._writer_task = None
+        await self._tasks.close()
+        self._writer_task = None
 
     async def flush(self) -> None:
         """Wait until everything registered so far is committed."""
@@ -187,6 +189,20 @@ class Engine:
         self._status_listeners.append(listener)
         return lambda: self._status_listeners.remove(listener)
 
+    def add_sequence_listener(self, listener: SequenceListener) -> Callable[[], None]:
+        """Called after each commit with ``(local seq, event)`` pairs (see `SequenceListener`)."""
+        self._sequence_listeners.append(listener)
+        return lambda: self._sequence_listeners.remove(listener)
+
+    def _fan_out_sequenced(self, inserted: list[tuple[int, Event]]) -> None:
+        if not inserted:
+            return
+        for listener in self._sequence_listeners:
+            try:
+                listener(inserted)
+            except Exception:
+                log.exception("sequence listener %r failed", listener)
+
     def add_commit_listener(self, listener: Callable[[int, float], None]) -> Callable[[], None]:
         """Called after each commit with (event count, commit seconds); for metrics."""
         self._commit_listeners.append(listener)
@@ -198,21 +214,6 @@ class Engine:
         """Called after each query (also a failed one) with (params, seconds); for metrics."""
         self._query_listeners.append(listener)
         return lambda: self._query_listeners.remove(listener)
-
-    def add_sequence_listener(self, listener: SequenceListener) -> Callable[[], None]:
-        """Be told the local sequence number of every event after its commit (see
-        `SequenceListener`); for sequence-based protocols (Replication usn, BUS)."""
-        self._sequence_listeners.append(listener)
-        return lambda: self._sequence_listeners.remove(listener)
-
-    def _fan_out_sequence(self, items: list[tuple[int, Event]]) -> None:
-        if not items:
-            return
-        for listener in list(self._sequence_listeners):
-            try:
-                listener(items)
-            except Exception:
-                log.exception("sequence listener %r failed", listener)
 
     def _fan_out(self, events: list[Event], persisted: bool) -> None:
         for listener in self._listeners:
@@ -278,12 +279,12 @@ class Engine:
         Every listener is told after the commit, once with ``persisted=False`` and once
         with ``True``, one session at a time.
         """
-        items = await self._storage.write(events)
-        self._fan_out_sequence(items)
-        inserted = [e for _, e in items]
+        pairs = await self._storage.write(events)
+        inserted = [e for _, e in pairs]
         for group in _sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
+        self._fan_out_sequenced(pairs)
         return inserted
 
     async def _writer_loop(self) -> None:
@@ -299,7 +300,7 @@ class Engine:
             meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
             started = time.perf_counter()
             try:
-                items = await self._storage.write(batch, meta)
+                pairs = await self._storage.write(batch, meta)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
                 for fut in futures:
@@ -312,9 +313,9 @@ class Engine:
             for fut in futures:
                 if not fut.done():
                     fut.set_result(None)
-            self._fan_out_sequence(items)
             for start, end in sessions:
                 self._fan_out(batch[start:end], True)
+            self._fan_out_sequenced(pairs)
             for cb in self._commit_listeners:
                 cb(len(batch), elapsed)
 

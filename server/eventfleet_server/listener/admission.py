@@ -27,7 +27,7 @@ class AdmissionLimits:
 class Ticket:
     """One admitted connection; `release` (idempotent) frees its place."""
 
-    __slots__ = ("_admission", "address", "_released")
+    __slots__ = ("_admission", "_released", "address")
 
     def __init__(self, admission: Admission, address: str):
         self._admission = admission

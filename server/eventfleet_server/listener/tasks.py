@@ -42,9 +42,6 @@ class Tasks:
         self._children: list[Tasks] = []
         self._closing = False
 
-    def __len__(self) -> int:
-        return len(self._tasks)
-
     @property
     def names(self) -> list[str]:
         """Names of the running tasks (for status pages and tests)."""
@@ -56,6 +53,11 @@ class Tasks:
             group._closing = True
         self._children.append(group)
         return group
+
+    def group(self, name: str) -> Tasks:
+        """A sub-group that shares `on_fatal` but is closed by whoever made it (not with
+        this group): for components that come and go, such as one peer's link."""
+        return Tasks(f"{self.owner}/{name}", self._on_fatal)
 
     def spawn(
         self, name: str, coro: Coroutine[Any, Any, Any], *, critical: bool = True

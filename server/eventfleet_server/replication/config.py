@@ -1,4 +1,4 @@
-"""Configuration of the replication section (defaults live only in ``schema.json``)."""
+"""Typed configuration of the replication section (schema and defaults: schema.json)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
+
+from eventfleet_server.config.model import AdmissionConfig
+from eventfleet_server.config.typed import build
 
 SCHEMA: dict = json.loads((importlib.resources.files(__package__) / "schema.json").read_text())
 
@@ -28,10 +31,14 @@ def fill_defaults(schema: Mapping, value: Any) -> Any:
     return value
 
 
-def _columns(value: Mapping | None) -> dict[str, bool] | None:
+def _flags(value: Any) -> dict[str, bool] | None:
+    """``{name: {update: bool}}`` (as configured) -> ``{name: updatable}``."""
     if value is None:
         return None
-    return {name: bool(spec.get("update", False)) for name, spec in value.items()}
+    return {
+        name: (spec if isinstance(spec, bool) else bool(spec.get("update", False)))
+        for name, spec in dict(value).items()
+    }
 
 
 @dataclass(frozen=True)
@@ -42,6 +49,9 @@ class TableConfig:
     add: bool
     delete: bool
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", _flags(self.columns))
+
 
 @dataclass(frozen=True)
 class UpstreamConfig:
@@ -49,7 +59,7 @@ class UpstreamConfig:
     url: str
     failover_urls: tuple[str, ...]
     table: str
-    local_table: str
+    local_table: str | None  # None: the same name as `table`
     key: str
     columns: dict[str, bool]
     add: bool
@@ -65,6 +75,11 @@ class UpstreamConfig:
     reconnect_min_delay: float
     reconnect_max_delay: float
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "columns", _flags(self.columns) or {})
+        if not self.local_table:
+            object.__setattr__(self, "local_table", self.table)
+
 
 @dataclass(frozen=True)
 class ReplicationConfig:
@@ -75,60 +90,21 @@ class ReplicationConfig:
     users_file: str | None
     password_file: str | None
     challenge_ttl: float
-    login_timeout: float
     failed_login_limit: int
     failed_login_window: float
     max_message_size: int
     max_send_queue: int
-    max_connections: int
-    max_connections_per_address: int
+    admission: AdmissionConfig
     upstreams: tuple[UpstreamConfig, ...]
 
-    @classmethod
-    def from_mapping(cls, m: Mapping) -> ReplicationConfig:
-        """Build from the (schema-validated) section; missing keys take schema defaults."""
-        validator = jsonschema.Draft202012Validator(SCHEMA)
-        errors = sorted(validator.iter_errors(dict(m)), key=lambda e: list(e.absolute_path))
-        if errors:
-            where = ".".join(str(p) for p in errors[0].absolute_path)
-            raise ValueError(
-                f"replication.{where}: {errors[0].message}".replace("replication.:", "replication:")
-            )
-        m = fill_defaults(SCHEMA, dict(m))
-        tables = tuple(
-            TableConfig(t["name"], t["key"], _columns(t["columns"]), t["add"], t["del"])
-            for t in m["tables"]
-        )
-        names = [t.name for t in tables]
+    def __post_init__(self) -> None:
+        """Checks the schema cannot express; errors name the entry."""
+        names = [t.name for t in self.tables]
         for name in names:
             if names.count(name) > 1:
                 raise ValueError(f"replication.tables: table {name!r} is listed twice")
-        upstreams = tuple(
-            UpstreamConfig(
-                name=u["name"],
-                url=u["url"],
-                failover_urls=tuple(u["failover_urls"]),
-                table=u["table"],
-                local_table=u["local_table"] or u["table"],
-                key=u["key"],
-                columns=_columns(u["columns"]) or {},
-                add=u["add"],
-                delete=u["del"],
-                app=u["app"],
-                domain=u["domain"],
-                sip=u["sip"],
-                dn=u["dn"],
-                guid=u["guid"],
-                info=u["info"],
-                password_file=u["password_file"],
-                window=u["window"],
-                reconnect_min_delay=u["reconnect_min_delay"],
-                reconnect_max_delay=u["reconnect_max_delay"],
-            )
-            for u in m["upstreams"]
-        )
-        up_names = [u.name for u in upstreams]
-        for u in upstreams:
+        up_names = [u.name for u in self.upstreams]
+        for u in self.upstreams:
             if up_names.count(u.name) > 1:
                 raise ValueError(f"replication.upstreams: name {u.name!r} is used twice")
             if u.local_table not in names:
@@ -136,20 +112,13 @@ class ReplicationConfig:
                     f"replication.upstreams[{u.name}]: local table {u.local_table!r} is not "
                     f"in replication.tables {names}"
                 )
-        return cls(
-            enabled=m["enabled"],
-            path=m["path"],
-            type_prefix=tuple(m["type_prefix"]),
-            tables=tables,
-            users_file=m["users_file"],
-            password_file=m["password_file"],
-            challenge_ttl=float(m["challenge_ttl"]),
-            login_timeout=float(m["login_timeout"]),
-            failed_login_limit=m["failed_login_limit"],
-            failed_login_window=float(m["failed_login_window"]),
-            max_message_size=m["max_message_size"],
-            max_send_queue=m["max_send_queue"],
-            max_connections=m["max_connections"],
-            max_connections_per_address=m["max_connections_per_address"],
-            upstreams=upstreams,
-        )
+
+    @classmethod
+    def from_mapping(cls, m: Mapping) -> ReplicationConfig:
+        """Validate the section against the fragment, fill its defaults, build it."""
+        validator = jsonschema.Draft202012Validator(SCHEMA)
+        errors = sorted(validator.iter_errors(dict(m)), key=lambda e: list(e.absolute_path))
+        if errors:
+            where = ".".join(["replication", *(str(p) for p in errors[0].absolute_path)])
+            raise ValueError(f"{where}: {errors[0].message}")
+        return build(cls, fill_defaults(SCHEMA, dict(m)))

@@ -17,7 +17,6 @@ from aiohttp import WSCloseCode, WSMsgType, web
 
 from eventfleet_server.listener import (
     Admission,
-    AdmissionLimits,
     Rejections,
     RejectReason,
 )
@@ -32,8 +31,6 @@ from eventfleet_server.replication.table import Change
 
 log = logging.getLogger(__name__)
 
-# Until login, a peer may not make us parse more than this per frame.
-PRE_LOGIN_MAX_FRAME = 64 * 1024
 HEARTBEAT = 30.0
 
 
@@ -46,16 +43,8 @@ class ReplicationServer:
         self.config = config
         self._ctx = ctx
         self._rejections = Rejections("replication")
-        self._admission = Admission(
-            AdmissionLimits(
-                max_connections=config.max_connections,
-                max_connections_per_address=config.max_connections_per_address,
-                pre_init_max_msg_size=PRE_LOGIN_MAX_FRAME,
-                max_msg_size=config.max_message_size,
-                init_timeout=config.login_timeout,
-            ),
-            self._rejections,
-        )
+        self._limits = config.admission.limits(config.max_message_size)
+        self._admission = Admission(self._limits, self._rejections)
         self._failed_logins = FailedLogins(config.failed_login_limit, config.failed_login_window)
         self._tasks = ctx.tasks.child("replication")
         self.backend = EngineBackend(ctx.engine, config)
@@ -79,7 +68,7 @@ class ReplicationServer:
             )
         await self.backend.start()
         self._unlisten = self.backend.add_change_listener(self._on_changes)
-        self._unmount = self._ctx.mount(cfg.path, self._handle, "GET")
+        self._unmount = self._ctx.mount(cfg.path, self._handle, method="GET")
         for up in cfg.upstreams:
             upstream = Upstream(up, self.backend, self._ctx.token, self._tasks, self._rejections)
             await upstream.start()
@@ -204,7 +193,7 @@ class _Connection:
         tasks = self._server._tasks
         writer = tasks.spawn(f"{self.name}/send", self._outbox.drain(), critical=False)
         timer = asyncio.get_running_loop().call_later(
-            self._server.config.login_timeout, self._login_expired
+            self._server._limits.init_timeout, self._login_expired
         )
         try:
             await self._read()
@@ -219,7 +208,7 @@ class _Connection:
         if not self.session.logged_in and not self._closing:
             self._rejections.reject(
                 RejectReason.INIT_TIMEOUT,
-                f"not logged in within {self._server.config.login_timeout:g} s",
+                f"not logged in within {self._server._limits.init_timeout:g} s",
                 self.peer,
             )
             self._closing = True
@@ -237,11 +226,13 @@ class _Connection:
                 break
             if frame.type == WSMsgType.TEXT:
                 text = frame.data
-                if not session.logged_in and len(text) > PRE_LOGIN_MAX_FRAME:
+                # Until login, a peer may not make us parse more than this per frame.
+                pre_login_max = self._server._limits.pre_init_max_msg_size
+                if not session.logged_in and len(text) > pre_login_max:
                     session.refuse(
                         None,
                         RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame of {len(text)} bytes before login (max {PRE_LOGIN_MAX_FRAME})",
+                        f"frame of {len(text)} bytes before login (max {pre_login_max})",
                     )
                     continue
                 try:

@@ -19,7 +19,6 @@ replica with a wiped store learns about servers that are gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -27,6 +26,7 @@ from collections.abc import Callable
 
 from eventfleet_server.common.model import Event, EventType, QueryLatestParams
 from eventfleet_server.engine import Engine
+from eventfleet_server.listener import Tasks
 from eventfleet_server.syncer.client import (
     InitRefusedError,
     Peer,
@@ -96,34 +96,32 @@ class PeerLink:
         self.direct = mesh.make_stream(peer, peer.server_id, self._on_direct_change)
         self.streams: dict[int, SyncStream] = {peer.server_id: self.direct}
         self._tasks: dict[int, asyncio.Task] = {}
+        self._group = mesh.tasks.group(f"peer:{peer.name}")
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._spawn(self.peer.server_id, self._direct_loop())
-        self._spawn(self.mesh.own_server_id, self._own_loop())
+        # The direct and own-id loops run as long as the link: their exit is fatal. A
+        # relay ends by itself when the relayed server id is not needed through this peer.
+        self._spawn(self.peer.server_id, self._direct_loop(), "direct", critical=True)
+        self._spawn(self.mesh.own_server_id, self._own_loop(), "own", critical=True)
         self.ensure(self.mesh.known_server_ids())
 
     def ensure(self, server_ids: set[int]) -> None:
         """Start relay streams for server ids not pulled from this peer yet."""
         for server_id in server_ids:
             if server_id not in self._tasks:
-                self._spawn(server_id, self._relay_loop(server_id))
+                self._spawn(server_id, self._relay_loop(server_id), f"relay:{server_id}")
 
-    def _spawn(self, server_id: int, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks[server_id] = task
+    def _spawn(self, server_id: int, coro, name: str, *, critical: bool = False) -> None:
+        self._tasks[server_id] = self._group.spawn(name, coro, critical=critical)
 
     async def stop(self) -> None:
         self.stopping = True
         self.mesh.notify()
         for stream in self.streams.values():
             stream.close()
-        for task in self._tasks.values():
-            task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._group.close()
         self._tasks.clear()
         self._set_state("disconnected")
 
@@ -292,9 +290,11 @@ class Mesh:
         reconnect_min_delay: float = 0.5,
         reconnect_max_delay: float = 30.0,
         state_cb: StateCb | None = None,
+        tasks: Tasks | None = None,
     ):
         self.engine = engine
         self.merger = merger
+        self.tasks = tasks if tasks is not None else Tasks("syncer")
         self.own_server_id = engine.server_id
         self.client_name = client_name
         self.token = token
