@@ -20,12 +20,12 @@ import signal
 from collections.abc import Mapping
 from types import ModuleType
 
+from eventfleet_server import replication
 from eventfleet_server.config import ReplicaConfig, build
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
 from eventfleet_server.listener import Tasks
-from eventfleet_server import replication
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import Retention, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
