@@ -487,3 +487,18 @@ async def test_login_timeout_closes_the_connection(tmp_path):
         assert (await rejected(replica))["init_timeout"] == 1
     finally:
         replica.stop()
+
+
+async def test_status_and_metrics_show_replication(publisher):
+    async with AppWsClient(ws_url(publisher)) as c:
+        await c.login("pw-alice")
+        start = await c.start("users")
+        async with aiohttp.ClientSession() as s:
+            async with s.get(publisher.http + "/status") as resp:
+                doc = (await resp.json())["protocols"]["replication"]
+            async with s.get(publisher.http + "/metrics") as resp:
+                metrics = await resp.text()
+    assert doc["guid"] == start["guid"] and doc["path"] == "/replication"
+    assert set(doc["tables"]) == {"users", "phones"}
+    assert {"peer": "127.0.0.1", "user": "alice", "tables": {"users": "pass"}} in doc["sessions"]
+    assert re.search(r'eventfleet_connections\{protocol="replication"\} [1-9]', metrics)
