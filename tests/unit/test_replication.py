@@ -175,3 +175,18 @@ def test_config_defaults_and_errors():
                 "upstreams": [{"name": "x", "url": "http://h/", "table": "t"}],
             }
         )
+
+
+def test_user_list_is_reloaded_when_the_file_changes(tmp_path):
+    import os
+
+    users = tmp_path / "users.yaml"
+    users.write_text("alice: one\n")
+    creds = Credentials.load(str(users), None, "token")
+    assert creds.password("alice") == "one" and creds.password("bob") is None
+    users.write_text("alice: two\nbob: three\n")
+    os.utime(users, (1, 1))  # a different mtime, whatever the clock's resolution
+    assert creds.password("alice") == "two" and creds.password("bob") == "three"
+    users.write_text("not: [a, mapping of strings]\n")
+    os.utime(users, (2, 2))
+    assert creds.password("alice") == "two"  # the last good list stays

@@ -10,6 +10,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import os
 import pathlib
 import secrets
 import time
@@ -20,6 +22,8 @@ from typing import Any
 import yaml
 
 LOGIN_FIELDS = ("app", "domain", "sip", "guid", "dn")
+
+log = logging.getLogger(__name__)
 
 
 class LoginError(Exception):
@@ -45,23 +49,50 @@ def digest(fields: Mapping[str, Any], challenge: str, password: str) -> str:
 
 
 class Credentials:
-    """Passwords by sip, with an optional password for every sip."""
+    """Passwords by sip, with an optional password for every sip.
 
-    def __init__(self, users: Mapping[str, str] | None = None, default: str | None = None):
+    A `users_file` is read again when its modification time changes (a mounted Secret
+    that kubelet updates): user list changes need no restart. A file that became
+    unreadable or invalid keeps the last good list (logged).
+    """
+
+    def __init__(
+        self,
+        users: Mapping[str, str] | None = None,
+        default: str | None = None,
+        users_file: str | None = None,
+    ):
         self._users = dict(users or {})
         self._default = default
+        self._users_file = users_file
+        self._mtime = _mtime(users_file) if users_file else None
 
     def __repr__(self) -> str:  # never show a password in a log or a traceback
-        return (
-            f"Credentials(users={sorted(self._users)}, default={'set' if self._default else None})"
-        )
+        default = "set" if self._default else None
+        return f"Credentials(users={sorted(self._users)}, default={default})"
 
     @property
     def empty(self) -> bool:
         return not self._users and not self._default
 
     def password(self, sip: str) -> str | None:
+        if self._users_file:
+            self._maybe_reload()
         return self._users.get(sip, self._default)
+
+    def _maybe_reload(self) -> None:
+        mtime = _mtime(self._users_file)
+        if mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            self._users = _read_users(self._users_file)
+        except ValueError as e:
+            log.error("%s; keeping the previous user list", e)
+            return
+        log.info(
+            "replication: user list %s reloaded (%d users)", self._users_file, len(self._users)
+        )
 
     @classmethod
     def load(
@@ -69,24 +100,33 @@ class Credentials:
     ) -> Credentials:
         """Users from `users_file` (a JSON/YAML mapping sip -> password), one password
         for everyone from `password_file`, else the fleet token. Errors name the file."""
-        users: dict[str, str] = {}
-        if users_file:
-            try:
-                data = yaml.safe_load(pathlib.Path(users_file).read_text())
-            except (OSError, yaml.YAMLError) as e:
-                raise ValueError(f"replication.users_file {users_file}: cannot read: {e}") from e
-            if not isinstance(data, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) and v for k, v in data.items()
-            ):
-                raise ValueError(
-                    f"replication.users_file {users_file}: must map user names to non-empty "
-                    "password strings"
-                )
-            users = data
+        users = _read_users(users_file) if users_file else {}
         default = read_secret(password_file, "replication.password_file") if password_file else None
-        if default is None and not users:
+        if default is None and not users_file:
             default = token
-        return cls(users, default)
+        return cls(users, default, users_file)
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.stat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _read_users(users_file: str) -> dict[str, str]:
+    try:
+        data = yaml.safe_load(pathlib.Path(users_file).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise ValueError(f"replication.users_file {users_file}: cannot read: {e}") from e
+    if not isinstance(data, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in data.items()
+    ):
+        raise ValueError(
+            f"replication.users_file {users_file}: must map user names to non-empty "
+            "password strings"
+        )
+    return data
 
 
 def read_secret(path: str, what: str) -> str:
