@@ -164,6 +164,7 @@ async def live_latency(writer_on: ReplicaProc, reader_on: ReplicaProc, n: int, t
     await pass_drain(reader)
     writer, _ = await session(writer_on)
     await pass_drain(writer)
+    await asyncio.sleep(0.5)
     sent: dict[str, float] = {}
     lat: list[float] = []
     done = asyncio.Event()
@@ -198,6 +199,10 @@ async def live_latency(writer_on: ReplicaProc, reader_on: ReplicaProc, n: int, t
 
 
 async def pass_drain(c: AppWsClient) -> None:
+    """Go live without a full pass: start again from the guid/usn the first start gave."""
+    first = await c.request({"api": "bench", "mt": "ReplicateStart", "columns": {}})
+    again = await c.start("bench", guid=first["guid"], usn=first["usn"])
+    assert again["full"] is False, again
     await c.initial_pass("bench")
 
 

@@ -114,32 +114,41 @@ class EngineBackend:
 
     def write(self, table: str, key: str, columns: dict[str, Any] | None) -> Any:
         """Register the row's new state as one event (None: a tombstone, no payload)."""
-        event_type = self.tables[table].event_type(key)
-        payload = None
-        if columns is not None:
-            try:
-                payload = EventPayloadJson(
-                    json.dumps(columns, separators=(",", ":"), allow_nan=False)
-                )
-            except ValueError as e:
-                raise WriteError(f"row is not storable as JSON: {e}") from None
+        return self.write_many(table, [(key, columns)])[0]
+
+    def write_many(self, table: str, rows: list[tuple[str, dict[str, Any] | None]]) -> list[Any]:
+        """Register several rows' new states as one engine session (all or nothing);
+        returns their event ids in order. Raises `WriteError`."""
+        index = self.tables[table]
+        events = []
+        for key, columns in rows:
+            payload = None
+            if columns is not None:
+                try:
+                    text = json.dumps(columns, separators=(",", ":"), allow_nan=False)
+                except ValueError as e:
+                    raise WriteError(f"row {key!r} is not storable as JSON: {e}") from None
+                payload = EventPayloadJson(text)
+            events.append(RegisterEvent(index.event_type(key), None, payload))
         try:
-            created, committed = self._engine.register([RegisterEvent(event_type, None, payload)])
+            created, committed = self._engine.register(events)
         except EngineError as e:
             raise WriteError(str(e)) from None
-        event_id = created[0].id
-        self._unsettled[(table, key)] = (event_id, columns)
-        self._unsettled_ids[event_id] = (table, key)
-        committed.add_done_callback(lambda fut: self._committed(fut, event_id))
-        return event_id
+        ids = [event.id for event in created]
+        for (key, columns), event_id in zip(rows, ids, strict=True):
+            self._unsettled[(table, key)] = (event_id, columns)
+            self._unsettled_ids[event_id] = (table, key)
+        committed.add_done_callback(lambda fut: self._committed(fut, ids))
+        return ids
 
-    def _committed(self, fut: Any, event_id: Any) -> None:
+    def _committed(self, fut: Any, event_ids: list[Any]) -> None:
         if fut.cancelled() or fut.exception() is not None:
             log.error(
                 "replication: a row write was not committed: %s",
                 fut.exception() if not fut.cancelled() else "cancelled",
             )
-            self._settle(event_id)
+            for event_id in event_ids:
+                self._settle(event_id)
 
     async def flush(self) -> None:
         await self._engine.flush()

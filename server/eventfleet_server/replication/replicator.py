@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 PERSIST_INTERVAL = 1.0
 RECEIVE_TIMEOUT = 90.0
 OUTBOX_LIMIT = 100_000
+PASS_BATCH = 500  # rows registered per engine session during a pass
+_MISSING = object()
 
 
 class UpstreamError(Exception):
@@ -63,6 +65,8 @@ class Upstream:
         self.local_seq = 0
         self._saved: tuple[str, int, int] | None = None
         self._own: set[Any] = set()
+        # Rows received but not yet handed to the engine (batched during a pass).
+        self._batch: dict[str, dict[str, Any] | None] = {}
         self._ws: aiohttp.ClientWebSocketResponse | None = None
         self._outbox: Outbox | None = None
         self._live = False
@@ -142,6 +146,7 @@ class Upstream:
             finally:
                 self._live = False
                 self._ws = None
+                self._batch = {}  # not stored; the next pass sends them again (usn unchanged)
             if asyncio.get_running_loop().time() - started > 30:
                 delay = cfg.reconnect_min_delay  # it ran for a while: start the backoff over
             # Next URL: another replica of the same fleet serves the same table.
@@ -283,10 +288,12 @@ class Upstream:
             else:
                 self._upstream_reply(msg)
         # Pass done: the table now matches the publisher's at end_usn.
+        self._flush()
         if full:
             for key, row in list(self._table.rows.items()):
                 if row.columns is not None and key not in seen and not self._pending_local(key):
                     self._write(key, None)
+            self._flush()
         self.guid = guid
         self.usn = end_usn
         self._send_pending_local(seen)
@@ -332,7 +339,9 @@ class Upstream:
             key = row_key(columns[key_column])
         except ValueError as e:
             raise UpstreamError(f"{mt}: {e}") from None
-        current = self._backend.current(self._table.name, key)
+        current = self._batch.get(key, _MISSING)
+        if current is _MISSING:
+            current = self._backend.current(self._table.name, key)
         if mt == "ReplicateDel":
             new = None
         elif mt == "ReplicateUpdate" and current is not None:
@@ -344,10 +353,19 @@ class Upstream:
         return key
 
     def _write(self, key: str, columns: dict[str, Any] | None) -> None:
+        self._batch[key] = columns
+        if not self._live and len(self._batch) < PASS_BATCH:
+            return  # in a pass: gather rows, one engine session per batch
+        self._flush()
+
+    def _flush(self) -> None:
+        if not self._batch:
+            return
+        rows, self._batch = list(self._batch.items()), {}
         try:
-            self._own.add(self._backend.write(self._table.name, key, columns))
+            self._own.update(self._backend.write_many(self._table.name, rows))
         except WriteError as e:
-            raise UpstreamError(f"local write of row {key!r} failed: {e}") from e
+            raise UpstreamError(f"local write of {len(rows)} rows failed: {e}") from e
 
     # -- local changes going upstream ------------------------------------------------
 
