@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import datetime
 import json
+import os
 import pathlib
 import re
 import statistics
@@ -142,6 +143,12 @@ async def pass_pipelined(r: ReplicaProc, window: int = 256, **start_args) -> dic
     return {"rows": rows, "seconds": elapsed, "guid": start["guid"], "usn": m["usn"]}
 
 
+def cpu(r: ReplicaProc) -> float:
+    """CPU seconds (user + system) used so far by replica `r`'s process."""
+    fields = pathlib.Path(f"/proc/{r.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 _TS = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})")
 
 
@@ -211,7 +218,11 @@ async def main(args) -> dict:
     base = free_block(3)
     a = ReplicaProc(tmp, "A", 1, base, extra=conf(tmp))
     b = ReplicaProc(tmp, "B", 2, base + 10, extra=conf(tmp))
-    results: dict = {"rows": args.rows, "changes": args.changes}
+    results: dict = {
+        "rows": args.rows,
+        "changes": args.changes,
+        "load_before": round(os.getloadavg()[0], 1),
+    }
     c = None
     try:
         for r in (a, b):
@@ -226,14 +237,21 @@ async def main(args) -> dict:
         lock = await pass_lockstep(a)
         results["pass_lockstep_rows_per_s"] = round(lock["rows"] / lock["seconds"])
         log(f"initial pass, lockstep: {lock['rows']} rows in {lock['seconds']:.2f} s")
+        a0 = cpu(a)
         pipe = await pass_pipelined(a)
         results["pass_pipelined_rows_per_s"] = round(pipe["rows"] / pipe["seconds"])
+        results["pass_publisher_cpu_us_per_row"] = round((cpu(a) - a0) * 1e6 / pipe["rows"], 1)
         log(f"initial pass, 256 in flight: {pipe['rows']} rows in {pipe['seconds']:.2f} s")
 
         upstream = {"name": "a", "url": ws(a), "table": "bench", "reconnect_min_delay": 0.2}
         c = ReplicaProc(tmp, "C", 1, base + 20, extra=conf(tmp, [upstream]))
         c.start()
+        await wait_log(c, "replication publishing", 1)
+        c0, a0 = cpu(c), cpu(a)
         await wait_log(c, "full pass done", 1)
+        c1, a1 = cpu(c), cpu(a)
+        results["pass_replicator_cpu_us_per_row"] = round((c1 - c0) * 1e6 / args.rows, 1)
+        results["pass_replicator_publisher_cpu_us_per_row"] = round((a1 - a0) * 1e6 / args.rows, 1)
         text = c.log_path.read_text()
         secs = log_time(text, "full pass done") - log_time(text, "replication publishing")
         results["pass_replicator_rows_per_s"] = round(args.rows / secs)
@@ -261,6 +279,7 @@ async def main(args) -> dict:
         log(f"live A -> session on B: {results['live_other_replica']}")
         results["live_same_replica"] = await live_latency(a, a, args.live, "y")
         log(f"live A -> session on A: {results['live_same_replica']}")
+        results["load_after"] = round(os.getloadavg()[0], 1)
     finally:
         if c is not None:
             c.stop()
@@ -279,8 +298,13 @@ def markdown(r: dict) -> str:
             f"| {r['pass_lockstep_rows_per_s']:,} rows/s | |",
             f"| initial pass, 256 ReplicateNext in flight | **{r['pass_pipelined_rows_per_s']:,} "
             f"rows/s** | ≥ {TARGETS['pass_rows_per_s']:,} rows/s |",
+            f"| publisher CPU per row in that pass | {r['pass_publisher_cpu_us_per_row']} µs "
+            f"(≈ {round(1e6 / r['pass_publisher_cpu_us_per_row']):,} rows/s per core) | |",
             f"| initial pass into another replica (project replicator, rows stored as events) | "
             f"{r['pass_replicator_rows_per_s']:,} rows/s | |",
+            f"| CPU per row in that pass, replicator / publisher | "
+            f"{r['pass_replicator_cpu_us_per_row']} / "
+            f"{r['pass_replicator_publisher_cpu_us_per_row']} µs | |",
             f"| incremental restart after {r['changes']:,} changes, client (connect to end) | "
             f"**{r['incremental_client_s']} s** | ≤ {TARGETS['incremental_s']} s |",
             f"| incremental restart, project replicator restarted | "

@@ -16,7 +16,7 @@ from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.replication.config import ReplicationConfig, TableConfig
 from eventfleet_server.replication.publisher import WriteError
-from eventfleet_server.replication.table import Change, Tables
+from eventfleet_server.replication.table import UNKNOWN, Change, Tables
 
 log = logging.getLogger(__name__)
 
@@ -86,9 +86,11 @@ class EngineBackend:
     def _on_sequence(self, items: list[tuple[int, Any]]) -> None:
         self._applied = max(self._applied, items[-1][0])
         if self._unsettled_ids:
+            changes = self.tables.apply(items, self._written_row)
             for _, event in items:
                 self._settle(event.id)
-        changes = self.tables.apply(items)
+        else:
+            changes = self.tables.apply(items)
         if not changes:
             return
         for listener in list(self._listeners):
@@ -96,6 +98,13 @@ class EngineBackend:
                 listener(changes)
             except Exception:
                 log.exception("replication change listener %r failed", listener)
+
+    def _written_row(self, event_id: Any) -> Any:
+        where = self._unsettled_ids.get(event_id)
+        entry = self._unsettled.get(where) if where is not None else None
+        if entry is None or entry[0] != event_id:
+            return UNKNOWN
+        return entry[1]
 
     def _settle(self, event_id: Any) -> None:
         where = self._unsettled_ids.pop(event_id, None)

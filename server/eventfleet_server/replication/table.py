@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from eventfleet_server.common.model import Event, EventPayloadJson, EventType, natural_key
@@ -25,10 +25,16 @@ from eventfleet_server.common.model import Event, EventPayloadJson, EventType, n
 log = logging.getLogger(__name__)
 
 
+_UNKNOWN: Any = object()
+
+
 class Row(NamedTuple):
     seq: int
     order: tuple[int, int, int, int]
     columns: dict[str, Any] | None  # None = deleted (tombstone)
+
+
+UNKNOWN = _UNKNOWN
 
 
 class Change(NamedTuple):
@@ -101,14 +107,18 @@ class Table:
             )
         return None
 
-    def apply(self, seq: int, event: Event, key: str) -> Change | None:
+    def apply(self, seq: int, event: Event, key: str, columns: Any = _UNKNOWN) -> Change | None:
         """Take a newly stored event of this table; the change, or None if the row did
-        not change (an older event than the row's latest)."""
+        not change (an older event than the row's latest). `columns`: the row the event
+        was made from, when the caller has it (saves parsing the payload again)."""
         order = natural_key(event)
         old = self.rows.get(key)
         if old is not None and old.order >= order:
             return None
-        columns = self.columns_of(key, event)
+        if columns is _UNKNOWN:
+            columns = self.columns_of(key, event)
+        elif columns is not None and self.key not in columns:
+            columns = {**columns, self.key: key}
         self.rows[key] = Row(seq, order, columns)
         before = old.columns if old is not None else None
         return Change(self.name, key, seq, event, before, columns)
@@ -147,7 +157,13 @@ class Tables:
     def subscriptions(self) -> list[EventType]:
         return [t.subscription for t in self.tables.values()]
 
-    def apply(self, items: Iterable[tuple[int, Event]]) -> list[Change]:
+    def apply(
+        self,
+        items: Iterable[tuple[int, Event]],
+        known: Callable[[Any], Any] | None = None,
+    ) -> list[Change]:
+        """Feed stored events; `known(event_id)` may return the row an event was made
+        from (or `UNKNOWN`)."""
         n = len(self.prefix)
         prefix = self.prefix
         changes = []
@@ -158,7 +174,8 @@ class Tables:
             table = self.tables.get(t[n])
             if table is None:
                 continue
-            change = table.apply(seq, event, t[n + 1])
+            columns = known(event.id) if known is not None else _UNKNOWN
+            change = table.apply(seq, event, t[n + 1], columns)
             if change is not None:
                 changes.append(change)
         return changes
