@@ -41,7 +41,7 @@ import tempfile
 import time
 
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
-from eventfleet_server.eventer import connect
+from eventfleet_server.client.eventer import connect
 
 from e2e.appws_client import AppWsClient
 from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers

@@ -6,8 +6,8 @@ import asyncio
 import logging
 
 from eventfleet_server import config
+from eventfleet_server.client.eventer import EventerInitError, connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import EventerInitError, connect
 from eventfleet_server.main import run
 
 from tests.conftest import running_replica

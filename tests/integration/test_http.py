@@ -16,6 +16,7 @@ import typing
 import aiohttp
 import pytest
 from aiohttp import web
+from eventfleet_server.client.eventer import EventerInitError, connect
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -24,7 +25,6 @@ from eventfleet_server.common.model import (
     Status,
     Timestamp,
 )
-from eventfleet_server.eventer import EventerInitError, connect
 from eventfleet_server.http.health import readiness
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -11,8 +11,8 @@ import threading
 
 import aiohttp
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
 from eventfleet_server.listener import RejectReason
 
 from tests.integration.test_http import FakeSyncer, install_syncer, peer

@@ -18,6 +18,7 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Status,
     Timestamp,
+    split_sessions,
     timestamp_from_us,
     timestamp_to_us,
 )
@@ -281,7 +282,7 @@ class Engine:
         """
         pairs = await self._storage.write(events)
         inserted = [e for _, e in pairs]
-        for group in _sessions(inserted):
+        for group in split_sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
         self._fan_out_sequenced(pairs)
@@ -353,16 +354,6 @@ class Engine:
             room = max(limit - len(result.events), 0)
             result = QueryResult(result.events + extra[:room], len(extra) > room)
         return result
-
-
-def _sessions(events: list[Event]) -> list[list[Event]]:
-    groups: list[list[Event]] = []
-    for e in events:
-        if groups and groups[-1][0].id[:2] == e.id[:2]:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    return groups
 
 
 def _validate_register_event(i: int, e: RegisterEvent) -> None:

@@ -19,6 +19,7 @@ replica with a wiped store learns about servers that are gone.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import random
 import time
@@ -58,6 +59,16 @@ def ids_named_by(event_type: EventType) -> tuple[int, ...]:
         ids = (int(event_type[1]), int(event_type[3]))
         return tuple(i for i in ids if 1 <= i <= MAX_ID)
     return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """How one Syncer connection ended: ``error`` is None when it ended normally;
+    ``refused`` when the peer answered the init with an error (it holds none of the
+    requested server's events), which callers treat as an answer, not a failure."""
+
+    error: str | None = None
+    refused: bool = False
 
 
 class Backoff:
@@ -172,29 +183,29 @@ class PeerLink:
 
     # -- streams ------------------------------------------------------------------------
 
-    async def _attempt(self, stream: SyncStream, **kwargs) -> str | None:
-        """Run one connection; None if it ended normally, else the error text."""
+    async def _attempt(self, stream: SyncStream, **kwargs) -> Attempt:
+        """Run one connection; how it ended (``error`` is None if it ended normally)."""
         try:
             await stream.run(**kwargs)
-            return None
+            return Attempt()
         except asyncio.CancelledError:
             raise
         except InitRefusedError as e:
-            return f"refused by the peer: {e}"
+            return Attempt(f"refused by the peer: {e}", refused=True)
         except ProtocolError as e:
-            return f"protocol error: {e}"
+            return Attempt(f"protocol error: {e}")
         except (ConnectionError, OSError, TimeoutError) as e:
-            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            return Attempt(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         except Exception as e:
             log.exception("syncer %s failed", stream.label)
-            return repr(e)
+            return Attempt(repr(e))
 
     async def _direct_loop(self) -> None:
         mesh = self.mesh
         backoff = Backoff(mesh.reconnect_min_delay, mesh.reconnect_max_delay)
         while not self.stopping:
             self.attempts += 1
-            error = await self._attempt(self.direct)
+            error = (await self._attempt(self.direct)).error
             if error is None:
                 backoff.reset()  # a synced connection ended: reconnect quickly
             delay = backoff.next()
@@ -228,12 +239,14 @@ class PeerLink:
             if self.stopping:
                 return  # belt and braces: a lost cancellation must not keep us looping
             epoch = self.epoch
-            error = await self._attempt(stream, until_synced=True)
-            if error is None or error.startswith("refused"):
+            attempt = await self._attempt(stream, until_synced=True)
+            if attempt.error is None or attempt.refused:
                 done_epoch = epoch  # refused: the peer holds none of our events
                 backoff.reset()
-                if error:
-                    log.info("syncer peer=%s: own events not held (%s)", self.peer.name, error)
+                if attempt.refused:
+                    log.info(
+                        "syncer peer=%s: own events not held (%s)", self.peer.name, attempt.error
+                    )
                 continue
             await asyncio.sleep(backoff.next())
 
@@ -259,18 +272,18 @@ class PeerLink:
             if self.stopping:
                 return
             epoch = self.epoch
-            error = await self._attempt(stream, stop_when=lambda: mesh.direct_synced(server_id))
-            if error is None:
+            attempt = await self._attempt(stream, stop_when=lambda: mesh.direct_synced(server_id))
+            if attempt.error is None:
                 done_epoch = epoch
                 backoff.reset()
                 continue
-            if error.startswith("refused"):
+            if attempt.refused:
                 done_epoch = epoch
                 log.info(
                     "syncer peer=%s: no relay of server_id=%s (%s)",
                     self.peer.name,
                     server_id,
-                    error,
+                    attempt.error,
                 )
             await asyncio.sleep(backoff.next())
 
@@ -345,9 +358,6 @@ class Mesh:
         ids = {self.own_server_id, *self.engine.storage.last_ids, *self._seen}
         ids.update(p.server_id for p in self.peers)
         return ids
-
-    def peer_server_ids(self) -> set[int]:
-        return {p.server_id for p in self.peers}
 
     def on_committed(self, events: list[Event]) -> None:
         """Merger callback: start relays for server ids seen for the first time."""
