@@ -40,8 +40,8 @@ import sys
 import tempfile
 import time
 
-from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from eventfleet_server.client.eventer import connect
+from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 
 from e2e.appws_client import AppWsClient
 from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers
