@@ -139,3 +139,48 @@ async def test_local_fleet_command_enables_replication(tmp_path):
             await c.__aexit__()
     finally:
         fleet.stop()
+
+
+async def test_operator_rendered_replication_section_runs_a_replica(tmp_path):
+    """The operator path: `spec.protocols.replication` -> the replication section the
+    operator renders (builders.replica_config) -> a real replica serving it, with the user
+    list where the operator mounts the Secret (here: a file with the Secret's content)."""
+    from eventfleet_operator import builders, model, naming
+
+    spec = model.parse(
+        "demo",
+        "events",
+        {
+            "protocols": {
+                "replication": {
+                    "enabled": True,
+                    "tables": [{"name": "users", "columns": {"id": {}, "name": {"update": True}}}],
+                    "usersSecretRef": {"name": "replication-users"},
+                }
+            }
+        },
+    )
+    section = builders.replica_config(spec, peer_count=1, allow_empty_start=True)["replication"]
+    assert section["users_file"] == naming.REPLICATION_USERS_PATH
+    users = tmp_path / "users.yaml"  # what kubelet would mount from the Secret
+    users.write_text("ops: s3cret\n")
+    section["users_file"] = str(users)
+    replica = ReplicaProc(tmp_path, "op", 1, free_block(1), extra={"replication": section})
+    replica.start()
+    try:
+        await replica.wait_ready()
+        async with AppWsClient(ws_url(replica)) as c:
+            assert (await c.login("s3cret", sip="ops"))["ok"] is True
+            start = await c.start("users", columns={"id": {}, "name": {"update": True}})
+            assert start["columns"] == {"id": {}, "name": {"update": True}}
+            await c.initial_pass("users")
+            await c.send(
+                {"api": "users", "mt": "ReplicateAdd", "columns": {"id": "a", "name": "A"}}
+            )
+
+        async def stored():
+            return (await table(replica)).get("a") == {"id": "a", "name": "A"}
+
+        await eventually(stored, "the row stored on the replica")
+    finally:
+        replica.stop()
