@@ -3,19 +3,26 @@
 Batched writes: when several messages are queued, the server side writes all their
 frames with one ``transport.writelines`` (one system call) instead of one per frame —
 the per-frame ``send`` was the largest single cost of an initial pass. That path builds
-unmasked, uncompressed text frames itself and uses aiohttp's writer internals
-(``_writer.transport``/``protocol``, pinned by ``aiohttp~=3.13.3``); it is taken only
-for an unmasked writer without compression and falls back to ``send_str`` otherwise.
+uncompressed text frames itself (masked on the client side, with aiohttp's own mask
+function) and uses aiohttp's writer internals (``_writer.transport``/``protocol``/
+``use_mask``, pinned by ``aiohttp~=3.13.3``); it is taken only for a writer without
+compression and falls back to ``send_str`` otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import struct
 from collections import deque
 from typing import Any
 
 from eventfleet_server.replication import codec
+
+try:  # aiohttp's (Cython) XOR mask; the client side must mask every frame
+    from aiohttp._websocket.helpers import websocket_mask as _mask
+except ImportError:  # pragma: no cover - then the client side uses send_str
+    _mask = None
 
 _LEN1 = struct.Struct("!BB").pack
 _LEN2 = struct.Struct("!BBH").pack
@@ -23,14 +30,22 @@ _LEN3 = struct.Struct("!BBQ").pack
 _BATCH_BYTES = 256 * 1024  # flush a batch at this size, then honour flow control
 
 
-def _frame(text: str) -> bytes:
+def _frame(text: str, masked: bool = False) -> bytes:
     data = text.encode()
     n = len(data)
+    bit = 0x80 if masked else 0
     if n < 126:
-        return _LEN1(0x81, n) + data
-    if n < 65536:
-        return _LEN2(0x81, 126, n) + data
-    return _LEN3(0x81, 127, n) + data
+        header = _LEN1(0x81, n | bit)
+    elif n < 65536:
+        header = _LEN2(0x81, 126 | bit, n)
+    else:
+        header = _LEN3(0x81, 127 | bit, n)
+    if not masked:
+        return header + data
+    key = os.urandom(4)
+    payload = bytearray(data)
+    _mask(key, payload)
+    return header + key + payload
 
 
 class Outbox:
@@ -63,7 +78,7 @@ class Outbox:
         writer = getattr(self._ws, "_writer", None)
         if (
             writer is None
-            or getattr(writer, "use_mask", True)
+            or (getattr(writer, "use_mask", True) and _mask is None)
             or getattr(writer, "compress", 1)
             or not hasattr(writer, "transport")
             or not hasattr(writer, "protocol")
@@ -85,8 +100,9 @@ class Outbox:
                     continue
                 frames: list[bytes] = []
                 size = 0
+                masked = bool(writer.use_mask)
                 while queue and size < _BATCH_BYTES:
-                    frame = _frame(encode(queue.popleft()))
+                    frame = _frame(encode(queue.popleft()), masked)
                     frames.append(frame)
                     size += len(frame)
                 writer.transport.writelines(frames)

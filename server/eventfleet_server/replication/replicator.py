@@ -34,7 +34,6 @@ from eventfleet_server.replication.table import Change, row_key
 log = logging.getLogger(__name__)
 
 PERSIST_INTERVAL = 1.0
-RECEIVE_TIMEOUT = 90.0
 OUTBOX_LIMIT = 100_000
 PASS_BATCH = 500  # rows registered per engine session during a pass
 _MISSING = object()
@@ -180,7 +179,8 @@ class Upstream:
                 writer.cancel()
 
     async def _receive(self, ws: aiohttp.ClientWebSocketResponse) -> dict[str, Any]:
-        frame = await ws.receive(timeout=RECEIVE_TIMEOUT)
+        # No receive timeout: the websocket heartbeat (30 s) detects a dead publisher.
+        frame = await ws.receive()
         if frame.type == aiohttp.WSMsgType.TEXT:
             return codec.decode(frame.data)
         if frame.type in (
@@ -253,9 +253,10 @@ class Upstream:
         self.passes["full" if full else "incremental"] += 1
         seen: set[str] = set()
         outstanding = 0
-        nxt = codec.encode({"api": api, "mt": "ReplicateNext", "src": "next"})
+        nxt = {"api": api, "mt": "ReplicateNext", "src": "next"}
+        outbox = self._outbox
         for _ in range(window):
-            await ws.send_str(nxt)
+            outbox.put(nxt)  # through the outbox: requests leave in batches
             outstanding += 1
         ended = False
         end_usn = 0
@@ -278,7 +279,7 @@ class Upstream:
                     seen.add(key)
                 self.rows_received += 1
                 if budget is None or sent_nexts < budget:
-                    await ws.send_str(nxt)
+                    outbox.put(nxt)
                     sent_nexts += 1
                     outstanding += 1
             elif mt in ("ReplicateAdd", "ReplicateUpdate", "ReplicateDel"):
