@@ -190,3 +190,13 @@ def test_user_list_is_reloaded_when_the_file_changes(tmp_path):
     users.write_text("not: [a, mapping of strings]\n")
     os.utime(users, (2, 2))
     assert creds.password("alice") == "two"  # the last good list stays
+
+
+def test_own_writes_are_taken_once_and_bounded():
+    from eventfleet_server.replication.table import OwnWrites
+
+    own = OwnWrites(limit=4)
+    own.update([1, 2, 3])
+    assert own.take(2) and not own.take(2) and not own.take(9)
+    own.update([4, 5, 6])  # 5 ids > 4: the oldest half goes
+    assert len(own) <= 4 and not own.take(1) and own.take(6)

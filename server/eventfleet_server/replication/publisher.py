@@ -34,7 +34,7 @@ from eventfleet_server.replication.login import (
     LoginError,
     check_login,
 )
-from eventfleet_server.replication.table import Change, Table, Tables, row_key
+from eventfleet_server.replication.table import Change, OwnWrites, Table, Tables, row_key
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class _Replication:
     snapshot: int
     full: bool
     pending: deque[str] | None  # keys still to send in the initial pass; None = live
-    own: set[Any] = field(default_factory=set)  # ids of events this session wrote
+    own: OwnWrites = field(default_factory=OwnWrites)  # events this session wrote
 
 
 class PublisherSession:
@@ -423,8 +423,7 @@ class PublisherSession:
             rep = self._replications.get(change.table)
             if rep is None or rep.pending is not None:
                 continue  # not replicated here, or still in the pass (caught up at its end)
-            if change.event.id in rep.own:
-                rep.own.discard(change.event.id)
+            if rep.own.take(change.event.id):
                 continue  # the replicator's own write: it has it already
             api = change.table
             if change.after is None:

@@ -29,7 +29,7 @@ from eventfleet_server.replication.config import UpstreamConfig
 from eventfleet_server.replication.login import digest, read_secret
 from eventfleet_server.replication.outbox import Outbox
 from eventfleet_server.replication.publisher import WriteError
-from eventfleet_server.replication.table import Change, row_key
+from eventfleet_server.replication.table import Change, OwnWrites, row_key
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ class Upstream:
         self.usn = 0
         self.local_seq = 0
         self._saved: tuple[str, int, int] | None = None
-        self._own: set[Any] = set()
+        self._own = OwnWrites()
         # Rows received but not yet handed to the engine (batched during a pass).
         self._batch: dict[str, dict[str, Any] | None] = {}
         self._ws: aiohttp.ClientWebSocketResponse | None = None
@@ -386,8 +386,7 @@ class Upstream:
         for change in changes:
             if change.table != self._table.name:
                 continue
-            if change.event.id in self._own:
-                self._own.discard(change.event.id)
+            if self._own.take(change.event.id):
                 continue
             if self._live:
                 self._send_local(change.key, change.before, change.after, change.seq)

@@ -139,6 +139,36 @@ class Table:
         return {k: r.columns for k, r in self.rows.items() if r.columns is not None}
 
 
+class OwnWrites:
+    """Ids of events a session wrote itself, so their changes are not echoed back.
+
+    An id normally leaves when its change arrives. A write that never becomes a change
+    (a newer event of the same row arrived first) would stay forever; the oldest ids are
+    dropped beyond `limit` (insertion order), far above what can be in flight.
+    """
+
+    def __init__(self, limit: int = 200_000):
+        self._ids: dict[Any, None] = {}
+        self._limit = limit
+
+    def add(self, event_id: Any) -> None:
+        self._ids[event_id] = None
+        if len(self._ids) > self._limit:
+            for old in list(self._ids)[: self._limit // 2]:
+                del self._ids[old]
+
+    def update(self, event_ids: Iterable[Any]) -> None:
+        for event_id in event_ids:
+            self.add(event_id)
+
+    def take(self, event_id: Any) -> bool:
+        """True (and forgotten) if `event_id` is one of ours."""
+        return self._ids.pop(event_id, False) is None
+
+    def __len__(self) -> int:
+        return len(self._ids)
+
+
 class Tables:
     """The indexes of every configured table, fed with stored events in commit order."""
 
