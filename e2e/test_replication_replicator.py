@@ -345,3 +345,42 @@ async def test_replicator_against_an_independent_publisher(tmp_path):
     finally:
         sub.stop()
         await mini.stop()
+
+
+async def test_replicator_puts_back_a_row_the_publisher_refused(tmp_path):
+    """A local change the publisher refuses (a column it does not let replicators
+    update) is answered with the publisher's row, and the replicator restores it: both
+    sides end identical."""
+    pub_conf = conf(tmp_path, "a")
+    pub_conf["replication"]["tables"] = [
+        {"name": "users", "columns": {"id": {}, "name": {"update": True}, "owner": {}}}
+    ]
+    pub = ReplicaProc(tmp_path, "pub", 1, free_block(1), extra=pub_conf)
+    pub.start()
+    sub = None
+    try:
+        await pub.wait_ready()
+        await register(pub, "u1", {"id": "u1", "name": "Ann", "owner": "ops"})
+        upstream = {
+            "name": "a",
+            "url": ws_url(pub),
+            "table": "users",
+            "columns": {"id": {}, "name": {"update": True}, "owner": {"update": True}},
+        }
+        sub = ReplicaProc(tmp_path, "sub", 1, free_block(1), extra=conf(tmp_path, "b", [upstream]))
+        sub.start()
+        await sub.wait_ready()
+        await converged(pub, sub, "initial pass")
+        # An allowed change goes up...
+        await register(sub, "u1", {"id": "u1", "name": "Bea", "owner": "ops"})
+        rows = await converged(pub, sub, "allowed update")
+        assert rows["u1"]["name"] == "Bea"
+        # ...a refused one is put back on the replicator's side.
+        await register(sub, "u1", {"id": "u1", "name": "Bea", "owner": "mallory"})
+        rows = await converged(pub, sub, "refused update reverted")
+        assert rows["u1"]["owner"] == "ops"
+        assert "not updatable" in sub.log()
+    finally:
+        if sub is not None:
+            sub.stop()
+        pub.stop()

@@ -376,10 +376,14 @@ class PublisherSession:
                     )
                     return
                 writable = {c for c, u in allowed.items() if u} if allowed else None
+                # Repeating a column's current value is not writing it.
                 bad = sorted(
                     c
                     for c in columns
-                    if c != table.key and (writable is not None and c not in writable)
+                    if c != table.key
+                    and writable is not None
+                    and c not in writable
+                    and (c not in current or current[c] != columns[c])
                 )
                 if bad:
                     self._refuse_write(

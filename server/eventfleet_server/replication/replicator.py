@@ -412,10 +412,14 @@ class Upstream:
                     return
                 msg = {"mt": "ReplicateAdd", "columns": columns}
             else:
-                if cfg.columns:
-                    columns = {
-                        c: v for c, v in columns.items() if c == cfg.key or cfg.columns.get(c)
-                    }
+                # Only what changed (and the key): unchanged columns are not written.
+                columns = {
+                    c: v
+                    for c, v in columns.items()
+                    if c == cfg.key or c not in before or before[c] != v
+                }
+                if len(columns) == 1 and not (set(before) - set(after)):
+                    return  # nothing this replication carries changed
                 msg = {"mt": "ReplicateUpdate", "columns": columns}
         msg["api"] = cfg.table
         if outbox.put(msg):
