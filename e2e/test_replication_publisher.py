@@ -508,3 +508,13 @@ async def test_status_and_metrics_show_replication(publisher):
     assert set(doc["tables"]) == {"users", "phones"}
     assert {"peer": "127.0.0.1", "user": "alice", "tables": {"users": "pass"}} in doc["sessions"]
     assert re.search(r'eventfleet_connections\{protocol="replication"\} [1-9]', metrics)
+
+
+async def test_passwords_never_reach_the_log(publisher):
+    async with AppWsClient(ws_url(publisher)) as c:
+        await c.login("pw-wrong-guess")
+        await c.login("pw-alice")
+    text = publisher.log()
+    assert "replication login from" in text
+    for secret in (*USERS.values(), "pw-wrong-guess"):
+        assert secret not in text
