@@ -46,6 +46,13 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
     )
+    p.add_argument(
+        "--replication",
+        metavar="TABLE[,TABLE...]",
+        default="",
+        help="publish these tables over Replication (AppWebsocket) at "
+        "ws://HOST:HTTP/replication on every replica; the login password is the fleet token",
+    )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     p.set_defaults(func=run)
 
@@ -55,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
     try:
+        tables = tuple(t.strip() for t in args.replication.split(",") if t.strip())
         fleet = layout.plan(
             args.replicas,
             args.data_dir,
@@ -62,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             host=args.host,
             tokenless_loopback=not args.require_client_token,
             tls=args.tls,
+            replication_tables=tables,
         )
         busy = layout.busy_ports(fleet)
         if busy:

@@ -114,6 +114,9 @@ class FleetPlan:
     def tls_dir(self) -> pathlib.Path:
         return self.data_dir / "tls"
 
+    # Tables published over Replication (docs/replication.md); empty: Replication is off.
+    replication_tables: tuple[str, ...] = ()
+
 
 def plan(
     replicas: int,
@@ -123,6 +126,7 @@ def plan(
     host: str = "127.0.0.1",
     tokenless_loopback: bool = True,
     tls: bool = False,
+    replication_tables: tuple[str, ...] = (),
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -140,6 +144,9 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
+    for table in replication_tables:
+        if not table or any(c in table for c in "?*"):
+            raise FleetError(f"--replication table name {table!r} must be non-empty, without ?/*")
     return FleetPlan(
         layouts,
         data_dir,
@@ -150,6 +157,7 @@ def plan(
         data_dir / "peer-token",
         tokenless_loopback,
         tls,
+        tuple(replication_tables),
     )
 
 
@@ -248,7 +256,7 @@ def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> l
 
 
 def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> dict:
-    return {
+    conf = {
         "server_id": r.server_id,
         "host": r.host,
         "data_dir": str(r.data_dir),
@@ -279,6 +287,13 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
+    if fleet.replication_tables:
+        # The websocket lives on the HTTP port; the password is the fleet token.
+        conf["replication"] = {
+            "enabled": True,
+            "tables": [{"name": t} for t in fleet.replication_tables],
+        }
+    return conf
 
 
 def write_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> None:

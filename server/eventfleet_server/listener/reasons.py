@@ -33,3 +33,6 @@ class RejectReason(StrEnum):
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Replication
+    LOGIN_RATE_LIMITED = "login_rate_limited"
+    WRITE_REFUSED = "write_refused"
