@@ -152,18 +152,33 @@ class Scope:
                 parsed[i] = result
                 if result[0] == "add":
                     known[result[2]] = result[1]
-        # Pass 2: references must name a model of the declared class, stored or added here.
-        for i, p in enumerate(parsed):
-            if p is None:
-                continue
-            why = self._check_references(p[1], p[3], known)
-            if why:
-                errors[i] = error_json("invalid-reference", why)
+        # Pass 2, until nothing changes: references must name a model of the declared
+        # class (stored, or added by an accepted fragment of this sync), and an added model
+        # must be referred to by an accepted fragment of this sync (its parent), as the
+        # reference server requires. Refusing one fragment can orphan another.
+        changed = True
+        while changed:
+            changed = False
+            adds = {p[2]: p[1] for p in parsed if p is not None and p[0] == "add"}
+            referenced: set[str] = set()
+            for p in parsed:
+                if p is not None:
+                    referenced.update(r.lower() for r in self._references(p[1], p[3]))
+            for i, p in enumerate(parsed):
+                if p is None:
+                    continue
+                why = self._check_references(p[1], p[3], adds)
+                if why:
+                    errors[i] = error_json("invalid-reference", why)
+                elif p[0] == "add" and p[2] not in referenced:
+                    errors[i] = error_json(
+                        "no-parent",
+                        f"added {p[1]} {p[2]} is not referred to by any model of this sync",
+                    )
+                else:
+                    continue
                 parsed[i] = None
-                if p[0] == "add" and not any(
-                    q is not None and q[0] == "add" and q[2] == p[2] for q in parsed
-                ):
-                    known.pop(p[2], None)
+                changed = True
         failed = [i for i, e in enumerate(errors) if e is not None]
         if atomic and failed:
             first = failed[0]
@@ -232,6 +247,8 @@ class Scope:
             return error_json("class-mismatch", f"model {uid} is a {current_cls}, not a {cls_name}")
         if kind == "change" and current_cls is None:
             return error_json("model-not-found", f"change of unknown model {uid} ({cls_name})")
+        if kind == "add" and current is not None:
+            kind = "change"  # a resent add of a stored model: its parent already exists
         return (kind, cls_name, uid, props)
 
     def _check_references(self, cls_name: str, props: dict, known: dict[str, str]) -> str | None:
