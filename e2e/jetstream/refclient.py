@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TOOLS = ROOT / ".tools" / "jetstream"
@@ -123,10 +124,14 @@ class ReferenceServer:
             env=node_env(),
             start_new_session=True,
         )
-        line = _readline_with_timeout(self._proc, timeout)
-        if not line.startswith(b"ready"):
-            self.stop()
-            raise RuntimeError(f"reference server did not start: {line!r}")
+        deadline = time.monotonic() + timeout
+        line = b""
+        while not line.startswith(b"ready"):
+            # The reference's own logger may print first ("info: Starting server").
+            line = _readline_with_timeout(self._proc, max(0.0, deadline - time.monotonic()))
+            if not line:
+                self.stop()
+                raise RuntimeError(f"reference server did not start within {timeout} s")
         return self
 
     def stop(self) -> None:
