@@ -25,7 +25,7 @@ from e2e.fleet_helpers import (
     mesh_peers,
     status,
 )
-from e2e.jetstream.refclient import ReferenceServer, RefClient, ensure_tools, ref_clients
+from e2e.jetstream.refclient import RefClient, ReferenceServer, ensure_tools, ref_clients
 
 pytestmark = pytest.mark.slow
 
@@ -97,9 +97,24 @@ async def test_atomic_sync_with_one_bad_fragment_stores_nothing(tmp_path):
     async with replicas(tmp_path, 1) as (r1,), ref_clients(2) as (a, b):
         state = (await a.connect(js_url(r1), "atomic"))["state"]
         root = state["rootUUID"]
-        good = {"type": "add", "clsName": "Item", "uuid": str(uuid.uuid4()), "properties": {"text": "ok"}}
-        parent = {"type": "change", "clsName": "List", "uuid": root, "properties": {"items": [good["uuid"]]}}
-        bad = {"type": "add", "clsName": "Item", "uuid": str(uuid.uuid4()), "properties": {"done": "yes"}}
+        good = {
+            "type": "add",
+            "clsName": "Item",
+            "uuid": str(uuid.uuid4()),
+            "properties": {"text": "ok"},
+        }
+        parent = {
+            "type": "change",
+            "clsName": "List",
+            "uuid": root,
+            "properties": {"items": [good["uuid"]]},
+        }
+        bad = {
+            "type": "add",
+            "clsName": "Item",
+            "uuid": str(uuid.uuid4()),
+            "properties": {"done": "yes"},
+        }
         reply = await a.call("raw", message={"atomic": True, "fragments": [good, parent, bad]})
         kinds = [r["error"]["type"] for r in reply["fragmentReplies"]]
         assert kinds == ["atomic-sync-rejected", "atomic-sync-rejected", "invalid-property"]
@@ -155,7 +170,12 @@ async def test_bad_input_is_refused_and_the_replica_keeps_serving(tmp_path):
             async with http.ws_connect(url) as ws:
                 await ws.send_str(
                     json.dumps(
-                        {"type": "SessionCreate", "index": 0, "version": "0.1.0", "params": {"token": "x"}}
+                        {
+                            "type": "SessionCreate",
+                            "index": 0,
+                            "version": "0.1.0",
+                            "params": {"token": "x"},
+                        }
                     )
                 )
                 (reply,) = json.loads((await ws.receive(timeout=5)).data)
@@ -173,8 +193,13 @@ async def test_bad_input_is_refused_and_the_replica_keeps_serving(tmp_path):
                 await ws.send_str(json.dumps({"type": "Teleport", "index": 1}))
                 await ws.send_str(json.dumps({"type": "ScopeFetch", "index": 2, "name": "a/b"}))
                 (reply,) = json.loads((await ws.receive(timeout=5)).data)
-                assert reply["type"] == "ScopeFetchReply" and reply["error"]["type"] == "invalid-scope-name"
-                await ws.send_str(json.dumps({"type": "ScopeFetch", "index": 3, "name": "x" * 5_000_000}))
+                assert (
+                    reply["type"] == "ScopeFetchReply"
+                    and reply["error"]["type"] == "invalid-scope-name"
+                )
+                await ws.send_str(
+                    json.dumps({"type": "ScopeFetch", "index": 3, "name": "x" * 5_000_000})
+                )
                 msg = await ws.receive(timeout=10)
                 assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 1009
         # The reference client without the token is denied; with it (X-Jetstream-Token in
@@ -191,7 +216,9 @@ async def test_bad_input_is_refused_and_the_replica_keeps_serving(tmp_path):
 @contextlib.asynccontextmanager
 async def hat_events(replica: ReplicaProc, **kwargs):
     host, port = replica.eventer
-    conn = await hat_client.connect(net.TcpAddress(host, port), f"e2e/jetstream/{replica.name}", **kwargs)
+    conn = await hat_client.connect(
+        net.TcpAddress(host, port), f"e2e/jetstream/{replica.name}", **kwargs
+    )
     try:
         yield conn
     finally:
@@ -211,7 +238,9 @@ async def test_fleet_wide_changes_and_failover_after_kill9(tmp_path):
         async with hat_events(r2) as conn:
 
             async def two_items():
-                result = await conn.query(hat.QueryLatestParams([("jetstream", "fleet", "Item", "*")]))
+                result = await conn.query(
+                    hat.QueryLatestParams([("jetstream", "fleet", "Item", "*")])
+                )
                 texts = sorted(e.payload.data["text"] for e in result.events)
                 return texts if texts == ["alpha", "beta"] else None
 
@@ -280,7 +309,12 @@ async def _script(a: RefClient, b: RefClient, url: str) -> dict:
     current = [i["uuid"] for i in (await a.call("state"))["state"]["items"] if i]
     fragments = [
         {"type": "add", "clsName": "Item", "uuid": good, "properties": {"text": "atomic"}},
-        {"type": "change", "clsName": "List", "uuid": root, "properties": {"items": [*current, good]}},
+        {
+            "type": "change",
+            "clsName": "List",
+            "uuid": root,
+            "properties": {"items": [*current, good]},
+        },
         {"type": "add", "clsName": "Nope", "uuid": str(uuid.uuid4()), "properties": {}},
     ]
     reply = await a.call("raw", message={"atomic": True, "fragments": fragments})
@@ -293,6 +327,8 @@ async def _script(a: RefClient, b: RefClient, url: str) -> dict:
     return {
         "states": states,
         "outcomes": outcomes,
-        "atomic_reply": [{k: v for k, v in r.items() if k != "accepted"} for r in reply["fragmentReplies"]],
+        "atomic_reply": [
+            {k: v for k, v in r.items() if k != "accepted"} for r in reply["fragmentReplies"]
+        ],
         "atomic_items": len([i for i in after["state"]["items"] if i]),
     }
