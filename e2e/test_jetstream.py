@@ -247,14 +247,15 @@ async def test_fleet_wide_changes_and_failover_after_kill9(tmp_path):
             await eventually(two_items, "r2 holds both items")
             # A change made over Eventer on r2 reaches Jetstream sessions on r1 and r3.
             item_uuid = seen["state"]["items"][0]["uuid"]
-            await conn.register_with_response(
+            await conn.register(
                 [
                     hat.RegisterEvent(
                         ("jetstream", "fleet", "Item", item_uuid),
                         None,
                         hat.EventPayloadJson({"text": "alpha (via eventer)", "done": True}),
                     )
-                ]
+                ],
+                with_response=True,
             )
         for client in (a, c):
             got = await client.call("waitFor", count=2, text="alpha (via eventer)", timeout=15000)
@@ -303,8 +304,10 @@ async def _script(a: RefClient, b: RefClient, url: str) -> dict:
         ("remove", {"index": 0}),
     ]:
         outcomes.append((await a.call(op, **args))["state"])
-        n = len([i for i in (await a.call("state"))["state"]["items"] if i])
-        states.append(items(await b.call("waitFor", count=n, timeout=5000)))
+        expected = [list(x) for x in items(await a.call("state"))]
+        # b must reach exactly a's state through the server's ScopeSync messages.
+        seen = await b.call("waitFor", items=expected, timeout=5000)
+        states.append(items(seen) if seen["ok"] else ["b did not converge", items(seen)])
     good = str(uuid.uuid4())
     current = [i["uuid"] for i in (await a.call("state"))["state"]["items"] if i]
     fragments = [

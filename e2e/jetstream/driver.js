@@ -14,7 +14,9 @@
 //                                 answers with the server's reply
 //   offline {ms}                  drop the socket; reconnect (with the session token in
 //                                 the URL, so the session resumes) only after `ms`
-//   waitFor {count, timeout}      until the list has `count` items
+//   waitFor {count?, text?, items?, timeout}
+//                                 until the list has `count` items, one with `text`,
+//                                 or exactly `items` ([[text, done], ...])
 //   stats | close
 'use strict';
 
@@ -140,7 +142,10 @@ function waitFor(cmd) {
       const s = snapshot();
       const n = s ? s.items.filter(Boolean).length : -1;
       const textOk = !cmd.text || (s && s.items.some(function (it) { return it && it.text === cmd.text; }));
-      if (n === cmd.count && textOk) {
+      const itemsOk = !cmd.items || (s && JSON.stringify(s.items.filter(Boolean).map(function (it) {
+        return [it.text, it.done];
+      })) === JSON.stringify(cmd.items));
+      if ((cmd.count === undefined || n === cmd.count) && textOk && itemsOk) {
         return resolve({ ok: true, state: s });
       }
       if (Date.now() > deadline) {

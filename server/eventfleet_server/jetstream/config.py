@@ -1,7 +1,8 @@
-"""The ``jetstream`` configuration section as a frozen dataclass.
+"""Typed configuration of the ``jetstream`` section (schema and defaults: schema.json).
 
 No defaults here: they live only in ``schema.json``, which the config loader splices in
-and fills before `JetstreamConfig.from_mapping` sees the section.
+and fills before the section is built. What the schema cannot check (the regular
+expression, the classes referring to each other) is checked on construction.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventfleet_server.config.model import AdmissionConfig
+from eventfleet_server.config.typed import build
 from eventfleet_server.jetstream.models import ModelSchema, SchemaError
 
 
@@ -29,43 +32,23 @@ class JetstreamConfig:
     resend_buffer: int
     max_queued_messages: int
     client_bundle: str | None
-    max_connections: int
-    max_connections_per_address: int
-    pre_init_max_msg_size: int
-    init_timeout: float
+    admission: AdmissionConfig
 
-    @classmethod
-    def from_mapping(cls, m: Mapping[str, Any]) -> JetstreamConfig:
-        """Build from a validated, default-filled section; checks what the schema cannot."""
-        adm = m["admission"]
-        conf = cls(
-            enabled=bool(m["enabled"]),
-            path=m["path"].rstrip("/") or "/jetstream",
-            type_prefix=tuple(m["type_prefix"]),
-            root_class=m["root_class"],
-            classes={k: dict(v) for k, v in m["classes"].items()},
-            scope_pattern=m["scope_pattern"],
-            max_message_size=int(m["max_message_size"]),
-            max_fragments=int(m["max_fragments"]),
-            ping_interval=float(m["ping_interval"]),
-            session_expiry=float(m["session_expiry"]),
-            resend_buffer=int(m["resend_buffer"]),
-            max_queued_messages=int(m["max_queued_messages"]),
-            client_bundle=m["client_bundle"],
-            max_connections=int(adm["max_connections"]),
-            max_connections_per_address=int(adm["max_connections_per_address"]),
-            pre_init_max_msg_size=int(adm["pre_init_max_msg_size"]),
-            init_timeout=float(adm["init_timeout"]),
-        )
+    def __post_init__(self) -> None:
         try:
-            re.compile(conf.scope_pattern)
+            re.compile(self.scope_pattern)
         except re.error as e:
-            raise ValueError(f"jetstream.scope_pattern {conf.scope_pattern!r}: {e}") from e
+            raise ValueError(f"jetstream.scope_pattern {self.scope_pattern!r}: {e}") from e
+        if self.path != "/" and self.path.endswith("/"):
+            raise ValueError(f"jetstream.path {self.path!r} must not end with '/'")
         try:
-            conf.model_schema()
+            self.model_schema()
         except SchemaError as e:
             raise ValueError(f"jetstream.classes: {e}") from e
-        return conf
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> JetstreamConfig:
+        return build(cls, section)
 
     def model_schema(self) -> ModelSchema:
         return ModelSchema.parse(self.classes, self.root_class)

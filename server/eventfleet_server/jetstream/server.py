@@ -27,7 +27,6 @@ from eventfleet_server.jetstream.config import JetstreamConfig
 from eventfleet_server.jetstream.protocol import JetstreamProtocol, Session
 from eventfleet_server.listener import (
     Admission,
-    AdmissionLimits,
     Rejections,
     RejectReason,
     TokenPolicy,
@@ -116,16 +115,10 @@ class JetstreamServer:
         self.config = config
         self._ctx = ctx
         self.rejections = Rejections("jetstream")
-        self._admission = Admission(
-            AdmissionLimits(
-                max_connections=config.max_connections,
-                max_connections_per_address=config.max_connections_per_address,
-                pre_init_max_msg_size=config.pre_init_max_msg_size,
-                max_msg_size=config.max_message_size,
-                init_timeout=config.init_timeout,
-            ),
-            self.rejections,
-        )
+        adm = config.admission
+        self._pre_init_max = min(adm.pre_init_max_msg_size, config.max_message_size)
+        self._init_timeout = adm.init_timeout
+        self._admission = Admission(adm.limits(config.max_message_size), self.rejections)
         self._tokens = TokenPolicy.of(ctx.token)
         self.backend = EngineBackend(ctx.engine, config.type_prefix, config.model_schema())
         self.protocol = JetstreamProtocol(
@@ -150,9 +143,9 @@ class JetstreamServer:
     async def start(self) -> None:
         self.backend.start(self._on_changes)
         path = self.config.path
-        self._unmounts.append(self._ctx.mount(path, self._handle_ws, "GET"))
-        self._unmounts.append(self._ctx.mount(path + "/demo", self._handle_demo, "GET"))
-        self._unmounts.append(self._ctx.mount(path + "/client.js", self._handle_bundle, "GET"))
+        self._unmounts.append(self._ctx.mount(path, self._handle_ws))
+        self._unmounts.append(self._ctx.mount(path + "/demo", self._handle_demo))
+        self._unmounts.append(self._ctx.mount(path + "/client.js", self._handle_bundle))
         self._ctx.tasks.spawn("jetstream/expiry", self._expiry_loop())
         log.info(
             "jetstream on http path %s (demo %s/demo, client bundle %s)",
@@ -184,6 +177,8 @@ class JetstreamServer:
 
     def describe(self) -> dict:
         return {
+            # On the replica's HTTP port (websocket upgrade at `path`).
+            "port": self._ctx.core.http.port if getattr(self._ctx, "core", None) else None,
             "path": self.config.path,
             "connections": len(self._connections),
             "sessions": len(self.protocol.sessions),
@@ -278,12 +273,12 @@ class JetstreamServer:
                 )
             return session
         try:
-            async with asyncio.timeout(self.config.init_timeout):
+            async with asyncio.timeout(self._init_timeout):
                 msg = await ws.receive()
         except TimeoutError:
             self.rejections.reject(
                 RejectReason.INIT_TIMEOUT,
-                f"no SessionCreate within {self.config.init_timeout} s",
+                f"no SessionCreate within {self._init_timeout} s",
                 conn.peer,
             )
             conn.close(
@@ -301,11 +296,11 @@ class JetstreamServer:
                     _reason("unrecognized-handshake", "Binary frames are not Jetstream"),
                 )
             return None
-        if len(msg.data) > self.config.pre_init_max_msg_size:
+        if len(msg.data) > self._pre_init_max:
             self.rejections.reject(
                 RejectReason.MESSAGE_TOO_LARGE,
                 f"{len(msg.data)} bytes before the session exists "
-                f"(pre_init_max_msg_size {self.config.pre_init_max_msg_size})",
+                f"(pre_init_max_msg_size {self._pre_init_max})",
                 conn.peer,
             )
             conn.close(wire.CLOSE_DENIED, _reason("message-too-large", "First message too large"))

@@ -32,3 +32,7 @@ class RejectReason(StrEnum):
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Jetstream
+    UNKNOWN_SESSION = "unknown_session"
+    BAD_SCOPE = "bad_scope"
+    BAD_FRAGMENT = "bad_fragment"
