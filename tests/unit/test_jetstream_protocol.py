@@ -355,3 +355,24 @@ async def test_unknown_token_does_not_resume_and_idle_sessions_expire():
     assert proto.expire_idle(now=session.last_activity + 5) == 0
     assert proto.expire_idle(now=session.last_activity + 11) == 1
     assert out.closed is not None and proto.resume(session.token, Outlet()) is None
+
+
+# -- configuration ------------------------------------------------------------------------
+
+
+def test_config_section_defaults_and_checks(tmp_path):
+    from eventfleet_server import config
+    from eventfleet_server.config.typed import build
+    from eventfleet_server.jetstream.config import JetstreamConfig
+
+    conf = config.load(None, environ={})
+    js = build(JetstreamConfig, conf["jetstream"])
+    assert js.enabled and js.path == "/jetstream" and js.root_class == "List"
+    assert js.admission.init_timeout == 10.0 and js.type_prefix == ()
+    path = tmp_path / "c.yaml"
+    path.write_text("jetstream:\n  classes:\n    Canvas: {shapes: [Shape]}\n  root_class: Canvas\n")
+    with pytest.raises(ValueError, match=r"jetstream\.classes: class 'Canvas'.*'shapes'"):
+        build(JetstreamConfig, config.load(path, environ={})["jetstream"])
+    path.write_text("jetstream:\n  max_fragments: 0\n")
+    with pytest.raises(config.ConfigError, match=r"jetstream\.max_fragments"):
+        config.load(path, environ={})
