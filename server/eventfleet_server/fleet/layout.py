@@ -89,6 +89,11 @@ class ReplicaLayout:
             "http": f"{h}:{self.http_port}",
         }
 
+    def jetstream(self) -> dict[str, str]:
+        """Jetstream's websocket and its demo page, on the HTTP port (not ports of their own)."""
+        base = f"{self.host}:{self.http_port}/jetstream"
+        return {"jetstream": f"ws://{base}", "jetstream_demo": f"http://{base}/demo"}
+
     def ports(self) -> dict[str, int]:
         return {k: int(v.rsplit(":", 1)[1]) for k, v in self.endpoints().items()}
 
@@ -101,10 +106,16 @@ class FleetPlan:
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
     token_file: pathlib.Path
+    jetstream: bool = True  # Jetstream (and its demo page) on every replica's HTTP port
 
 
 def plan(
-    replicas: int, data_dir: pathlib.Path, *, base_port: int | None = None, host: str = "127.0.0.1"
+    replicas: int,
+    data_dir: pathlib.Path,
+    *,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    jetstream: bool = True,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -122,7 +133,9 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
-    return FleetPlan(layouts, data_dir, host, base_port, not state, data_dir / "token")
+    return FleetPlan(
+        layouts, data_dir, host, base_port, not state, data_dir / "token", jetstream=jetstream
+    )
 
 
 def _read_state(data_dir: pathlib.Path) -> dict:
@@ -180,6 +193,8 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "syncer": {"port": r.syncer_port},
         "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
         "http": {"port": r.http_port},
+        # On the HTTP port; the demo page (a shared list) is <http>/jetstream/demo.
+        "jetstream": {"enabled": fleet.jetstream},
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
