@@ -376,3 +376,23 @@ def test_config_section_defaults_and_checks(tmp_path):
     path.write_text("jetstream:\n  max_fragments: 0\n")
     with pytest.raises(config.ConfigError, match=r"jetstream\.max_fragments"):
         config.load(path, environ={})
+
+
+def test_pre_encoded_fragments_give_the_same_frame():
+    import json
+
+    from eventfleet_server.jetstream import wire
+
+    frags = [{"type": "add", "uuid": "a1", "clsName": "Item", "properties": {"text": 'é"x'}}]
+    plain = wire.scope_sync(3, frags)
+    pre = wire.scope_sync(3, frags, wire.dumps(frags))
+    plain["index"] = pre["index"] = 7
+    assert json.loads(wire.encode([pre, plain])) == [plain, plain]
+
+
+def test_state_encoding_is_cached_until_the_scope_changes():
+    scope = Scope("s", ROOT, SCHEMA)
+    first = scope.state()
+    assert scope.state()[1] is first[1]
+    scope.apply([ModelRecord("List", ROOT, {"title": "t"}, (1,))])
+    assert scope.state()[1] != first[1] and '"title":"t"' in scope.state()[1]

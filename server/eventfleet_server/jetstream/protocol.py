@@ -247,9 +247,8 @@ class JetstreamProtocol:
         for scope_index, name in enumerate(session.scopes):
             scope = self._scope(name)
             if scope is not None:
-                session.emit(
-                    wire.scope_state(scope_index, scope.root_uuid, scope.state_fragments())
-                )
+                fragments, encoded = scope.state()
+                session.emit(wire.scope_state(scope_index, scope.root_uuid, fragments, encoded))
 
     def _scope(self, name: str | None) -> Scope | None:
         if name is None:
@@ -283,7 +282,8 @@ class JetstreamProtocol:
         session.scopes.append(name)
         self._subscribers.setdefault(name, set()).add((session, scope_index))
         session.emit(wire.scope_fetch_reply(index, scope_index))
-        session.emit(wire.scope_state(scope_index, scope.root_uuid, scope.state_fragments()))
+        fragments, encoded = scope.state()
+        session.emit(wire.scope_state(scope_index, scope.root_uuid, fragments, encoded))
 
     async def _on_sync(self, session: Session, index: int, message: dict) -> None:
         fragments = message.get("fragments")
@@ -348,10 +348,11 @@ class JetstreamProtocol:
         if not subs or not fragments:
             return 0
         sent = 0
+        encoded = wire.dumps(fragments)  # once, whatever the number of sessions
         for session, scope_index in list(subs):
             if session.token == origin:
                 continue
-            session.emit(wire.scope_sync(scope_index, fragments))
+            session.emit(wire.scope_sync(scope_index, fragments, encoded))
             sent += 1
         return sent
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from eventfleet_server.jetstream.models import ModelSchema, is_uuid_text
-from eventfleet_server.jetstream.wire import error_json
+from eventfleet_server.jetstream.wire import dumps, error_json
 
 _ROOT_NAMESPACE = uuidlib.UUID("6f0c2f9e-5d1e-4c62-9a56-0e7f3c1d2b44")
 
@@ -71,6 +71,8 @@ class Scope:
         self.root_uuid = root
         self.schema = schema
         self.models: dict[str, Model] = {}
+        self.version = 0  # bumped by every change; keys the encoded-state cache
+        self._state_cache: tuple[int, list[dict], str] | None = None
 
     # -- stored events -> models ------------------------------------------------------------
 
@@ -82,7 +84,8 @@ class Scope:
             if current is not None and current.key >= r.key:
                 continue  # an older event (e.g. a peer's, merged late): latest wins
             if r.properties is None:
-                self.models.pop(r.uuid, None)
+                if self.models.pop(r.uuid, None) is not None:
+                    self.version += 1
                 changed.pop(r.uuid, None)
                 continue
             if r.cls_name not in self.schema.classes or (
@@ -90,6 +93,7 @@ class Scope:
             ):
                 continue  # not a model of this schema: stays out of the scope
             self.models[r.uuid] = Model(r.cls_name, r.properties, r.key)
+            self.version += 1
             kind = "change" if current is not None or r.uuid == self.root_uuid else "add"
             if r.uuid in changed and changed[r.uuid]["type"] == "add":
                 kind = "add"
@@ -98,6 +102,17 @@ class Scope:
         return sorted(changed.values(), key=lambda f: f["type"] != "add")
 
     # -- ScopeState --------------------------------------------------------------------------
+
+    def state(self) -> tuple[list[dict], str]:
+        """`state_fragments` and their JSON text, cached until the scope changes: a burst
+        of fetches (clients reconnecting after a deploy) encodes a large scope once."""
+        cached = self._state_cache
+        if cached is not None and cached[0] == self.version:
+            return cached[1], cached[2]
+        fragments = self.state_fragments()
+        encoded = dumps(fragments)
+        self._state_cache = (self.version, fragments, encoded)
+        return fragments, encoded
 
     def state_fragments(self) -> list[dict]:
         """``add`` fragments of the root (always first) and every model reachable from it."""

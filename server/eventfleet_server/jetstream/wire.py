@@ -53,8 +53,26 @@ def decode(text: str) -> list[dict]:
     return items
 
 
+FRAGMENTS_JSON = "_fragments_json"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def encode(messages: list[dict]) -> str:
-    return json.dumps(messages, separators=(",", ":"), ensure_ascii=False)
+    """The frame: a JSON array. A message may carry its ``fragments`` already encoded
+    (key `FRAGMENTS_JSON`): a change fanned out to many sessions, or an unchanged scope's
+    ScopeState, is then encoded once, not once per session."""
+    parts = []
+    for m in messages:
+        pre = m.get(FRAGMENTS_JSON)
+        if pre is None:
+            parts.append(dumps(m))
+            continue
+        head = dumps({k: v for k, v in m.items() if k not in ("fragments", FRAGMENTS_JSON)})
+        parts.append(f'{head[:-1]},"fragments":{pre}}}')
+    return "[" + ",".join(parts) + "]"
 
 
 def index_of(message: dict) -> int:
@@ -91,17 +109,20 @@ def scope_fetch_denied(reply_to: int, type_: str, message: str) -> dict:
     }
 
 
-def scope_state(scope_index: int, root: str, fragments: list[dict]) -> dict:
-    return {
-        "type": "ScopeState",
-        "scopeIndex": scope_index,
-        "rootUUID": root,
-        "fragments": fragments,
-    }
+def scope_state(
+    scope_index: int, root: str, fragments: list[dict], encoded: str | None = None
+) -> dict:
+    m = {"type": "ScopeState", "scopeIndex": scope_index, "rootUUID": root, "fragments": fragments}
+    if encoded is not None:
+        m[FRAGMENTS_JSON] = encoded
+    return m
 
 
-def scope_sync(scope_index: int, fragments: list[dict]) -> dict:
-    return {"type": "ScopeSync", "scopeIndex": scope_index, "fragments": fragments}
+def scope_sync(scope_index: int, fragments: list[dict], encoded: str | None = None) -> dict:
+    m = {"type": "ScopeSync", "scopeIndex": scope_index, "fragments": fragments}
+    if encoded is not None:
+        m[FRAGMENTS_JSON] = encoded
+    return m
 
 
 def scope_sync_reply(reply_to: int, replies: list[dict]) -> dict:
