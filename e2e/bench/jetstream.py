@@ -3,8 +3,8 @@
 Run from the repository root (after ``scripts/bootstrap server,test`` and
 ``scripts/tools/jetstream.sh``)::
 
-    .venv/bin/python -m e2e.bench.jetstream            # ~2 min on 2 cores
-    .venv/bin/python -m e2e.bench.jetstream --quick    # small counts, < 30 s
+    .venv/bin/python -m e2e.bench.jetstream            # 3 runs each, ~3 min on 2 cores
+    .venv/bin/python -m e2e.bench.jetstream --quick --repeat 1   # small counts, < 30 s
 
 Servers: one eventfleet replica process (SQLite, every sync committed before its reply)
 and the reference server from the npm package ``jetstream`` 0.13.4 (models in memory),
@@ -170,8 +170,11 @@ async def rtt_loop(s: RawSession, n: int, tag: str) -> list[float]:
     return out
 
 
-async def run_server(url: str, args, label: str) -> dict:
+async def run_server(url: str, args, label: str, cpu=lambda: 0.0) -> dict:
+    """One server, every scenario; `cpu()` reads the server's CPU seconds (the building
+    of the big scope is left out of the CPU figure)."""
     res: dict = {}
+    cpu_start = cpu()
     run = uuid.uuid4().hex[:6]
     # No connector limit: aiohttp's default (100) would park the 101st websocket.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
@@ -236,6 +239,7 @@ async def run_server(url: str, args, label: str) -> dict:
         # ("preload-N-...", see e2e/jetstream/reference_server.js); ours is written by
         # syncs of 200 adds and the root's change, i.e. stored as N + 1 events.
         scope = f"preload-{args.models}-{run}" if label == "reference" else f"big-{run}"
+        cpu_used = cpu() - cpu_start
         w = await RawSession(http, url).open(scope)
         uuids: list[str] = []
         while label != "reference" and len(uuids) < args.models:
@@ -253,6 +257,7 @@ async def run_server(url: str, args, label: str) -> dict:
             reply = await w.sync(frags)
             assert all(r == {} for r in reply["fragmentReplies"]), reply["fragmentReplies"][:3]
         times = []
+        cpu_start = cpu()
         for _ in range(args.state_repeats):
             r = RawSession(http, url)
             await r.open(f"warm-{run}")
@@ -261,6 +266,7 @@ async def run_server(url: str, args, label: str) -> dict:
             res["state_bytes"] = r.state_bytes
             await r.close()
         res["state_p50_ms"] = statistics.median(times) * 1e3
+        res["cpu_s"] = cpu_used + cpu() - cpu_start
         await w.close()
         log(f"{label}: ScopeState of {args.models} models p50 {res['state_p50_ms']:.0f} ms")
     return res
@@ -277,12 +283,16 @@ ROWS = [
     ("fanout_last_p50_ms", "fan-out, last of 100 sessions, p50 (ms)"),
     ("state_p50_ms", "ScopeState of {models} models, p50 (ms)"),
     ("state_bytes", "ScopeState of {models} models, frame bytes"),
-    ("cpu_s", "server CPU seconds, whole run"),
+    ("cpu_s", "server CPU seconds, all scenarios (building the big scope excluded)"),
 ]
 
 
-class _Skip(Exception):
-    pass
+def medians(runs: list[dict]) -> dict:
+    out = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs if isinstance(r.get(key), int | float)]
+        out[key] = statistics.median(values) if values else runs[-1][key]
+    return out
 
 
 def table(results: dict, models: int) -> str:
@@ -310,6 +320,7 @@ async def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument("--quick", action="store_true")
     p.add_argument("--json", type=pathlib.Path)
+    p.add_argument("--repeat", type=int, default=3, help="runs per server (medians shown)")
     p.add_argument("--ours-url", help="a running replica's ws://.../jetstream (no CPU figure)")
     args = p.parse_args(argv)
     args.syncs = 50 if args.quick else 500
@@ -320,46 +331,47 @@ async def main(argv: list[str] | None = None) -> dict:
     args.models = 1000 if args.quick else 10_000
     args.state_repeats = 2 if args.quick else 5
     ensure_tools()
-    results: dict = {}
+    runs: dict[str, list[dict]] = {"eventfleet": [], "reference": []}
     with tempfile.TemporaryDirectory(prefix="js-bench-") as tmp:
         work = pathlib.Path(tmp)
-        if args.ours_url:
-            results["eventfleet"] = await run_server(args.ours_url, args, "eventfleet")
-        replica = (
-            None
-            if args.ours_url
-            else ReplicaProc(
-                work,
-                "r1",
-                1,
-                free_block(1),
-                extra={"jetstream": {"admission": {"max_connections_per_address": 1000}}},
-            )
-        )
-        try:
-            if replica is None:
-                raise _Skip
-            replica.start()
-            await replica.wait_ready()
-            url = f"ws://127.0.0.1:{replica.ports['http']}/jetstream"
-            before = read_proc(replica.proc.pid).cpu_s
-            results["eventfleet"] = await run_server(url, args, "eventfleet")
-            results["eventfleet"]["cpu_s"] = read_proc(replica.proc.pid).cpu_s - before
-        except _Skip:
-            pass
-        finally:
-            if replica is not None:
-                replica.stop()
-        ref = ReferenceServer(free_block(1), work / "reference.log").start()
-        try:
-            before = read_proc(ref.pid).cpu_s
-            results["reference"] = await run_server(ref.url + "/", args, "reference")
-            results["reference"]["cpu_s"] = read_proc(ref.pid).cpu_s - before
-        finally:
-            ref.stop()
+        # Alternate the servers, each on a fresh store / fresh process per repetition, so
+        # a change of machine load hits both; the table shows the medians.
+        for rep in range(args.repeat):
+            if args.ours_url:
+                runs["eventfleet"].append(await run_server(args.ours_url, args, "eventfleet"))
+            else:
+                replica = ReplicaProc(
+                    work,
+                    f"r{rep}",
+                    1,
+                    free_block(1),
+                    extra={"jetstream": {"admission": {"max_connections_per_address": 1000}}},
+                )
+                replica.start()
+                try:
+                    await replica.wait_ready()
+                    url = f"ws://127.0.0.1:{replica.ports['http']}/jetstream"
+                    pid = replica.proc.pid
+                    runs["eventfleet"].append(
+                        await run_server(
+                            url, args, "eventfleet", lambda pid=pid: read_proc(pid).cpu_s
+                        )
+                    )
+                finally:
+                    replica.stop()
+            ref = ReferenceServer(free_block(1), work / f"reference-{rep}.log").start()
+            try:
+                runs["reference"].append(
+                    await run_server(
+                        ref.url + "/", args, "reference", lambda p=ref.pid: read_proc(p).cpu_s
+                    )
+                )
+            finally:
+                ref.stop()
+    results = {name: medians(rs) for name, rs in runs.items()}
     print(table(results, args.models))
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
+        args.json.write_text(json.dumps({"medians": results, "runs": runs}, indent=1))
     return results
 
 

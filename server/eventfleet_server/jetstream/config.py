@@ -31,6 +31,7 @@ class JetstreamConfig:
     session_expiry: float
     resend_buffer: int
     max_queued_messages: int
+    compress: bool
     client_bundle: str | None
     admission: AdmissionConfig
 

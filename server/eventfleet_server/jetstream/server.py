@@ -16,6 +16,7 @@ import logging
 import os
 import pathlib
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -51,6 +52,7 @@ class Connection:
         self._wakeup = asyncio.Event()
         self._close: tuple[int, str] | None = None
         self.session: Session | None = None
+        self.last_send = time.monotonic()
 
     # Outlet
     def send(self, messages: list[dict]) -> None:
@@ -79,20 +81,17 @@ class Connection:
         return self._close is not None
 
     async def run_writer(self) -> None:
-        """Send queued messages as one array per frame; Ping when idle; then close."""
-        interval = self._server.config.ping_interval
+        """Send queued messages as one array per frame, then close when asked.
+
+        No timer per connection: the server's ping task queues the idle-time Pings.
+        """
         while True:
             if not self._queue and self._close is None:
-                timeout = interval * random.uniform(0.9, 1.1)
-                try:
-                    async with asyncio.timeout(timeout):
-                        await self._wakeup.wait()
-                except TimeoutError:
-                    if self.session is not None:
-                        self._queue.append(wire.ping(self.session.client_index))
+                await self._wakeup.wait()
             self._wakeup.clear()
             if self._queue:
                 batch, self._queue = self._queue, []
+                self.last_send = time.monotonic()
                 try:
                     await self.ws.send_str(wire.encode(batch))
                 except (ConnectionError, RuntimeError):
@@ -147,6 +146,7 @@ class JetstreamServer:
         self._unmounts.append(self._ctx.mount(path + "/demo", self._handle_demo))
         self._unmounts.append(self._ctx.mount(path + "/client.js", self._handle_bundle))
         self._ctx.tasks.spawn("jetstream/expiry", self._expiry_loop())
+        self._ctx.tasks.spawn("jetstream/pings", self._ping_loop())
         log.info(
             "jetstream on http path %s (demo %s/demo, client bundle %s)",
             path,
@@ -206,6 +206,18 @@ class JetstreamServer:
             await asyncio.sleep(period)
             self.protocol.expire_idle()
 
+    async def _ping_loop(self) -> None:
+        """About every `ping_interval` (±10 %), a Ping to each session that has been sent
+        nothing for most of that time (anything sent carries no ack, so idle ones only)."""
+        interval = self.config.ping_interval
+        while True:
+            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
+            idle_since = time.monotonic() - interval * 0.5
+            for conn in list(self._connections):
+                session = conn.session
+                if session is not None and not conn.closing and conn.last_send <= idle_since:
+                    conn.send([wire.ping(session.client_index)])
+
     async def _handle_demo(self, request: web.Request) -> web.StreamResponse:
         return web.Response(text=demo.page(self.config), content_type="text/html")
 
@@ -221,7 +233,10 @@ class JetstreamServer:
     async def _handle_ws(self, request: web.Request) -> web.StreamResponse:
         peer = request.remote or "?"
         ws = web.WebSocketResponse(
-            max_msg_size=self.config.max_message_size, autoping=True, timeout=2.0
+            max_msg_size=self.config.max_message_size,
+            autoping=True,
+            timeout=2.0,
+            compress=self.config.compress,
         )
         if not ws.can_prepare(request).ok:
             return web.Response(
