@@ -39,15 +39,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PARAM_PREFIX = "x-jetstream-"
+DIRECT_WRITE_LIMIT = 64 * 1024  # bytes buffered in the socket before writes are queued
 
 
 class Connection:
     """One websocket: the `Outlet` of the session it carries."""
 
-    def __init__(self, ws: web.WebSocketResponse, peer: str, server: JetstreamServer):
+    def __init__(
+        self,
+        ws: web.WebSocketResponse,
+        peer: str,
+        server: JetstreamServer,
+        transport: asyncio.Transport | None = None,
+    ):
         self.ws = ws
         self.peer = peer
         self._server = server
+        # Uncompressed connections write frames at once when nothing is pending (see send).
+        self._transport = transport if not server.config.compress else None
+        self._sending = False
         self._queue: list[dict] = []
         self._wakeup = asyncio.Event()
         self._close: tuple[int, str] | None = None
@@ -57,6 +67,8 @@ class Connection:
     # Outlet
     def send(self, messages: list[dict]) -> None:
         if self._close is not None:
+            return
+        if not self._queue and not self._sending and self._write_now(messages):
             return
         self._queue.extend(messages)
         limit = self._server.config.max_queued_messages
@@ -70,6 +82,34 @@ class Connection:
             self._queue.clear()
             self.close(wire.CLOSE_CLOSED, "too slow: outgoing queue full")
         self._wakeup.set()
+
+    def _write_now(self, messages: list[dict]) -> bool:
+        """Write one text frame straight to the socket, in this call.
+
+        Why: a change fanned out to hundreds of sessions would otherwise wake hundreds of
+        writer tasks, one event-loop step each, and the last session would wait for all
+        of them. Only when nothing is queued or being sent on this connection (frames stay
+        in order) and the socket's buffer is small (a client that does not read takes the
+        queued path, whose drain and `max_queued_messages` bound it). Server frames are
+        unmasked (RFC 6455 5.1); without permessage-deflate a frame is a header and the
+        UTF-8 text, as aiohttp itself writes it.
+        """
+        t = self._transport
+        if t is None or t.is_closing() or t.get_write_buffer_size() > DIRECT_WRITE_LIMIT:
+            return False
+        payload = wire.encode(messages).encode()
+        n = len(payload)
+        if n < 126:
+            header = bytes((0x81, n))
+        elif n < 65536:
+            header = bytes((0x81, 126)) + n.to_bytes(2, "big")
+        else:
+            header = bytes((0x81, 127)) + n.to_bytes(8, "big")
+        t.write(header + payload if n < 16384 else header)
+        if n >= 16384:
+            t.write(payload)
+        self.last_send = time.monotonic()
+        return True
 
     def close(self, code: int, reason: str) -> None:
         if self._close is None:
@@ -92,10 +132,13 @@ class Connection:
             if self._queue:
                 batch, self._queue = self._queue, []
                 self.last_send = time.monotonic()
+                self._sending = True
                 try:
                     await self.ws.send_str(wire.encode(batch))
                 except (ConnectionError, RuntimeError):
                     return
+                finally:
+                    self._sending = False
             if self._close is not None and not self._queue:
                 code, reason = self._close
                 # The reason is JSON {message, type} like the reference's denials.
@@ -248,7 +291,7 @@ class JetstreamServer:
             return web.Response(status=503, text="too many Jetstream connections\n")
         with ticket:
             await ws.prepare(request)
-            conn = Connection(ws, peer, self)
+            conn = Connection(ws, peer, self, request.transport)
             self._connections.add(conn)
             writer = self._tasks.spawn(
                 f"conn-{next(self._ids)}-writer", conn.run_writer(), critical=False

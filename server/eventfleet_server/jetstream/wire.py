@@ -7,6 +7,7 @@ Engine-free, transport-free. Shapes follow the reference server (npm ``jetstream
 from __future__ import annotations
 
 import json
+from json.encoder import encode_basestring as _string
 from typing import Any
 
 # Close codes of the reference (WEBSOCKET_CODE_OFFSET 4096): a denied connection (unknown
@@ -70,8 +71,19 @@ def encode(messages: list[dict]) -> str:
         if pre is None:
             parts.append(dumps(m))
             continue
-        head = dumps({k: v for k, v in m.items() if k not in ("fragments", FRAGMENTS_JSON)})
-        parts.append(f'{head[:-1]},"fragments":{pre}}}')
+        # The envelope by hand: this runs once per session of a fan-out, and json.dumps
+        # of even a small dict costs more than the socket write.
+        head = []
+        for k, v in m.items():
+            if k == "fragments" or k == FRAGMENTS_JSON:
+                continue
+            if type(v) is int:
+                head.append(f'"{k}":{v}')
+            elif type(v) is str:
+                head.append(f'"{k}":{_string(v)}')
+            else:
+                head.append(f'"{k}":{dumps(v)}')
+        parts.append("{" + ",".join(head) + ',"fragments":' + pre + "}")
     return "[" + ",".join(parts) + "]"
 
 
