@@ -209,8 +209,53 @@ async def test_bad_input_is_refused_and_the_replica_keeps_serving(tmp_path):
         async with ref_clients(1) as (good,):
             assert (await good.connect(url, "s", token="s3cret"))["ok"]
             assert (await good.call("add", text="still serving"))["state"] == "COMPLETED"
-        rejected = (await status(r1.http))["protocols"]["jetstream"]
-        assert rejected
+        counted = await rejections(r1)
+        for reason in (
+            "unknown_session",
+            "not_initialized",
+            "bad_token",
+            "bad_frame",
+            "unexpected_message",
+            "bad_scope",
+            "message_too_large",
+        ):
+            assert counted.get(reason, 0) >= 1, (reason, counted)
+        assert counted["bad_frame"] >= 2  # the garbage text and the binary frame
+
+
+async def rejections(replica: ReplicaProc) -> dict[str, float]:
+    """``eventfleet_rejected_total{protocol="jetstream"}`` by reason, from /metrics."""
+    async with aiohttp.ClientSession() as http, http.get(replica.http + "/metrics") as resp:
+        text = await resp.text()
+    out = {}
+    for line in text.splitlines():
+        if line.startswith("eventfleet_rejected_total{") and 'protocol="jetstream"' in line:
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+async def test_a_session_that_never_reads_is_closed_and_others_go_on(tmp_path):
+    extra = {"jetstream": {"max_queued_messages": 20}}
+    async with replicas(tmp_path, 1, extra=extra) as (r1,), ref_clients(2) as (a, b):
+        url = js_url(r1)
+        await a.connect(url, "flood")
+        async with aiohttp.ClientSession() as http, http.ws_connect(url) as stuck:
+            create = {"type": "SessionCreate", "index": 0, "version": "0.1.0", "params": {}}
+            await stuck.send_str(json.dumps(create))
+            await stuck.send_str(json.dumps({"type": "ScopeFetch", "index": 1, "name": "flood"}))
+            # From here on `stuck` reads nothing: every change below is fanned out to it
+            # until the socket and then its queue are full.
+            big = "x" * 200_000
+            for i in range(60):
+                assert (await a.call("title", text=f"{i} {big}"))["state"] == "COMPLETED"
+                if (await rejections(r1)).get("slow_subscriber"):
+                    break
+            assert (await rejections(r1)).get("slow_subscriber") == 1
+        # The replica goes on serving the other sessions.
+        await b.connect(url, "flood")
+        assert (await a.call("add", text="after the flood"))["state"] == "COMPLETED"
+        assert (await b.call("waitFor", count=1, text="after the flood"))["ok"]
 
 
 @contextlib.asynccontextmanager

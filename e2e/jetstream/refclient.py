@@ -62,6 +62,7 @@ class RefClient:
             stderr=asyncio.subprocess.DEVNULL,
             env=node_env(),
             start_new_session=True,
+            limit=64 * 1024 * 1024,  # an answer carries the whole list (large in some tests)
         )
         return cls(proc, name)
 

@@ -418,7 +418,8 @@ class JetstreamServer:
                 )
             elif msg.type == WSMsgType.ERROR:
                 exc = ws.exception()
-                if exc is not None and "too big" in str(exc).lower():
+                # aiohttp: WebSocketError(WSCloseCode.MESSAGE_TOO_BIG = 1009, ...)
+                if getattr(exc, "code", None) == 1009:
                     self.rejections.reject(
                         RejectReason.MESSAGE_TOO_LARGE,
                         f"frame over max_message_size {self.config.max_message_size}",
