@@ -152,6 +152,23 @@ async def test_resume_after_a_dropped_connection_resends_what_was_missed(tmp_pat
         assert token
 
 
+async def test_server_pings_carry_the_ack_the_client_trims_its_resend_buffer_with(tmp_path):
+    async with (
+        replicas(tmp_path, 1, extra={"jetstream": {"ping_interval": 0.3}}) as (r1,),
+        ref_clients(1) as (a,),
+    ):
+        await a.connect(js_url(r1), "pings")
+        for text in ("one", "two", "three"):
+            await a.call("add", text=text)
+            # Busy or not, the server pings: the client keeps its syncs until acked.
+        for _ in range(50):
+            stats = await a.call("stats")
+            if stats["nonAcked"] == 0:
+                break
+            await asyncio.sleep(0.1)
+        assert stats["nonAcked"] == 0, stats
+
+
 async def test_bad_input_is_refused_and_the_replica_keeps_serving(tmp_path):
     async with replicas(tmp_path, 1, token="s3cret") as (r1,), ref_clients(1) as (a,):
         url = js_url(r1)

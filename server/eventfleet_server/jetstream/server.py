@@ -16,7 +16,6 @@ import logging
 import os
 import pathlib
 import random
-import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
@@ -62,7 +61,6 @@ class Connection:
         self._wakeup = asyncio.Event()
         self._close: tuple[int, str] | None = None
         self.session: Session | None = None
-        self.last_send = time.monotonic()
 
     # Outlet
     def send(self, messages: list[dict]) -> None:
@@ -108,7 +106,6 @@ class Connection:
         t.write(header + payload if n < 16384 else header)
         if n >= 16384:
             t.write(payload)
-        self.last_send = time.monotonic()
         return True
 
     def close(self, code: int, reason: str) -> None:
@@ -131,7 +128,6 @@ class Connection:
             self._wakeup.clear()
             if self._queue:
                 batch, self._queue = self._queue, []
-                self.last_send = time.monotonic()
                 self._sending = True
                 try:
                     await self.ws.send_str(wire.encode(batch))
@@ -250,15 +246,15 @@ class JetstreamServer:
             self.protocol.expire_idle()
 
     async def _ping_loop(self) -> None:
-        """About every `ping_interval` (±10 %), a Ping to each session that has been sent
-        nothing for most of that time (anything sent carries no ack, so idle ones only)."""
+        """About every `ping_interval` (±10 %), a Ping to every session, busy or not: its
+        `ack` is what lets the client drop the messages it keeps for a resend (as the
+        reference server, which pings on a timer whatever else it sends)."""
         interval = self.config.ping_interval
         while True:
             await asyncio.sleep(interval * random.uniform(0.9, 1.1))
-            idle_since = time.monotonic() - interval * 0.5
             for conn in list(self._connections):
                 session = conn.session
-                if session is not None and not conn.closing and conn.last_send <= idle_since:
+                if session is not None and not conn.closing:
                     conn.send([wire.ping(session.client_index)])
 
     async def _handle_demo(self, request: web.Request) -> web.StreamResponse:
