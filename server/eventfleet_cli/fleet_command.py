@@ -33,6 +33,13 @@ def add_parser(sub) -> None:
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
     )
     p.add_argument(
+        "--replication",
+        metavar="TABLE[,TABLE...]",
+        default="",
+        help="publish these tables over Replication (AppWebsocket) at "
+        "ws://HOST:HTTP/replication on every replica; the login password is the fleet token",
+    )
+    p.add_argument(
         "--no-jetstream",
         dest="jetstream",
         action="store_false",
@@ -47,11 +54,13 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
     try:
+        tables = tuple(t.strip() for t in args.replication.split(",") if t.strip())
         fleet = layout.plan(
             args.replicas,
             args.data_dir,
             base_port=args.base_port,
             host=args.host,
+            replication_tables=tables,
             jetstream=args.jetstream,
         )
         busy = layout.busy_ports(fleet)

@@ -20,6 +20,7 @@ import signal
 from collections.abc import Mapping
 from types import ModuleType
 
+from eventfleet_server import replication
 from eventfleet_server.config import ReplicaConfig, build
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 PROTOCOLS: dict[str, ModuleType] = {
     "eventer": eventer_plugin,
     "syncer": syncer_plugin,
+    "replication": replication,
     "jetstream": jetstream_plugin,
 }
 

@@ -106,6 +106,8 @@ class FleetPlan:
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
     token_file: pathlib.Path
+    # Tables published over Replication (docs/replication.md); empty: Replication is off.
+    replication_tables: tuple[str, ...] = ()
     jetstream: bool = True  # Jetstream (and its demo page) on every replica's HTTP port
 
 
@@ -115,6 +117,7 @@ def plan(
     *,
     base_port: int | None = None,
     host: str = "127.0.0.1",
+    replication_tables: tuple[str, ...] = (),
     jetstream: bool = True,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
@@ -133,8 +136,18 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
+    for table in replication_tables:
+        if not table or any(c in table for c in "?*"):
+            raise FleetError(f"--replication table name {table!r} must be non-empty, without ?/*")
     return FleetPlan(
-        layouts, data_dir, host, base_port, not state, data_dir / "token", jetstream=jetstream
+        layouts,
+        data_dir,
+        host,
+        base_port,
+        not state,
+        data_dir / "token",
+        tuple(replication_tables),
+        jetstream=jetstream,
     )
 
 
@@ -182,7 +195,7 @@ def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> l
 
 
 def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> dict:
-    return {
+    conf = {
         "server_id": r.server_id,
         "host": r.host,
         "data_dir": str(r.data_dir),
@@ -198,6 +211,13 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
+    if fleet.replication_tables:
+        # The websocket lives on the HTTP port; the password is the fleet token.
+        conf["replication"] = {
+            "enabled": True,
+            "tables": [{"name": t} for t in fleet.replication_tables],
+        }
+    return conf
 
 
 def write_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> None:

@@ -233,6 +233,11 @@ class Supervisor:
                 )
                 + "Ctrl-C stops the fleet; running the same command again resumes it."
             )
+            if self.fleet.replication_tables:
+                self.out(
+                    f"  replication: ws://{first.host}:{first.http_port}/replication, tables "
+                    f"{', '.join(self.fleet.replication_tables)} (password: the token file)"
+                )
 
     async def _announce(self, replicas: list[ReplicaProcess]) -> None:
         """Print each replica once its Eventer port accepts connections."""
