@@ -397,3 +397,29 @@ async def _script(a: RefClient, b: RefClient, url: str) -> dict:
         ],
         "atomic_items": len([i for i in after["state"]["items"] if i]),
     }
+
+
+async def test_operator_rendered_jetstream_section_runs_a_replica(tmp_path):
+    """The operator path: `spec.protocols.jetstream` -> the section the operator renders
+    (builders.replica_config) -> a real replica serving it, used by the reference client
+    at the configured path, with models under the configured type prefix."""
+    from eventfleet_operator import builders, model
+
+    spec = model.parse(
+        "demo",
+        "events",
+        {"protocols": {"jetstream": {"path": "/sync", "typePrefix": ["site", "a"]}}},
+    )
+    section = builders.replica_config(spec, peer_count=1, allow_empty_start=True)["jetstream"]
+    assert section == {"enabled": True, "path": "/sync", "type_prefix": ["site", "a"]}
+    async with replicas(tmp_path, 1, extra={"jetstream": section}) as (r1,), ref_clients(1) as (a,):
+        url = f"ws://127.0.0.1:{r1.ports['http']}/sync"
+        await a.connect(url, "ops")
+        assert (await a.call("add", text="from the operator's config"))["state"] == "COMPLETED"
+        async with hat_events(r1) as conn:
+            result = await conn.query(
+                hat.QueryLatestParams([("site", "a", "jetstream", "ops", "Item", "*")])
+            )
+            assert [e.payload.data["text"] for e in result.events] == ["from the operator's config"]
+        async with aiohttp.ClientSession() as http, http.get(js_url(r1)) as resp:
+            assert resp.status == 404  # not at the default path
