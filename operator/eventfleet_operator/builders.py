@@ -73,6 +73,12 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             section["enabled"] = spec.serves(entry)
         config[entry.protocol] = section
     config["syncer"]["subscriptions"] = [list(s) for s in spec.subscriptions]
+    # Jetstream rides on the HTTP port (websocket at `path`): a section, no ports.
+    config["jetstream"] = {
+        "enabled": spec.jetstream.enabled,
+        "path": spec.jetstream.path,
+        "type_prefix": list(spec.jetstream.type_prefix),
+    }
     config.update(
         {
             "storage": {"synchronous": spec.storage.synchronous, "retention": retention},

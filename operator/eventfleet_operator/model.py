@@ -106,6 +106,15 @@ class Retention:
 
 
 @dataclasses.dataclass(frozen=True)
+class JetstreamSpec:
+    """``spec.protocols.jetstream``: served on the HTTP port (websocket), so no ports."""
+
+    enabled: bool = True
+    path: str = "/jetstream"
+    type_prefix: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class ServiceMonitorSpec:
     enabled: bool = False
     interval: str = "30s"
@@ -178,6 +187,7 @@ class FleetSpec:
     # never served, their ports never rendered.
     not_implemented: tuple[str, ...] = ()
     replication: ReplicationSpec = ReplicationSpec()
+    jetstream: JetstreamSpec = JetstreamSpec()
     retention: Retention = Retention()
     subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
     service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
@@ -555,6 +565,26 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     )
 
 
+_JETSTREAM_PATH = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
+
+
+def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
+    path = "spec.protocols.jetstream"
+    section = _obj(protocols, "jetstream", "spec.protocols")
+    url_path = _str(section, "path", path, "/jetstream")
+    if not _JETSTREAM_PATH.match(url_path):
+        raise SpecError(f"{path}.path", f"must be a URL path like /jetstream, got {url_path!r}")
+    prefix = _get(section, "typePrefix", path, list) or []
+    for i, segment in enumerate(prefix):
+        if not isinstance(segment, str) or not segment or segment in ("?", "*"):
+            raise SpecError(
+                f"{path}.typePrefix[{i}]", f"must be an event type segment, got {segment!r}"
+            )
+    return JetstreamSpec(
+        enabled=_bool(section, "enabled", path, True), path=url_path, type_prefix=tuple(prefix)
+    )
+
+
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
@@ -593,6 +623,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),
+        jetstream=_parse_jetstream(protocols),
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
             max_events=_int(retention, "maxEvents", "spec.retention", None, 1),

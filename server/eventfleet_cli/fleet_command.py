@@ -53,6 +53,12 @@ def add_parser(sub) -> None:
         help="publish these tables over Replication (AppWebsocket) at "
         "ws://HOST:HTTP/replication on every replica; the login password is the fleet token",
     )
+    p.add_argument(
+        "--no-jetstream",
+        dest="jetstream",
+        action="store_false",
+        help="do not serve Jetstream (ws://<http>/jetstream, demo page /jetstream/demo)",
+    )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     p.set_defaults(func=run)
 
@@ -71,6 +77,7 @@ def run(args: argparse.Namespace) -> int:
             tokenless_loopback=not args.require_client_token,
             tls=args.tls,
             replication_tables=tables,
+            jetstream=args.jetstream,
         )
         busy = layout.busy_ports(fleet)
         if busy:

@@ -26,6 +26,7 @@ from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_cre
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
+from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Credentials, Tasks, TlsError
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import CorruptStoreError, Retention, Storage
@@ -38,6 +39,7 @@ PROTOCOLS: dict[str, ModuleType] = {
     "eventer": eventer_plugin,
     "syncer": syncer_plugin,
     "replication": replication,
+    "jetstream": jetstream_plugin,
 }
 
 

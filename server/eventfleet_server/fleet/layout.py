@@ -90,6 +90,11 @@ class ReplicaLayout:
             "http": f"{h}:{self.http_port}",
         }
 
+    def jetstream(self) -> dict[str, str]:
+        """Jetstream's websocket and its demo page, on the HTTP port (not ports of their own)."""
+        base = f"{self.host}:{self.http_port}/jetstream"
+        return {"jetstream": f"ws://{base}", "jetstream_demo": f"http://{base}/demo"}
+
     def ports(self) -> dict[str, int]:
         return {k: int(v.rsplit(":", 1)[1]) for k, v in self.endpoints().items()}
 
@@ -116,6 +121,7 @@ class FleetPlan:
 
     # Tables published over Replication (docs/replication.md); empty: Replication is off.
     replication_tables: tuple[str, ...] = ()
+    jetstream: bool = True  # Jetstream (and its demo page) on every replica's HTTP port
 
 
 def plan(
@@ -127,6 +133,7 @@ def plan(
     tokenless_loopback: bool = True,
     tls: bool = False,
     replication_tables: tuple[str, ...] = (),
+    jetstream: bool = True,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -158,6 +165,7 @@ def plan(
         tokenless_loopback,
         tls,
         tuple(replication_tables),
+        jetstream=jetstream,
     )
 
 
@@ -284,6 +292,8 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
             if fleet.tls
             else {}
         ),
+        # On the HTTP port; the demo page (a shared list) is <http>/jetstream/demo.
+        "jetstream": {"enabled": fleet.jetstream},
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }

@@ -228,7 +228,13 @@ class Supervisor:
                 "--json '{\"value\": 1}'\n"
                 "  any Hat Eventer client: hat.event.eventer.client.connect("
                 f"('{first.host}', {first.eventer_port}), 'me')\n"
-                "Ctrl-C stops the fleet; running the same command again resumes it."
+                + (
+                    "  Jetstream demo (a shared list): "
+                    f"{first.jetstream()['jetstream_demo']}?token=<contents of the token file>\n"
+                    if self.fleet.jetstream
+                    else ""
+                )
+                + "Ctrl-C stops the fleet; running the same command again resumes it."
             )
             if self.fleet.replication_tables:
                 self.out(
@@ -256,6 +262,7 @@ class Supervisor:
                     "up": up,
                     "restarts": r.restarts,
                     **layout.endpoints(),
+                    **(layout.jetstream() if self.fleet.jetstream else {}),
                     "data_dir": str(layout.data_dir),
                     "log": str(layout.log_path),
                 }

@@ -36,3 +36,7 @@ class RejectReason(StrEnum):
     # Replication
     LOGIN_RATE_LIMITED = "login_rate_limited"
     WRITE_REFUSED = "write_refused"
+    # Jetstream
+    UNKNOWN_SESSION = "unknown_session"
+    BAD_SCOPE = "bad_scope"
+    BAD_FRAGMENT = "bad_fragment"
