@@ -10,6 +10,7 @@ import pathlib
 import signal
 from collections.abc import Mapping
 
+from eventfleet_server import bus
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import EventerLimits, EventerServer
 from eventfleet_server.http import HttpServer
@@ -34,6 +35,7 @@ class Replica:
         self.storage: Storage | None = None
         self.engine: Engine | None = None
         self.eventer: EventerServer | None = None
+        self.bus: bus.BusProtocol | None = None
         self.http: HttpServer | None = None
         self._retention_task: asyncio.Task | None = None
 
@@ -77,6 +79,12 @@ class Replica:
             ),
         )
         await self.eventer.start()
+        if conf["bus"]["enabled"]:
+            self.bus = bus.create(
+                bus.CONFIG.from_mapping(conf["bus"]),
+                _Context(self.engine, conf["host"], self.token),
+            )
+            await self.bus.start()
         if retention_conf.get("max_age_seconds") or retention_conf.get("max_events"):
             self._retention_task = asyncio.get_running_loop().create_task(
                 self._retention_loop(retention_conf["check_interval_seconds"])
@@ -104,6 +112,8 @@ class Replica:
         await self.syncer.stop()
         if self.eventer:
             await self.eventer.stop()
+        if self.bus:
+            await self.bus.stop()
         if self.storage:
             await self.storage.close()
         if self.http:
@@ -120,6 +130,16 @@ class Replica:
                     log.info("retention deleted %d events", deleted)
             except Exception:
                 log.exception("retention pass failed")
+
+
+class _Context:
+    """The part of the protocol context the Event BUS uses (until the scaffold's)."""
+
+    def __init__(self, engine: Engine, host: str, token: str | None):
+        self.engine = engine
+        self.host = host
+        self.token = token
+        self.tasks = None
 
 
 async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None = None) -> None:

@@ -15,6 +15,11 @@ import jsonschema
 import yaml
 
 SCHEMA = json.loads((importlib.resources.files(__package__) / "schema.json").read_text())
+# The Event BUS section is its package's fragment (read as data: config sits below it).
+_BUS = json.loads(
+    (importlib.resources.files("eventfleet_server") / "bus" / "schema.json").read_text()
+)
+SCHEMA["properties"]["bus"] = _BUS
 
 DEFAULTS: dict[str, Any] = {
     "server_id": 1,
@@ -43,9 +48,7 @@ DEFAULTS: dict[str, Any] = {
         "max_queued_events": 100_000,
         "shutdown_flush_timeout": 5.0,
     },
-    # The Event BUS is not implemented in this version: the keys are accepted so configs
-    # written for a later version stay valid, but enabling it is refused (see load()).
-    "bus": {"port": 23030, "enabled": False},
+    "bus": {key: prop["default"] for key, prop in _BUS["properties"].items()},
     "http": {"port": 23080},
     "storage": {
         "synchronous": "NORMAL",
@@ -73,7 +76,7 @@ def merge(base: Mapping, override: Mapping) -> dict:
 
 
 # Protocol sections the schema accepts but this version does not implement.
-UNIMPLEMENTED_PROTOCOLS = {"bus": "the Event BUS (ZeroMQ)"}
+UNIMPLEMENTED_PROTOCOLS: dict[str, str] = {}
 
 
 def check_implemented(conf: Mapping) -> None:

@@ -35,6 +35,11 @@ to their own bounded per-connection queues.
 
 StatusListener = Callable[[Status], None]
 
+SequenceListener = Callable[[list[tuple[int, Event]]], None]
+"""Called after every commit (own registrations and merges) with ``(seq, event)`` of the
+inserted events: `seq` is the replica's local storage sequence number, strictly
+increasing in commit order and never reused (the Event BUS sequence, Replication usn)."""
+
 _OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
 
 
@@ -89,6 +94,7 @@ class Engine:
         self._room = asyncio.Event()
         self._room.set()
         self._writer_task: asyncio.Task | None = None
+        self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
@@ -182,6 +188,20 @@ class Engine:
         self._status_listeners.append(listener)
         return lambda: self._status_listeners.remove(listener)
 
+    def add_sequence_listener(self, listener: SequenceListener) -> Callable[[], None]:
+        """Called after each commit with ``(local seq, event)`` pairs (see `SequenceListener`)."""
+        self._sequence_listeners.append(listener)
+        return lambda: self._sequence_listeners.remove(listener)
+
+    def _fan_out_sequenced(self, inserted: list[tuple[int, Event]]) -> None:
+        if not inserted:
+            return
+        for listener in self._sequence_listeners:
+            try:
+                listener(inserted)
+            except Exception:
+                log.exception("sequence listener %r failed", listener)
+
     def add_commit_listener(self, listener: Callable[[int, float], None]) -> Callable[[], None]:
         """Called after each commit with (event count, commit seconds); for metrics."""
         self._commit_listeners.append(listener)
@@ -258,10 +278,12 @@ class Engine:
         Every listener is told after the commit, once with ``persisted=False`` and once
         with ``True``, one session at a time.
         """
-        inserted = [e for _, e in await self._storage.write(events)]
+        pairs = await self._storage.write(events)
+        inserted = [e for _, e in pairs]
         for group in _sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
+        self._fan_out_sequenced(pairs)
         return inserted
 
     async def _writer_loop(self) -> None:
@@ -277,7 +299,7 @@ class Engine:
             meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
             started = time.perf_counter()
             try:
-                await self._storage.write(batch, meta)
+                pairs = await self._storage.write(batch, meta)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
                 for fut in futures:
@@ -292,6 +314,7 @@ class Engine:
                     fut.set_result(None)
             for start, end in sessions:
                 self._fan_out(batch[start:end], True)
+            self._fan_out_sequenced(pairs)
             for cb in self._commit_listeners:
                 cb(len(batch), elapsed)
 
