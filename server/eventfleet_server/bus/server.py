@@ -122,7 +122,6 @@ class BusServer:
         self._ctx: zmq.asyncio.Context | None = None
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._pub_sync: zmq.Socket | None = None
-        self._snap_sync: zmq.Socket | None = None
         self._collector_sync: zmq.Socket | None = None
         self._snap_queue: asyncio.Queue[tuple[bytes, wire.SyncStart]] | None = None
         self._snap_clients: set[bytes] = set()
@@ -155,8 +154,10 @@ class BusServer:
         except BaseException:
             self._close_sockets()
             raise
+        # Plain (synchronous) views for the hot paths. Safe only where this code never
+        # waits on the same socket through asyncio for the other direction: PUB only
+        # sends; the collector only receives (and its loop re-checks events itself).
         self._pub_sync = zmq.Socket.shadow(publisher.underlying)
-        self._snap_sync = zmq.Socket.shadow(snapshot.underlying)
         self._collector_sync = zmq.Socket.shadow(collector.underlying)
         self._snap_queue = asyncio.Queue()
         if self._token is not None:
@@ -377,13 +378,14 @@ class BusServer:
 
     async def _send_snapshot(self, identity: bytes, frames: list[bytes]) -> None:
         # ROUTER_MANDATORY: a full queue (the client does not read) raises Again instead
-        # of silently dropping a SYNC, an unknown identity EHOSTUNREACH.
-        sock = self._snap_sync
-        assert sock is not None
+        # of silently dropping a SYNC, an unknown identity EHOSTUNREACH. Sent through the
+        # asyncio socket (DONTWAIT resolves at once): a send on a shadow socket would eat
+        # the edge-triggered wake-up the snapshot loop's pending recv waits for.
+        sock = self._sockets["snapshot"]
         waited = 0.0
         while True:
             try:
-                sock.send_multipart(frames, zmq.NOBLOCK)
+                await sock.send_multipart(frames, flags=zmq.DONTWAIT)
                 return
             except zmq.Again:
                 if waited >= self._config.snapshot_stall_timeout:
