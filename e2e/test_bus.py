@@ -16,8 +16,8 @@ import uuid as uuidlib
 import aiohttp
 import msgpack
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
-from eventfleet_server.eventer import connect
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.bus_client import BusClient, wait_live

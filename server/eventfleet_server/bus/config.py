@@ -23,12 +23,14 @@ class BusConfig:
     max_batch: int
     dedup_memory: int
 
+    def __post_init__(self) -> None:
+        # Built by `config.typed.build` from the raw (validated) section: a string here.
+        object.__setattr__(self, "integer_encoding", IntegerEncoding(self.integer_encoding))
+
     @classmethod
     def from_mapping(cls, section: Mapping[str, Any]) -> BusConfig:
         """From a validated section with defaults filled in (every key present)."""
         missing = [f.name for f in fields(cls) if f.name not in section]
         if missing:
             raise ValueError(f"bus section lacks {', '.join(missing)} (defaults not filled?)")
-        values = {f.name: section[f.name] for f in fields(cls)}
-        values["integer_encoding"] = IntegerEncoding(values["integer_encoding"])
-        return cls(**values)
+        return cls(**{f.name: section[f.name] for f in fields(cls)})

@@ -26,9 +26,9 @@ import zmq
 import zmq.asyncio
 
 from eventfleet_server.bus import wire
-from eventfleet_server.bus._support import Rejections, Tasks
 from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.mapping import Record
+from eventfleet_server.listener import Rejections, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +239,7 @@ class BusServer:
     def describe(self) -> dict:
         c = self.counters
         return {
+            "port": self.ports.get("snapshot"),
             "ports": dict(self.ports),
             "integer_encoding": self._encoding.value,
             "auth": "plain" if self._token is not None else "none",

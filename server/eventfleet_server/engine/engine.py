@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +18,11 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Status,
     Timestamp,
+    split_sessions,
     timestamp_from_us,
     timestamp_to_us,
 )
+from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ class Engine:
         *,
         max_uncommitted: int = 100_000,
         max_results_cap: int = 10_000,
+        tasks: Tasks | None = None,
     ):
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -93,6 +95,9 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        # The writer is critical: if it ever stops, nothing is committed any more, so its
+        # exit stops the replica (through the owner's on_fatal).
+        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("engine")
         self._writer_task: asyncio.Task | None = None
         self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
@@ -149,7 +154,7 @@ class Engine:
             session + 1,
             instance + 1,
         )
-        self._writer_task = asyncio.get_running_loop().create_task(self._writer_loop())
+        self._writer_task = self._tasks.spawn("writer", self._writer_loop())
 
     def set_operational(self) -> None:
         self._set_status(Status.OPERATIONAL)
@@ -158,11 +163,8 @@ class Engine:
         """Status ``stopping``, commit what is pending, stop the writer."""
         self._set_status(Status.STOPPING)
         await self.flush()
-        if self._writer_task:
-            self._writer_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
-            self._writer_task = None
+        await self._tasks.close()
+        self._writer_task = None
 
     async def flush(self) -> None:
         """Wait until everything registered so far is committed."""
@@ -280,7 +282,7 @@ class Engine:
         """
         pairs = await self._storage.write(events)
         inserted = [e for _, e in pairs]
-        for group in _sessions(inserted):
+        for group in split_sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
         self._fan_out_sequenced(pairs)
@@ -352,16 +354,6 @@ class Engine:
             room = max(limit - len(result.events), 0)
             result = QueryResult(result.events + extra[:room], len(extra) > room)
         return result
-
-
-def _sessions(events: list[Event]) -> list[list[Event]]:
-    groups: list[list[Event]] = []
-    for e in events:
-        if groups and groups[-1][0].id[:2] == e.id[:2]:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    return groups
 
 
 def _validate_register_event(i: int, e: RegisterEvent) -> None:
