@@ -225,6 +225,9 @@ class Supervisor:
                 "--json '{\"value\": 1}'\n"
                 "  any Hat Eventer client: hat.event.eventer.client.connect("
                 f"('{first.host}', {first.eventer_port}), 'me')\n"
+                f"  Event BUS (ZeroMQ): SNAPSHOT tcp://{first.host}:{first.bus_port}, "
+                f"PUBLISHER :{first.bus_port + 1}, COLLECTOR :{first.bus_port + 2}; "
+                "ZAP PLAIN, password = the token\n"
                 "Ctrl-C stops the fleet; running the same command again resumes it."
             )
 
