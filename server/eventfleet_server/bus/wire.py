@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import datetime
 import enum
+import functools
 import re
+import time
 import uuid as uuidlib
 from dataclasses import dataclass
 
@@ -33,6 +35,7 @@ SYNCEND = b"SYNCEND"
 
 _DIGITS = re.compile(rb"[0-9]+")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_GMTIME_MAX = 253402300800  # 10000-01-01: beyond it strftime's %Y is not 4 digits
 # '%' in a topic must start one of these escapes (see topic_to_type).
 _ESCAPE = re.compile(r"%(?!25|2F)")
 
@@ -120,9 +123,11 @@ def matches(topic: str, subtrees: tuple[str, ...]) -> bool:
 # -- topics <-> event types ----------------------------------------------------------------
 
 
+@functools.lru_cache(maxsize=65536)
 def type_to_topic(event_type: EventType) -> str:
     """``('a', 'b', 'c')`` -> ``/a/b/c``; ``%`` and ``/`` inside a segment are escaped
-    as ``%25`` and ``%2F`` so that the mapping is one-to-one."""
+    as ``%25`` and ``%2F`` so that the mapping is one-to-one. (Cached: every snapshot
+    and broadcast maps the same few types over and over.)"""
     return "/" + "/".join(s.replace("%", "%25").replace("/", "%2F") for s in event_type)
 
 
@@ -153,6 +158,9 @@ def topic_to_type(topic: str) -> EventType:
 
 def timestamp_to_iso(t: Timestamp) -> str:
     """``2024-05-01T12:00:00.123456Z`` (UTC, microseconds)."""
+    if 0 <= t.s < _GMTIME_MAX:
+        # time.gmtime is several times cheaper than datetime arithmetic + strftime.
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t.s))}.{t.us:06d}Z"
     dt = _EPOCH + datetime.timedelta(seconds=t.s, microseconds=t.us)
     return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
