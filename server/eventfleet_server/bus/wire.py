@@ -34,6 +34,7 @@ SYNC = b"SYNC"
 SYNCEND = b"SYNCEND"
 
 _DIGITS = re.compile(rb"[0-9]+")
+_CANONICAL_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 _GMTIME_MAX = 253402300800  # 10000-01-01: beyond it strftime's %Y is not 4 digits
 # '%' in a topic must start one of these escapes (see topic_to_type).
@@ -131,6 +132,7 @@ def type_to_topic(event_type: EventType) -> str:
     return "/" + "/".join(s.replace("%", "%25").replace("/", "%2F") for s in event_type)
 
 
+@functools.lru_cache(maxsize=65536)
 def topic_to_type(topic: str) -> EventType:
     """``/a/b/c`` -> ``('a', 'b', 'c')``, the inverse of `type_to_topic`.
 
@@ -241,10 +243,13 @@ def parse_pub(frames: list[bytes]) -> Publish:
     except UnicodeDecodeError as e:
         raise WireError("bad_message", f"producer {_show(producer_frame)} is not UTF-8") from e
     source_timestamp = timestamp_from_iso(ts_frame)
-    try:
-        uuid = str(uuidlib.UUID(uuid_frame.decode()))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise WireError("bad_message", f"uuid {_show(uuid_frame)} is not a UUID") from e
+    if _CANONICAL_UUID.fullmatch(uuid_frame):
+        uuid = uuid_frame.decode()  # already canonical: skip the costly uuid.UUID parse
+    else:
+        try:
+            uuid = str(uuidlib.UUID(uuid_frame.decode()))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise WireError("bad_message", f"uuid {_show(uuid_frame)} is not a UUID") from e
     return Publish(topic, event_type, producer, source_timestamp, uuid, data)
 
 
