@@ -35,3 +35,10 @@ class RejectReason(StrEnum):
     # Event BUS
     BAD_TOPIC = "bad_topic"
     RATE_LIMITED = "rate_limited"
+    # Replication
+    LOGIN_RATE_LIMITED = "login_rate_limited"
+    WRITE_REFUSED = "write_refused"
+    # Jetstream
+    UNKNOWN_SESSION = "unknown_session"
+    BAD_SCOPE = "bad_scope"
+    BAD_FRAGMENT = "bad_fragment"
