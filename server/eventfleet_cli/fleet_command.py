@@ -28,6 +28,20 @@ def add_parser(sub) -> None:
     p.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path(".data"))
     p.add_argument("--host", default="127.0.0.1", help="address every replica binds")
     p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every listener and mutual TLS between the replicas, with a CA and "
+        "certificates generated under DATA_DIR/tls (needs openssl); clients verify "
+        "against DATA_DIR/tls/ca.pem (eventfleet register --tls-ca ...)",
+    )
+    p.add_argument(
+        "--require-client-token",
+        action="store_true",
+        help="every Eventer client must present the client token (DATA_DIR/token); by "
+        "default clients on loopback may omit it, as Hat components cannot send one "
+        "(see docs/security.md)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
@@ -60,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             args.data_dir,
             base_port=args.base_port,
             host=args.host,
+            tokenless_loopback=not args.require_client_token,
+            tls=args.tls,
             replication_tables=tables,
             jetstream=args.jetstream,
         )

@@ -13,6 +13,12 @@ def create(config: BusConfig, ctx: ProtocolContext) -> BusProtocol:
     """The Event BUS of `ctx.engine` on `ctx.host`, ports `config.port` .. +2.
 
     With a fleet token (`ctx.token`) every socket requires ZAP PLAIN credentials whose
-    password is the token (docs/bus.md, "Authentication").
+    password is a current client token, read at every handshake so that a token
+    rotation needs no restart (docs/bus.md, "Authentication").
     """
-    return BusProtocol(config, ctx.engine, ctx.host, ctx.token, ctx.tasks.child("bus"))
+    credentials = ctx.credentials
+    tokens = (lambda: credentials.client) if credentials is not None else None
+    token = ctx.token
+    if token is None and credentials is not None and credentials.client:
+        token = credentials.client[0]
+    return BusProtocol(config, ctx.engine, ctx.host, token, ctx.tasks.child("bus"), tokens=tokens)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 from eventfleet_server.bus.adapter import EngineAdapter
 from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.server import BusServer
@@ -15,12 +17,18 @@ class BusProtocol:
     name = "bus"
 
     def __init__(
-        self, config: BusConfig, engine: Engine, host: str, token: str | None, tasks: Tasks
+        self,
+        config: BusConfig,
+        engine: Engine,
+        host: str,
+        token: str | None,
+        tasks: Tasks,
+        tokens: Callable[[], Sequence[str]] | None = None,
     ):
         self.config = config
         self._tasks = tasks
         self.adapter = EngineAdapter(engine, dedup_memory=config.dedup_memory, tasks=tasks)
-        self.server = BusServer(self.adapter, host, config, token=token, tasks=tasks)
+        self.server = BusServer(self.adapter, host, config, token=token, tokens=tokens, tasks=tasks)
         self.adapter.attach(self.server)
 
     async def start(self) -> None:

@@ -18,7 +18,7 @@ import contextlib
 import hmac
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -108,6 +108,7 @@ class BusServer:
         config: BusConfig,
         *,
         token: str | None = None,
+        tokens: Callable[[], Sequence[str]] | None = None,
         tasks: Tasks | None = None,
         rejections: Rejections | None = None,
     ):
@@ -115,6 +116,9 @@ class BusServer:
         self._host = host
         self._config = config
         self._token = token
+        # The tokens accepted now (a rotation replaces them without a restart); whether
+        # PLAIN is required at all is fixed at start by `token`.
+        self._tokens = tokens or (lambda: (token,) if token else ())
         self._tasks = tasks or Tasks("bus")
         self.rejections = rejections or Rejections("bus")
         self.counters = _Counters()
@@ -443,7 +447,6 @@ class BusServer:
 
     async def _zap_loop(self) -> None:
         sock = self._sockets["zap"]
-        token = (self._token or "").encode()
         while True:
             msg = await sock.recv_multipart()
             if len(msg) < 6:
@@ -453,7 +456,7 @@ class BusServer:
             ok = (
                 mechanism == b"PLAIN"
                 and len(credentials) == 2
-                and hmac.compare_digest(credentials[1], token)
+                and any(hmac.compare_digest(credentials[1], t.encode()) for t in self._tokens())
             )
             if ok:
                 reply = [version, request_id, b"200", b"OK", credentials[0], b""]

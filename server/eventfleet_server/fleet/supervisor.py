@@ -69,6 +69,8 @@ class ReplicaProcess:
         # The token comes from the fleet's token file, never from the caller's environment.
         env.pop("EVENTFLEET_TOKEN", None)
         env.pop("EVENTFLEET_TOKEN_FILE", None)
+        env.pop("EVENTFLEET_PEER_TOKEN", None)
+        env.pop("EVENTFLEET_PEER_TOKEN_FILE", None)
         env.pop("EVENTFLEET_SERVER_ID", None)
         env.pop("EVENTFLEET_POD_NAME", None)
         env["PYTHONUNBUFFERED"] = "1"
@@ -217,11 +219,12 @@ class Supervisor:
         self._announced = True
         if not self.json_lines:
             first = self.replicas[0].layout
+            tls = f" --tls-ca {self.fleet.tls_dir / 'ca.pem'}" if self.fleet.tls else ""
             self.out(
                 f"fleet of {len(self.replicas)} replicas up (data: {self.fleet.data_dir}, "
                 f"token: {self.fleet.token_file})\n"
-                f"  eventfleet watch --eventer {first.endpoints()['eventer']} '*'\n"
-                f"  eventfleet register --eventer {first.endpoints()['eventer']} a/b "
+                f"  eventfleet watch --eventer {first.endpoints()['eventer']}{tls} '*'\n"
+                f"  eventfleet register --eventer {first.endpoints()['eventer']}{tls} a/b "
                 "--json '{\"value\": 1}'\n"
                 "  any Hat Eventer client: hat.event.eventer.client.connect("
                 f"('{first.host}', {first.eventer_port}), 'me')\n"

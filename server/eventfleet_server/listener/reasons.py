@@ -28,6 +28,7 @@ class RejectReason(StrEnum):
     REGISTER_FAILED = "register_failed"
     BAD_QUERY = "bad_query"
     SLOW_SUBSCRIBER = "slow_subscriber"
+    SLOW_CLIENT = "slow_client"  # stopped reading its replies (write buffer, drain)
     # Syncer
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
