@@ -55,6 +55,8 @@ class EngineAdapter:
         self._index_rows: list[tuple[str, int]] = []
         self._index_upto = 0
         self._index_wakeup = asyncio.Event()
+        # One index write at a time: `stop` must wait for the loop's write in flight.
+        self._index_lock = asyncio.Lock()
         self._unsubscribe = None
 
     def attach(self, server: BusServer) -> None:
@@ -206,6 +208,10 @@ class EngineAdapter:
                 await asyncio.sleep(1.0)
 
     async def _flush_index(self) -> None:
+        async with self._index_lock:
+            await self._flush_index_locked()
+
+    async def _flush_index_locked(self) -> None:
         rows, self._index_rows = self._index_rows, []
         upto = self._index_upto
         # Without new UUIDs only move the mark now and then: start-up re-reads at most
