@@ -190,11 +190,19 @@ def run(args) -> dict:
         iso = [timestamp_to_iso(timestamp_from_us(t)) for t in span]
         phases = []
 
-        print("baseline: read ...", file=sys.stderr)
-        with Phase("baseline read (1 process)", server, n) as p:
-            got = sum(len(page) for page in read_span(_ep(endpoint), span.start, span.end))
-        assert got == n, f"baseline read {got} events, stored {n}"
-        phases.append(p)
+        for _ in range(args.repeat_reads):
+            print("baseline: read ...", file=sys.stderr)
+            with Phase("baseline read (1 process)", server, n) as p:
+                got = sum(len(page) for page in read_span(_ep(endpoint), span.start, span.end))
+            assert got == n, f"baseline read {got} events, stored {n}"
+            phases.append(p)
+            print("export read (GET /export, Arrow) ...", file=sys.stderr)
+            with Phase("export read: GET /export, Arrow (1 process, 1 stream)", server, n) as p:
+                got = sum(len(pg) for pg in read_span_arrow(_ep(http), span.start, span.end))
+            assert got == n, f"export read {got} events, stored {n}"
+            phases.append(p)
+        if args.reads_only:
+            return _result(args, n, seed_s, None, None, phases, {}, load_start)
 
         print("baseline: read + aggregate ...", file=sys.stderr)
         with Phase("baseline job: read + aggregate (1 process)", server, n) as p:
@@ -202,12 +210,6 @@ def run(args) -> dict:
             expected = reference.aggregate(
                 reference.from_raw(itertools.chain.from_iterable(pages)), args.bucket
             )
-        phases.append(p)
-
-        print("export read (GET /export, Arrow) ...", file=sys.stderr)
-        with Phase("export read: GET /export, Arrow (1 process, 1 stream)", server, n) as p:
-            got = sum(len(page) for page in read_span_arrow(_ep(http), span.start, span.end))
-        assert got == n, f"export read {got} events, stored {n}"
         phases.append(p)
 
         output = workdir / "parquet"
@@ -328,28 +330,32 @@ def run(args) -> dict:
             "registered_once_each": registered == {k: 1 for k in expected},
             "warm_run_registered": warm.write_back.registered,
         }
-        return {
-            "events": n,
-            "types": args.types,
-            "bucket_seconds": args.bucket,
-            "seed_seconds": round(seed_s, 1),
-            "spark_session_startup_seconds": round(startup, 1),
-            "spark_first_query_seconds": round(warmup, 1),
-            "phases": [ph.row() for ph in phases],
-            "checks": checks,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "master": args.master,
-                "loadavg_at_start": load_start,
-                "loadavg_at_end": os.getloadavg()[0],
-                "date": datetime.date.today().isoformat(),
-            },
-        }
+        return _result(args, n, seed_s, startup, warmup, phases, checks, load_start)
     finally:
         server.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _result(args, n, seed_s, startup, warmup, phases, checks, load_start) -> dict:
+    return {
+        "events": n,
+        "types": args.types,
+        "bucket_seconds": args.bucket,
+        "seed_seconds": round(seed_s, 1),
+        "spark_session_startup_seconds": None if startup is None else round(startup, 1),
+        "spark_first_query_seconds": None if warmup is None else round(warmup, 1),
+        "phases": [ph.row() for ph in phases],
+        "checks": checks,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "master": args.master,
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": os.getloadavg()[0],
+            "date": datetime.date.today().isoformat(),
+        },
+    }
 
 
 def _digests(root: pathlib.Path) -> dict:
@@ -442,9 +448,14 @@ def markdown(result: dict) -> str:
         f"{result['events']:,} events, {result['types']} types, "
         f"{result['bucket_seconds']} s buckets, Spark `{result['machine']['master']}`, "
         f"{m['cpus']} CPUs (load average {m['loadavg_at_start']:.1f} at the start,"
-        f" {m['loadavg_at_end']:.1f} at the end); seeding took {result['seed_seconds']} s; "
-        f"a Spark session starts in {result['spark_session_startup_seconds']} s and its first"
-        f" (empty) query takes {result['spark_first_query_seconds']} s (Python workers start).",
+        f" {m['loadavg_at_end']:.1f} at the end); seeding took {result['seed_seconds']} s"
+        + (
+            f"; a Spark session starts in {result['spark_session_startup_seconds']} s and its"
+            f" first (empty) query takes {result['spark_first_query_seconds']} s (Python"
+            " workers start)."
+            if result["spark_session_startup_seconds"] is not None
+            else "."
+        ),
         "",
         "| phase | seconds | events/s | replica CPU µs/event | note |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -455,6 +466,8 @@ def markdown(result: dict) -> str:
             f"{p['replica_cpu_us_per_event']} | {p['note']} |"
         )
     c = result["checks"]
+    if not c:  # --reads-only
+        return "\n".join(lines)
     lines += [
         "",
         f"Checks: Parquet equals the baseline: {c['parquet_equals_baseline']}; "
@@ -478,6 +491,17 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", type=pathlib.Path, help="write the table here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
     p.add_argument(
+        "--reads-only",
+        action="store_true",
+        help="only the read phases: Eventer read and /export read of the same events",
+    )
+    p.add_argument(
+        "--repeat-reads",
+        type=int,
+        default=1,
+        help="run the two read phases this many times, alternating (default 1)",
+    )
+    p.add_argument(
         "--skip-eventer-spark",
         action="store_true",
         help="leave out the Spark phases over Eventer (the /export ones and the baselines run)",
@@ -495,6 +519,8 @@ def main(argv=None) -> int:
     if args.markdown:
         args.markdown.write_text(table + "\n")
     c = result["checks"]
+    if not c:  # --reads-only: the read counts were asserted
+        return 0
     return (
         0 if c["parquet_equals_baseline"] and c["export_parquet_byte_identical"] is not False else 1
     )

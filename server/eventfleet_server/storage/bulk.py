@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
 
@@ -177,17 +178,30 @@ class _Pager:
         """The next page after `after` (None: from the start) as IPC bytes, and the key
         of its last event (None when the window is exhausted)."""
         conn = self._storage._reader._conn
-        if after is None:
-            rows = conn.execute(FIRST_PAGE, (self._start, self._end, self._page_rows)).fetchall()
-        else:
-            rows = conn.execute(NEXT_PAGE, (*after, self._end, self._page_rows)).fetchall()
-        if not rows:
-            return b"", None
-        batch = self._batch(rows)
+        # A page is ~20k row tuples (GC-tracked) that die within milliseconds: with the
+        # cyclic GC on, its generation-0 passes cost ~30% of the page (measured 2.3 vs
+        # 1.6 µs/row). It is process-wide, so it is off only for this bounded stretch,
+        # on the reader thread, the only place that toggles it.
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            if after is None:
+                rows = conn.execute(
+                    FIRST_PAGE, (self._start, self._end, self._page_rows)
+                ).fetchall()
+            else:
+                rows = conn.execute(NEXT_PAGE, (*after, self._end, self._page_rows)).fetchall()
+            if not rows:
+                return b"", None
+            batch = self._batch(rows)
+            server, session, instance, _, ts = rows[-1][:5]
+            del rows
+        finally:
+            if gc_was_enabled:
+                gc.enable()
         self._writer.write_batch(batch)
-        self.stats.events += len(rows)
+        self.stats.events += batch.num_rows
         self.stats.batches += 1
-        server, session, instance, _, ts = rows[-1][:5]
         return self._sink.take(), ExportKey(ts, server, session, instance)
 
     def _batch(self, rows: list[tuple]) -> pa.RecordBatch:
