@@ -49,17 +49,22 @@ class BadParameter(ValueError):
 def export_refusal(replica: Any, request: web.Request) -> str | None:
     """None when `request` may export, else why not (never echoing a token).
 
-    The one place that decides who may export: the fleet's client token (what an
-    Eventer reader presents, ``$EVENTFLEET_TOKEN`` of the Spark job) as ``Authorization:
-    Bearer``; open when the replica has no token. Reconcile here with the HTTP admin
-    credential checks (the export reads every event, like an Eventer client may).
+    The one place that decides who may export: any of the replica's client tokens (what
+    an Eventer reader presents; the Spark job's ``$EVENTFLEET_TOKEN``) or its peer/admin
+    tokens, as ``Authorization: Bearer``; open when the replica has no token at all. The
+    export reads every event, which is exactly what an Eventer client may do.
     """
-    token = getattr(replica, "token", None)
-    if not token:
+    credentials = getattr(replica, "credentials", None)
+    if credentials is not None:
+        tokens = tuple(credentials.client) + tuple(credentials.peer)
+    else:  # a replica object from before the credentials (tests, embedding)
+        token = getattr(replica, "token", None)
+        tokens = (token,) if token else ()
+    if not tokens:
         return None
     scheme, _, value = request.headers.get("Authorization", "").partition(" ")
     presented = value.strip() if scheme.lower() == "bearer" and value.strip() else None
-    reason = TokenPolicy((token,)).check(presented)
+    reason = TokenPolicy(tokens).check(presented)
     if reason is None:
         return None
     return f"{reason} (Authorization: Bearer <token>)"
