@@ -23,6 +23,17 @@ payloads) over the Eventer client. Then, on the same stored events and in this o
 6. the same with ``--partial-aggregation spark`` (event rows aggregated by Spark instead
    of in the reading workers), without write-back.
 
+Then the same through the Arrow read path (``GET /export`` on the replica's HTTP port,
+the job's ``--http``):
+
+7. export read: this process reads the range from ``/export`` (`export_io`, one stream);
+8. Spark job, cold, with ``--http`` (a subprocess, as 3);
+9. Spark read with ``http`` (rows counted) and 10. Spark job, warm, with ``--http``, in
+   the warm session.
+
+The Parquet written through ``/export`` must be byte-identical to the Eventer path's.
+``--skip-eventer-spark`` leaves out 3-6 (the Eventer Spark phases) for a shorter run.
+
 The Spark Parquet output is checked against the baseline's aggregates, and the
 registered aggregate events against the Parquet rows (no duplicates after two runs).
 Replica CPU seconds are read from /proc for each phase: the server side of the read.
@@ -159,13 +170,17 @@ def run(args) -> dict:
     from eventfleet_server.common.model import timestamp_from_us
     from eventfleet_spark import job, reference, timeplan
     from eventfleet_spark.eventer_io import read_span
+    from eventfleet_spark.export_io import read_span_arrow
     from eventfleet_spark.options import JobOptions
 
+    load_start = os.getloadavg()[0]
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-aggregate-"))
     server = servers.start_server(servers.KINDS["eventfleet"], workdir, "replica")
     try:
         asyncio.run(servers.wait_operational(server))
         endpoint = f"127.0.0.1:{server.port}"
+        conf = json.loads((server.workdir / "eventfleet.yaml").read_text())
+        http = f"127.0.0.1:{conf['http']['port']}"
         print(f"seeding {args.events:,} events ({args.types} types) ...", file=sys.stderr)
         seed_s = asyncio.run(seed(endpoint, args.events, args.types, 1000, 4))
         first, last = asyncio.run(stored_range(endpoint))
@@ -175,11 +190,19 @@ def run(args) -> dict:
         iso = [timestamp_to_iso(timestamp_from_us(t)) for t in span]
         phases = []
 
-        print("baseline: read ...", file=sys.stderr)
-        with Phase("baseline read (1 process)", server, n) as p:
-            got = sum(len(page) for page in read_span(_ep(endpoint), span.start, span.end))
-        assert got == n, f"baseline read {got} events, stored {n}"
-        phases.append(p)
+        for _ in range(args.repeat_reads):
+            print("baseline: read ...", file=sys.stderr)
+            with Phase("baseline read (1 process)", server, n) as p:
+                got = sum(len(page) for page in read_span(_ep(endpoint), span.start, span.end))
+            assert got == n, f"baseline read {got} events, stored {n}"
+            phases.append(p)
+            print("export read (GET /export, Arrow) ...", file=sys.stderr)
+            with Phase("export read: GET /export, Arrow (1 process, 1 stream)", server, n) as p:
+                got = sum(len(pg) for pg in read_span_arrow(_ep(http), span.start, span.end))
+            assert got == n, f"export read {got} events, stored {n}"
+            phases.append(p)
+        if args.reads_only:
+            return _result(args, n, seed_s, None, None, phases, {}, load_start)
 
         print("baseline: read + aggregate ...", file=sys.stderr)
         with Phase("baseline job: read + aggregate (1 process)", server, n) as p:
@@ -190,6 +213,7 @@ def run(args) -> dict:
         phases.append(p)
 
         output = workdir / "parquet"
+        output_http = workdir / "parquet-http"
         cli = [
             sys.executable,
             "-m",
@@ -213,14 +237,21 @@ def run(args) -> dict:
         ]
         if args.partitions:
             cli += ["--partitions", str(args.partitions)]
-        print("spark job (cold, eventfleet aggregate) ...", file=sys.stderr)
-        with Phase("Spark job, cold: eventfleet aggregate (JVM start included)", server, n) as p:
-            proc = subprocess.run(cli, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            raise RuntimeError(f"eventfleet aggregate failed:\n{proc.stderr[-4000:]}")
-        summary = json.loads(proc.stdout.strip().splitlines()[-1])
-        p.note = f"read+aggregate {summary['read_aggregate_seconds']} s inside"
-        phases.append(p)
+        cold_runs = [("Spark job, cold, over Eventer (JVM start included)", cli)]
+        if args.skip_eventer_spark:
+            cold_runs = []
+        http_cli = [*cli, "--http", http]
+        http_cli[http_cli.index(str(output))] = str(output_http)
+        cold_runs.append(("Spark job, cold, --http: /export (JVM start included)", http_cli))
+        for name, argv in cold_runs:
+            print(f"{name} ...", file=sys.stderr)
+            with Phase(name, server, n) as p:
+                proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                raise RuntimeError(f"eventfleet aggregate failed:\n{proc.stderr[-4000:]}")
+            summary = json.loads(proc.stdout.strip().splitlines()[-1])
+            p.note = f"read+aggregate {summary['read_aggregate_seconds']} s inside"
+            phases.append(p)
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         from pyspark.sql import SparkSession
@@ -250,62 +281,93 @@ def run(args) -> dict:
             t0 = time.perf_counter()
             job.read_events(spark, opts, timeplan.Span(0, timeplan.US)).count()
             warmup = time.perf_counter() - t0
-            print("spark read ...", file=sys.stderr)
-            with Phase("Spark read: source rows counted (warm session)", server, n) as p:
-                counted = job.read_events(spark, opts, span).count()
-            assert counted == n, f"Spark read {counted} events, stored {n}"
-            p.note = f"{job.read_events(spark, opts, span).rdd.getNumPartitions()} partitions"
-            phases.append(p)
-            print("spark job (warm) ...", file=sys.stderr)
-            with Phase("Spark job, warm session (write-back finds all)", server, n) as p:
-                (warm,) = job.run(opts, spark, out=None)
-            p.note = f"read+aggregate {warm.read_seconds:.1f} s inside"
-            phases.append(p)
-            print("spark job (warm, --partial-aggregation spark) ...", file=sys.stderr)
-            sql_opts = dataclasses.replace(
-                opts,
-                partial_aggregation="spark",
-                output=str(workdir / "parquet-sql"),
-                write_back=False,
-            )
-            with Phase("Spark job, warm, --partial-aggregation spark", server, n) as p:
-                (sql,) = job.run(sql_opts, spark, out=None)
-            p.note = f"read+aggregate {sql.read_seconds:.1f} s inside; no write-back"
-            phases.append(p)
+            http_opts = dataclasses.replace(opts, http=http, output=str(output_http))
+            warm = None
+            for label, o in (("over Eventer", opts), ("--http: /export", http_opts)):
+                if args.skip_eventer_spark and o is opts:
+                    continue
+                print(f"spark read {label} ...", file=sys.stderr)
+                with Phase(f"Spark read {label}: source rows counted (warm)", server, n) as p:
+                    counted = job.read_events(spark, o, span).count()
+                assert counted == n, f"Spark read {counted} events, stored {n}"
+                parts = job.read_events(spark, o, span).rdd.getNumPartitions()
+                p.note = f"{parts} partitions"
+                phases.append(p)
+                print(f"spark job (warm) {label} ...", file=sys.stderr)
+                with Phase(f"Spark job, warm, {label} (write-back finds all)", server, n) as p:
+                    (run_summary,) = job.run(o, spark, out=None)
+                p.note = f"read+aggregate {run_summary.read_seconds:.1f} s inside"
+                phases.append(p)
+                warm = warm or run_summary
+            if not args.skip_eventer_spark:
+                print("spark job (warm, --partial-aggregation spark) ...", file=sys.stderr)
+                sql_opts = dataclasses.replace(
+                    opts,
+                    partial_aggregation="spark",
+                    output=str(workdir / "parquet-sql"),
+                    write_back=False,
+                )
+                with Phase("Spark job, warm, --partial-aggregation spark", server, n) as p:
+                    (sql,) = job.run(sql_opts, spark, out=None)
+                p.note = f"read+aggregate {sql.read_seconds:.1f} s inside; no write-back"
+                phases.append(p)
         finally:
             spark.stop()
 
+        if args.skip_eventer_spark:
+            output = output_http
         parquet = _read_parquet(output)
         registered = asyncio.run(_registered(endpoint, span))
         checks = {
             "parquet_equals_baseline": parquet
             == {k: v.payload_json() for k, v in expected.items()},
-            "spark_side_parquet_equal": _read_parquet(workdir / "parquet-sql") == parquet,
+            "export_parquet_byte_identical": None
+            if args.skip_eventer_spark
+            else _digests(output_http) == _digests(output),
+            "spark_side_parquet_equal": args.skip_eventer_spark
+            or _read_parquet(workdir / "parquet-sql") == parquet,
             "aggregates": len(expected),
             "registered_once_each": registered == {k: 1 for k in expected},
             "warm_run_registered": warm.write_back.registered,
         }
-        return {
-            "events": n,
-            "types": args.types,
-            "bucket_seconds": args.bucket,
-            "seed_seconds": round(seed_s, 1),
-            "spark_session_startup_seconds": round(startup, 1),
-            "spark_first_query_seconds": round(warmup, 1),
-            "phases": [ph.row() for ph in phases],
-            "checks": checks,
-            "machine": {
-                "cpus": os.cpu_count(),
-                "python": platform.python_version(),
-                "master": args.master,
-                "loadavg_at_end": os.getloadavg()[0],
-                "date": datetime.date.today().isoformat(),
-            },
-        }
+        return _result(args, n, seed_s, startup, warmup, phases, checks, load_start)
     finally:
         server.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _result(args, n, seed_s, startup, warmup, phases, checks, load_start) -> dict:
+    return {
+        "events": n,
+        "types": args.types,
+        "bucket_seconds": args.bucket,
+        "seed_seconds": round(seed_s, 1),
+        "spark_session_startup_seconds": None if startup is None else round(startup, 1),
+        "spark_first_query_seconds": None if warmup is None else round(warmup, 1),
+        "phases": [ph.row() for ph in phases],
+        "checks": checks,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "master": args.master,
+            "loadavg_at_start": load_start,
+            "loadavg_at_end": os.getloadavg()[0],
+            "date": datetime.date.today().isoformat(),
+        },
+    }
+
+
+def _digests(root: pathlib.Path) -> dict:
+    """Per date partition, the sorted SHA-256 of its Parquet files (names differ by job)."""
+    import hashlib
+
+    out: dict = {}
+    for f in root.rglob("*.parquet"):
+        out.setdefault(str(f.parent.relative_to(root)), []).append(
+            hashlib.sha256(f.read_bytes()).hexdigest()
+        )
+    return {k: sorted(v) for k, v in out.items()}
 
 
 def _ep(endpoint: str):
@@ -381,13 +443,19 @@ async def _registered(endpoint: str, span) -> dict:
 
 
 def markdown(result: dict) -> str:
+    m = result["machine"]
     lines = [
         f"{result['events']:,} events, {result['types']} types, "
         f"{result['bucket_seconds']} s buckets, Spark `{result['machine']['master']}`, "
-        f"{result['machine']['cpus']} CPUs (load average at the end "
-        f"{result['machine']['loadavg_at_end']:.1f}); seeding took {result['seed_seconds']} s; "
-        f"a Spark session starts in {result['spark_session_startup_seconds']} s and its first"
-        f" (empty) query takes {result['spark_first_query_seconds']} s (Python workers start).",
+        f"{m['cpus']} CPUs (load average {m['loadavg_at_start']:.1f} at the start,"
+        f" {m['loadavg_at_end']:.1f} at the end); seeding took {result['seed_seconds']} s"
+        + (
+            f"; a Spark session starts in {result['spark_session_startup_seconds']} s and its"
+            f" first (empty) query takes {result['spark_first_query_seconds']} s (Python"
+            " workers start)."
+            if result["spark_session_startup_seconds"] is not None
+            else "."
+        ),
         "",
         "| phase | seconds | events/s | replica CPU µs/event | note |",
         "| --- | ---: | ---: | ---: | --- |",
@@ -398,12 +466,16 @@ def markdown(result: dict) -> str:
             f"{p['replica_cpu_us_per_event']} | {p['note']} |"
         )
     c = result["checks"]
+    if not c:  # --reads-only
+        return "\n".join(lines)
     lines += [
         "",
         f"Checks: Parquet equals the baseline: {c['parquet_equals_baseline']}; "
         f"{c['aggregates']:,} aggregates, each registered exactly once after two runs: "
         f"{c['registered_once_each']}; the warm run registered {c['warm_run_registered']}; "
-        f"Spark-side aggregation wrote the same Parquet: {c['spark_side_parquet_equal']}.",
+        f"Spark-side aggregation wrote the same Parquet: {c['spark_side_parquet_equal']}; "
+        f"the job through /export wrote byte-identical Parquet: "
+        f"{c['export_parquet_byte_identical']}.",
     ]
     return "\n".join(lines)
 
@@ -418,6 +490,22 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=pathlib.Path, help="write the result as JSON here")
     p.add_argument("--markdown", type=pathlib.Path, help="write the table here")
     p.add_argument("--keep", action="store_true", help="keep the work directory")
+    p.add_argument(
+        "--reads-only",
+        action="store_true",
+        help="only the read phases: Eventer read and /export read of the same events",
+    )
+    p.add_argument(
+        "--repeat-reads",
+        type=int,
+        default=1,
+        help="run the two read phases this many times, alternating (default 1)",
+    )
+    p.add_argument(
+        "--skip-eventer-spark",
+        action="store_true",
+        help="leave out the Spark phases over Eventer (the /export ones and the baselines run)",
+    )
     args = p.parse_args(argv)
     try:
         result = run(args)
@@ -430,7 +518,12 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
     if args.markdown:
         args.markdown.write_text(table + "\n")
-    return 0 if result["checks"]["parquet_equals_baseline"] else 1
+    c = result["checks"]
+    if not c:  # --reads-only: the read counts were asserted
+        return 0
+    return (
+        0 if c["parquet_equals_baseline"] and c["export_parquet_byte_identical"] is not False else 1
+    )
 
 
 if __name__ == "__main__":

@@ -18,13 +18,13 @@ class Endpoint(NamedTuple):
         return f"{self.host}:{self.port}"
 
 
-def parse_endpoints(text: str) -> list[Endpoint]:
+def parse_endpoints(text: str, what: str = "eventer") -> list[Endpoint]:
     """``HOST:PORT[,HOST:PORT...]`` → endpoints; `ValueError` naming the bad entry."""
     out = []
     for item in text.split(","):
         item = item.strip()
         host, sep, port = item.rpartition(":")
         if not sep or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"eventer address {item!r} is not HOST:PORT")
+            raise ValueError(f"{what} address {item!r} is not HOST:PORT")
         out.append(Endpoint(host or "127.0.0.1", int(port)))
     return out

@@ -175,6 +175,8 @@ def read_events(
         reader = reader.option("aggregate_bucket_seconds", str(opts.bucket_seconds))
         if opts.prefix_depth is not None:
             reader = reader.option("aggregate_prefix_depth", str(opts.prefix_depth))
+    if opts.http:
+        reader = reader.option("http", opts.http)
     if opts.types is not None:
         reader = reader.option("types", job_options.types_option(opts.types))
     if opts.token:  # from --token-file; else the executors read $EVENTFLEET_TOKEN

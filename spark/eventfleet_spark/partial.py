@@ -63,7 +63,9 @@ class _Group:
 
 
 class PartialAggregator:
-    """Folds raw SBS event records into (type, bucket) groups; emits finished buckets.
+    """Folds events into (type, bucket) groups; emits finished buckets.
+
+    Input: pages of raw SBS event records (`add`) or Arrow export pages (`add_export`).
 
     Events must arrive in ascending timestamp order (a timeseries read): a bucket is
     finished, and flushed by `finished`, once an event of a later bucket was seen.
@@ -78,17 +80,45 @@ class PartialAggregator:
         self._current = None  # bucket of the last event seen
 
     def add(self, events: list[dict]) -> None:
+        """Fold a page of raw SBS event records (the Eventer read, `eventer_io`)."""
+        types, stamps, kinds, texts = [], [], [], []
+        for e in events:
+            types.append(tuple(e["type"]))
+            stamp = e["timestamp"]
+            stamps.append(stamp["s"] * _US + stamp["us"])
+            p = e["payload"]
+            if p[0] != "value":
+                kinds.append("none")
+                texts.append(None)
+            elif p[1][0] == "json":
+                kinds.append("json")
+                texts.append(p[1][1])
+            else:
+                kinds.append("binary")
+                texts.append(None)
+        self._fold(types, stamps, kinds, texts)
+
+    def add_export(self, page) -> None:
+        """Fold an `export_io.ExportPage` (the Arrow read of ``/export``)."""
+        batch = page.batch
+        self._fold(
+            page.types,
+            batch.column("timestamp").cast(pa.int64()).to_pylist(),
+            batch.column("payload_kind").to_pylist(),
+            batch.column("payload_json").to_pylist(),
+        )
+
+    def _fold(self, types: list, stamps: list, kinds: list, texts: list) -> None:
+        # Both read paths end here with the same values in the same order, so both
+        # produce the same partial rows, bit for bit.
         bucket_us, groups, exclude = self._bucket_us, self._groups, self._exclude
         group_types, depth = self._group_types, self._depth
-        for e in events:
-            t = tuple(e["type"])
+        for t, ts, kind, text in zip(types, stamps, kinds, texts, strict=True):
             if exclude is not None and not exclude.keeps(t):
                 continue
             g = group_types.get(t)
             if g is None:
                 g = group_types[t] = t if depth is None else t[:depth]
-            stamp = e["timestamp"]
-            ts = stamp["s"] * _US + stamp["us"]
             bucket = ts - ts % bucket_us
             self._current = bucket
             acc = groups.get((g, bucket))
@@ -99,13 +129,7 @@ class PartialAggregator:
                 acc.first = ts
             if ts > acc.last:
                 acc.last = ts
-            p = e["payload"]
-            if p[0] != "value":
-                cls, numbers, skipped = classify("none", None)
-            elif p[1][0] == "json":
-                cls, numbers, skipped = classify("json", p[1][1])
-            else:
-                cls, numbers, skipped = classify("binary", None)
+            cls, numbers, skipped = classify(kind, text)
             acc.classes[_CLASS_INDEX[cls]] += 1
             acc.skipped += skipped
             fields = acc.fields

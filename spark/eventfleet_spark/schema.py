@@ -1,4 +1,4 @@
-"""The event schema of the Spark source, and raw Eventer pages as Arrow record batches.
+"""The event schema of the Spark source; Eventer pages and ``/export`` pages as its rows.
 
 One row per event:
 
@@ -32,6 +32,7 @@ json_skipped           int                 skipped top-level fields of a JSON ob
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eventfleet_spark.payloads import classify
 
@@ -117,6 +118,42 @@ class PageConverter:
         self._numbers = numbers
         self.schema = ARROW_SCHEMA_NUMBERS if numbers else ARROW_SCHEMA
 
+    def convert_export(self, page) -> pa.RecordBatch:
+        """The same rows from an `export_io.ExportPage` (``/export``, already Arrow):
+        columns are passed through, only the derived ones are computed per event."""
+        batch, types = page.batch, page.types
+        if self._exclude is not None:
+            mask = [self._exclude.keeps(t) for t in types]
+            if not all(mask):
+                batch = batch.filter(pa.array(mask, pa.bool_()))
+        arrays = [
+            batch.column("server"),
+            batch.column("session"),
+            batch.column("instance"),
+            batch.column("type"),
+            pc.binary_join(batch.column("type"), "/"),
+            batch.column("timestamp"),
+            batch.column("source_timestamp"),
+            batch.column("payload_kind"),
+            batch.column("payload_json"),
+            batch.column("payload_binary_type"),
+            batch.column("payload_binary"),
+        ]
+        if self._numbers:
+            classes, num_offsets, num_keys, num_values, skipped = [], [0], [], [], []
+            kinds = batch.column("payload_kind").to_pylist()
+            texts = batch.column("payload_json").to_pylist()
+            for kind, text in zip(kinds, texts, strict=True):
+                cls, found, skip = classify(kind, text)
+                classes.append(cls)
+                if found:
+                    num_keys.extend(found)
+                    num_values.extend(found.values())
+                num_offsets.append(len(num_keys))
+                skipped.append(skip)
+            arrays += _number_arrays(classes, num_offsets, num_keys, num_values, skipped)
+        return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
     def convert(self, events: list[dict]) -> pa.RecordBatch:
         server, session, instance = [], [], []
         type_offsets, type_values, type_keys = [0], [], []
@@ -180,13 +217,17 @@ class PageConverter:
             pa.array(bins, pa.binary()),
         ]
         if numbers:
-            arrays += [
-                pa.array(classes, pa.string()),
-                pa.MapArray.from_arrays(
-                    pa.array(num_offsets, pa.int32()),
-                    pa.array(num_keys, pa.string()),
-                    pa.array(num_values, pa.float64()),
-                ),
-                pa.array(skipped, pa.int32()),
-            ]
+            arrays += _number_arrays(classes, num_offsets, num_keys, num_values, skipped)
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
+
+
+def _number_arrays(classes, num_offsets, num_keys, num_values, skipped) -> list[pa.Array]:
+    return [
+        pa.array(classes, pa.string()),
+        pa.MapArray.from_arrays(
+            pa.array(num_offsets, pa.int32()),
+            pa.array(num_keys, pa.string()),
+            pa.array(num_values, pa.float64()),
+        ),
+        pa.array(skipped, pa.int32()),
+    ]

@@ -16,6 +16,12 @@ Options (all strings, as Spark passes them):
     one or more replica endpoints. Every replica holds every event (the Syncer keeps
     the fleet in full mesh), so partition ``i`` reads from endpoint ``i mod n``; with
     several endpoints the replicas share the read load.
+``http`` (default: none)
+    the replicas' HTTP endpoints (``HOST:PORT[,HOST:PORT...]``). When given, partition
+    ``i`` reads its slice as an Arrow stream from ``GET /export`` of endpoint ``i mod
+    n`` (`export_io`: a fraction of the replica CPU of an Eventer read), and falls back
+    to Eventer when that replica has no export (404/501: an older replica). Both paths
+    hand the same events in the same order to the same code, so results are identical.
 ``start``, ``end`` (required)
     the range of the event *timestamp* (set by the creating server), ``[start, end)``.
 ``partitions`` (default 4)
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Iterator
 
 from eventfleet_server.common.jsonfmt import timestamp_from_iso
@@ -65,6 +72,8 @@ from eventfleet_spark.schema import (
 
 FORMAT = "eventfleet"
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class SlicePartition(InputPartition):
@@ -75,6 +84,8 @@ class SlicePartition(InputPartition):
     end_us: int
     host: str
     port: int
+    http_host: str | None = None
+    http_port: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +107,7 @@ class ReadOptions:
     token: str | None = None
     timeout: float = 30.0
     retries: int = 3
+    http: tuple[Endpoint, ...] = ()
 
     @classmethod
     def from_options(cls, options) -> ReadOptions:
@@ -166,16 +178,23 @@ class ReadOptions:
             token=get("token"),
             timeout=number("timeout", 30.0, float, 0.001),
             retries=number("retries", 3, int, 0),
+            http=tuple(parse_endpoints(get("http"), "http")) if get("http") is not None else (),
         )
 
     def slice_partitions(self) -> list[SlicePartition]:
         spans = timeplan.slices(
             timeplan.Span(self.start_us, self.end_us), self.partitions, self.align_us
         )
-        n = len(self.endpoints)
+        n, m = len(self.endpoints), len(self.http)
         return [
             SlicePartition(
-                i, s.start, s.end, self.endpoints[i % n].host, self.endpoints[i % n].port
+                i,
+                s.start,
+                s.end,
+                self.endpoints[i % n].host,
+                self.endpoints[i % n].port,
+                self.http[i % m].host if m else None,
+                self.http[i % m].port if m else None,
             )
             for i, s in enumerate(spans)
         ]
@@ -209,7 +228,51 @@ class EventerReader(DataSourceReader):
         # Runs in a Python worker on an executor: everything it needs (event loop,
         # connection) is created here, nothing is shared with the driver.
         o = self.options
-        pages = read_span(
+        if o.aggregate_bucket_seconds is not None:
+            partial = PartialAggregator(
+                o.aggregate_bucket_seconds, o.aggregate_prefix_depth, TypeFilter(o.exclude)
+            )
+            for exported, page in self._pages(partition):
+                if exported:
+                    partial.add_export(page)
+                else:
+                    partial.add(page)
+                yield from partial.finished()
+            yield from partial.rest()
+            return
+        converter = PageConverter(TypeFilter(o.exclude), numbers=o.json_numbers)
+        for exported, page in self._pages(partition):
+            batch = converter.convert_export(page) if exported else converter.convert(page)
+            if batch.num_rows:
+                yield batch
+
+    def _pages(self, partition: SlicePartition) -> Iterator[tuple[bool, object]]:
+        """``(True, ExportPage)`` from ``/export``, or ``(False, raw events)`` over
+        Eventer: the slice's events in ascending natural order either way."""
+        o = self.options
+        if partition.http_host is not None:
+            from eventfleet_spark.export_io import ExportUnavailable, read_span_arrow
+
+            endpoint = Endpoint(partition.http_host, partition.http_port)
+            yielded = False
+            try:
+                for page in read_span_arrow(
+                    endpoint,
+                    partition.start_us,
+                    partition.end_us,
+                    event_types=o.types,
+                    token=o.token,
+                    timeout=o.timeout,
+                    retries=o.retries,
+                ):
+                    yielded = True
+                    yield True, page
+                return
+            except ExportUnavailable as e:
+                if yielded:  # the replica changed under us; a restart would duplicate
+                    raise
+                log.warning("%s; reading slice %d over Eventer instead", e, partition.index)
+        for events in read_span(
             Endpoint(partition.host, partition.port),
             partition.start_us,
             partition.end_us,
@@ -219,18 +282,5 @@ class EventerReader(DataSourceReader):
             token=o.token,
             timeout=o.timeout,
             retries=o.retries,
-        )
-        if o.aggregate_bucket_seconds is not None:
-            partial = PartialAggregator(
-                o.aggregate_bucket_seconds, o.aggregate_prefix_depth, TypeFilter(o.exclude)
-            )
-            for page in pages:
-                partial.add(page)
-                yield from partial.finished()
-            yield from partial.rest()
-            return
-        converter = PageConverter(TypeFilter(o.exclude), numbers=o.json_numbers)
-        for page in pages:
-            batch = converter.convert(page)
-            if batch.num_rows:
-                yield batch
+        ):
+            yield False, events

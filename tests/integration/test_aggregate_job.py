@@ -166,6 +166,10 @@ class Fleet:
     def eventer(self) -> str:
         return ",".join(f"127.0.0.1:{r.eventer.port}" for r in self.replicas)
 
+    @property
+    def http(self) -> str:
+        return ",".join(f"127.0.0.1:{r.http.port}" for r in self.replicas)
+
     def merge(self, events) -> None:
         for r in self.replicas:
             self.call(r.engine.merge(events))
@@ -488,6 +492,63 @@ def test_late_event_updates_its_bucket_once(spark, fleet, tmp_path):
     assert want[key].fields["value"].max == 1000.5
 
 
+# -- the Arrow read path (GET /export) ---------------------------------------------------
+
+
+def _source_rows(spark, fleet, **extra) -> list:
+    reader = (
+        spark.read.format("eventfleet")
+        .option("eventer", fleet.eventer)
+        .option("start", "2024-03-01T23:57:00Z")
+        .option("end", "2024-03-02T00:03:00Z")
+        .option("partitions", "4")
+        .option("json_numbers", "true")
+        .option("exclude", json.dumps([["eventfleet", "aggregate", "?"]]))
+    )
+    for k, v in extra.items():
+        reader = reader.option(k, v)
+    return sorted(reader.load().collect(), key=lambda r: (r.server, r.instance))
+
+
+def test_arrow_source_rows_equal_eventer_rows(spark, fleet, seeded):
+    """Every column of every row, including the derived payload columns, is the same
+    read through /export (Arrow) as over Eventer."""
+    spark.dataSource.register(EventerDataSource)
+    over_eventer = _source_rows(spark, fleet)
+    over_http = _source_rows(spark, fleet, http=fleet.http)
+    assert len(over_http) == len([e for e in seeded if e.type[:2] != PREFIX[:2]])
+    assert over_http == over_eventer
+    types = json.dumps([["plant", "*"], ["alarm"]])
+    filtered = _source_rows(spark, fleet, http=fleet.http, types=types)
+    assert filtered == _source_rows(spark, fleet, types=types)
+    assert {r.type[0] for r in filtered} == {"plant", "alarm"}
+
+
+@pytest.mark.parametrize("where", ["reader", "spark"])
+def test_arrow_path_writes_byte_identical_parquet(first_run, spark, fleet, seeded, tmp_path, where):
+    """The job through /export writes the same Parquet bytes as the job over Eventer
+    (`first_run`), with either aggregation path."""
+    output, _, _ = first_run
+    opts = options(fleet, tmp_path, http=fleet.http, write_back=False, partial_aggregation=where)
+    (summary,), _ = run_job(spark, opts)
+    assert summary.events == sum(a.count for a in expected(seeded, START, END).values())
+    assert read_parquet(tmp_path) == expected(seeded, START, END)
+    assert file_digests(tmp_path) == file_digests(output)
+
+
+def test_replica_without_export_is_read_over_eventer(first_run, spark, fleet, tmp_path):
+    """An older replica (no /export: its HTTP answers 404) is read over Eventer for the
+    slices that would have gone to it; the result does not change."""
+    output, _, _ = first_run
+    replica = fleet.replicas[1]
+    replica.http.unmount_export()
+    try:
+        run_job(spark, options(fleet, tmp_path, http=fleet.http, write_back=False))
+    finally:
+        replica.http.unmount_export = replica.http.mount("/export", replica.http.export)
+    assert file_digests(tmp_path) == file_digests(output)
+
+
 def test_token_reaches_executors_and_write_back(spark, tmp_path):
     """The token (--token-file) reaches the executors as a source option and the
     write-back client: a wrong one is refused, and the job says so."""
@@ -500,9 +561,16 @@ def test_token_reaches_executors_and_write_back(spark, tmp_path):
         opts = options(secured, tmp_path / "out", start_us=LATE_START, end_us=LATE_END)
         with pytest.raises(PySparkException, match="refused the connection: invalid client token"):
             run_job(spark, dataclasses.replace(opts, token="wrong"))
+        # The Arrow path presents the same token as a bearer token.
+        with pytest.raises(PySparkException, match=r"401 .*invalid client token"):
+            run_job(spark, dataclasses.replace(opts, token="wrong", http=secured.http))
         (summary,), _ = run_job(spark, dataclasses.replace(opts, token="s3cr3t"))
         want = expected(events, LATE_START, LATE_END)
         assert summary.events == sum(a.count for a in want.values())
         assert summary.write_back.registered == summary.aggregates == len(want)
+        (again,), _ = run_job(
+            spark, dataclasses.replace(opts, token="s3cr3t", http=secured.http, write_back=False)
+        )
+        assert again.events == summary.events
     finally:
         secured.close()

@@ -1,6 +1,7 @@
 """The replica's HTTP endpoint (aiohttp): observability routes plus protocol mount points.
 
-Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status`` and ``POST /flush``.
+Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, ``POST /flush`` and
+``GET /export`` (Arrow bulk export, `eventfleet_server.http.export`).
 Protocols that speak over HTTP (websockets ``/replication``, ``/jetstream``) mount their
 own paths with `HttpServer.mount` / `HttpServer.add_routes`, at any time — before or
 after `start` — and never see each other: each owns its exact paths, a second claim on a
@@ -18,6 +19,8 @@ from typing import Any
 
 from aiohttp import web
 
+from eventfleet_server.http.export import PATH as EXPORT_PATH
+from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
 from eventfleet_server.http.metrics import Metrics
 from eventfleet_server.http.status import last_ids, status_document
@@ -76,6 +79,9 @@ class HttpServer:
         # Everything else goes through the mount table, which (unlike aiohttp's router)
         # may change after start: protocols come and go with the replica's lifecycle.
         self._app.router.add_route("*", "/{path:.*}", self._dispatch)
+        # Bulk export for analytics (http/export.py); a mount, so it stays one line here.
+        self.export = ExportRoute(replica)
+        self.unmount_export = self.mount(EXPORT_PATH, self.export)
         # No access log: kubelet probes and scrapes would drown the replica's own log.
         self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=shutdown_timeout)
 
