@@ -10,6 +10,8 @@ MANAGER = "eventfleet-operator"
 FIELD_MANAGER = "eventfleet-operator"
 FINALIZER = f"{GROUP}/cleanup"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# On every child: hash of the manifest last applied (detects fields the operator dropped).
+APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
 SERVING_LABEL = f"{GROUP}/serving"  # client Service selects only serving="true" pods
 
 CONFIG_DIR = "/etc/eventfleet"

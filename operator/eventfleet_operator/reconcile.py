@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import hashlib
+import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -72,14 +74,47 @@ def is_subset(desired: Any, live: Any) -> bool:
     return desired == live
 
 
+def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """``manifest`` carrying the hash of itself in ``eventfleet.io/applied-hash``.
+
+    The subset check alone cannot see a field the operator *stopped* setting (a removed
+    ``spec.podLabels`` entry is still on the live object, so desired ⊂ live holds and
+    nothing would be sent). The hash of the whole desired manifest changes whenever any
+    field is added, changed or removed; a live hash that differs means "apply", and
+    server-side apply then removes the fields this field manager no longer sets.
+    """
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    meta = dict(manifest["metadata"])
+    annotations = {**(meta.get("annotations") or {}), naming.APPLIED_HASH_ANNOTATION: digest}
+    meta["annotations"] = annotations
+    return {**manifest, "metadata": meta}
+
+
+def up_to_date(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
+    """Is ``live`` what applying ``desired`` (from :func:`with_applied_hash`) would give?
+
+    Same applied hash (nothing added or removed since the last apply) and every desired
+    field present with its value (no hand edit of an owned field).
+    """
+    if live is None:
+        return False
+    want = desired["metadata"]["annotations"][naming.APPLIED_HASH_ANNOTATION]
+    have = ((live.get("metadata") or {}).get("annotations") or {}).get(
+        naming.APPLIED_HASH_ANNOTATION
+    )
+    return have == want and is_subset(desired, live)
+
+
 async def ensure(
     ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
 ) -> Operation | None:
     """Create or repair one child; returns what it did, or None (no change)."""
     resource = kube.resource_of(manifest)
+    manifest = with_applied_hash(manifest)
     meta = manifest["metadata"]
     live = await ctx.kube.get(resource, meta["namespace"], meta["name"])
-    if live is not None and is_subset(manifest, live):
+    if up_to_date(manifest, live):
         return None
     result = await ctx.kube.apply(manifest)
     if live is None:
