@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -324,6 +325,58 @@ def pod_disruption_budget(spec: FleetSpec) -> dict[str, Any]:
         "spec": {
             "maxUnavailable": 1,
             "selector": {"matchLabels": naming.selector_labels(spec.name)},
+        },
+    }
+
+
+def operator_peer(namespace: str | None, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The NetworkPolicyPeer matching the operator's pods (any namespace when unknown)."""
+    ns_selector: dict[str, Any] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
+    )
+    return {"namespaceSelector": ns_selector, "podSelector": {"matchLabels": dict(labels)}}
+
+
+def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress rules of the fleet's pods (egress is not restricted).
+
+    Syncer only from the fleet's own pods; the HTTP port (``/flush``, ``/status``,
+    ``/metrics``) from the operator (``operator``: a NetworkPolicyPeer), the monitoring
+    sources and ``spec.networkPolicy.http.from``; the client ports from
+    ``spec.networkPolicy.clients.from``, or from anywhere when that is empty.
+    """
+    np = spec.network_policy
+
+    def ports(service: Service | None, protocols: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [
+            {"protocol": "TCP", "port": port}
+            for entry, _, port in spec.served_ports(service)
+            if entry.protocol in protocols
+        ]
+
+    own = {"podSelector": {"matchLabels": naming.selector_labels(spec.name)}}
+    client_protocols = tuple(
+        e.protocol
+        for e in constants.PROTOCOL_PORTS
+        if Service.CLIENT in e.services and e.protocol != "http"
+    )
+    http_from = [dict(operator), *(dict(p) for p in np.monitoring_from)]
+    http_from += [dict(p) for p in np.http_from]
+    clients: dict[str, Any] = {"ports": ports(Service.CLIENT, client_protocols)}
+    if np.client_from:
+        clients["from"] = [dict(p) for p in np.client_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, naming.network_policy(spec.name), "replica"),
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector_labels(spec.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own], "ports": ports(Service.PEERS, ("syncer",))},
+                {"from": http_from, "ports": ports(None, ("http",))},
+                clients,
+            ],
         },
     }
 

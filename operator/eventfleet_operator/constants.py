@@ -131,6 +131,7 @@ class Reason(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"
     SCALING = "Scaling"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    CHILD_NOT_OWNED = "ChildNotOwned"
     ALL_REPLICAS_READY = "AllReplicasReady"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
@@ -162,6 +163,7 @@ READY_PROBLEMS = frozenset(
         Reason.TOKEN_SECRET_NOT_FOUND,
         Reason.IMMUTABLE_FIELD_CHANGED,
         Reason.PROTOCOL_NOT_IMPLEMENTED,
+        Reason.CHILD_NOT_OWNED,
     }
 )
 # Reasons of an optional child (aggregation, monitoring) that deserve a Warning Event.

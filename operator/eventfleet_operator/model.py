@@ -136,6 +136,30 @@ class Aggregation:
     executor: SparkPod = SparkPod()
 
 
+# Who scrapes /metrics by default: prometheus-operator labels its Prometheus pods so.
+DEFAULT_MONITORING_FROM: tuple[Mapping[str, Any], ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicySpec:
+    """``spec.networkPolicy``: one NetworkPolicy per fleet, on unless disabled.
+
+    ``client_from`` empty means the client ports are open to every source;
+    ``http_from`` adds sources for the HTTP port (websocket clients) beyond the
+    operator, the monitoring sources and the fleet itself.
+    """
+
+    enabled: bool = True
+    client_from: tuple[Mapping[str, Any], ...] = ()
+    monitoring_from: tuple[Mapping[str, Any], ...] = DEFAULT_MONITORING_FROM
+    http_from: tuple[Mapping[str, Any], ...] = ()
+
+
 @dataclasses.dataclass(frozen=True)
 class SecurityContext:
     run_as_user: int = 10001
@@ -178,6 +202,7 @@ class FleetSpec:
     security: SecurityContext = SecurityContext()
     termination_grace_period_seconds: int = 60
     log_level: str = "INFO"
+    network_policy: NetworkPolicySpec = NetworkPolicySpec()
 
     @property
     def token_ref(self) -> TokenRef:
@@ -490,6 +515,39 @@ def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tup
     return tuple(enabled), tuple(not_implemented)
 
 
+def _peers(section: Mapping[str, Any], key: str, path: str) -> tuple[Mapping[str, Any], ...] | None:
+    """A list of NetworkPolicyPeer objects (``None`` when absent)."""
+    value = _get(section, key, path, list)
+    if value is None:
+        return None
+    allowed = {"podSelector", "namespaceSelector", "ipBlock"}
+    for i, peer in enumerate(value):
+        field = f"{path}.{key}[{i}]"
+        if not isinstance(peer, dict) or not peer:
+            raise SpecError(field, "must be a NetworkPolicyPeer object")
+        unknown = sorted(set(peer) - allowed)
+        if unknown:
+            raise SpecError(
+                field, f"unknown key {unknown[0]!r} (podSelector, namespaceSelector, ipBlock)"
+            )
+    return tuple(dict(p) for p in value)
+
+
+def _parse_network_policy(spec: Mapping[str, Any]) -> NetworkPolicySpec:
+    path = "spec.networkPolicy"
+    np = _obj(spec, "networkPolicy", "spec")
+    clients = _obj(np, "clients", path)
+    monitoring = _obj(np, "monitoring", path)
+    http = _obj(np, "http", path)
+    monitoring_from = _peers(monitoring, "from", f"{path}.monitoring")
+    return NetworkPolicySpec(
+        enabled=_bool(np, "enabled", path, True),
+        client_from=_peers(clients, "from", f"{path}.clients") or (),
+        monitoring_from=DEFAULT_MONITORING_FROM if monitoring_from is None else monitoring_from,
+        http_from=_peers(http, "from", f"{path}.http") or (),
+    )
+
+
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
@@ -549,4 +607,5 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
             spec, "terminationGracePeriodSeconds", "spec", 60, 10
         ),
         log_level=_str(spec, "logLevel", "spec", "INFO", LOG_LEVELS),
+        network_policy=_parse_network_policy(spec),
     )

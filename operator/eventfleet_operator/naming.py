@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 from eventfleet_operator import GROUP, KIND, VERSION
 
@@ -48,6 +50,10 @@ def token_secret(name: str) -> str:
 
 
 def pdb(name: str) -> str:
+    return name
+
+
+def network_policy(name: str) -> str:
     return name
 
 
@@ -103,6 +109,26 @@ def labels(name: str, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGER,
         "app.kubernetes.io/part-of": "eventfleet",
     }
+
+
+def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
+    """Does ``obj`` carry an owner reference to the EventServer with ``uid``?
+
+    The only proof that the operator made an object: a same-named object without it was
+    made by someone else (or for another EventServer of that name) and is never
+    overwritten, adopted or deleted.
+    """
+    if not obj or not uid:
+        return False
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("kind") == KIND for r in refs)
+
+
+def claim_ordinal(name: str, claim: str) -> int | None:
+    """The ordinal of a StatefulSet volume claim ``data-NAME-N``, else None."""
+    prefix = f"data-{name}-"
+    rest = claim[len(prefix) :] if claim.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() else None
 
 
 def owner_reference(name: str, uid: str) -> dict[str, object]:

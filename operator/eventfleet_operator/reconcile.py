@@ -106,14 +106,37 @@ def up_to_date(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> bo
     return have == want and is_subset(desired, live)
 
 
+class ChildNotOwned(Exception):
+    """Objects with a child's name that this EventServer does not own (never overwritten)."""
+
+    def __init__(self, children: Sequence[str], uid: str) -> None:
+        self.children = list(children)
+        super().__init__(
+            f"{', '.join(self.children)}: already exist without an ownerReference to this "
+            f"EventServer (uid {uid}); the operator neither overwrites nor adopts them. "
+            "Delete or rename them, or give the EventServer another name"
+        )
+
+
+def _owner_uid(manifest: Mapping[str, Any]) -> str:
+    refs = manifest["metadata"].get("ownerReferences") or []
+    return str(refs[0].get("uid", "")) if refs else ""
+
+
 async def ensure(
     ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
 ) -> Operation | None:
-    """Create or repair one child; returns what it did, or None (no change)."""
+    """Create or repair one child; returns what it did, or None (no change).
+
+    Raises :class:`ChildNotOwned` when an object of that name exists that is not ours.
+    """
     resource = kube.resource_of(manifest)
     manifest = with_applied_hash(manifest)
     meta = manifest["metadata"]
     live = await ctx.kube.get(resource, meta["namespace"], meta["name"])
+    uid = _owner_uid(manifest)
+    if live is not None and uid and not naming.owned_by(live, uid):
+        raise ChildNotOwned([f"{manifest['kind']} {meta['name']}"], uid)
     if up_to_date(manifest, live):
         return None
     result = await ctx.kube.apply(manifest)
@@ -128,6 +151,49 @@ async def ensure(
     log.info("updated %s %s (it differed from the desired state)", manifest["kind"], meta["name"])
     metrics.CHILD_WRITES.labels(manifest["kind"], Operation.UPDATED).inc()
     return Operation.UPDATED
+
+
+async def delete_owned(
+    ctx: Context, resource: kube.Resource, namespace: str, name: str, uid: str, log: logging.Logger
+) -> bool:
+    """Delete a child only if it is ours (owner reference to ``uid``), that very object."""
+    live = await ctx.kube.get(resource, namespace, name)
+    if live is None:
+        return False
+    if not naming.owned_by(live, uid):
+        log.warning("not deleting %s %s: it is not owned by this EventServer", resource.kind, name)
+        return False
+    try:
+        return await ctx.kube.delete(resource, namespace, name, uid=live["metadata"].get("uid"))
+    except kube.ApiError as e:
+        if e.status == 409:  # replaced by someone else in the meantime: not ours
+            return False
+        raise
+
+
+def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
+    """The always-present children, by type and name (checked for ownership first)."""
+    children = [
+        (kube.SERVICES, naming.peer_service(spec.name)),
+        (kube.SERVICES, naming.client_service(spec.name)),
+        (kube.CONFIGMAPS, naming.configmap(spec.name)),
+        (kube.STATEFULSETS, naming.statefulset(spec.name)),
+        (kube.PDBS, naming.pdb(spec.name)),
+        (kube.NETWORKPOLICIES, naming.network_policy(spec.name)),
+    ]
+    if spec.token_ref.generated:
+        children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
+    return children
+
+
+async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
+    """Children's names taken by objects this EventServer does not own."""
+    found = []
+    for resource, name in core_children(spec):
+        live = await ctx.kube.get(resource, spec.namespace, name)
+        if live is not None and not naming.owned_by(live, spec.uid):
+            found.append(f"{resource.kind} {name}")
+    return found
 
 
 async def _token(
@@ -221,7 +287,7 @@ async def _optional(
         return status_mod.OptionalChild(enabled=enabled, available=False)
     if not enabled:
         # Turned off in the spec: level-based means the child goes away too.
-        if await ctx.kube.delete(resource, spec.namespace, name):
+        if await delete_owned(ctx, resource, spec.namespace, name, spec.uid, log):
             log.info("deleted %s %s (disabled in the spec)", resource.kind, name)
             metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
             emit(
@@ -232,11 +298,30 @@ async def _optional(
         return status_mod.OptionalChild(enabled=False)
     try:
         change = await ensure(ctx, build(), log)
-    except kube.ApiError as e:
+    except (kube.ApiError, ChildNotOwned) as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
     if change:
         emit(EventType.NORMAL, change.event_reason, f"{change} {resource.kind} {name}")
     return status_mod.OptionalChild(enabled=True, applied=True)
+
+
+async def _network_policy(
+    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
+) -> None:
+    name = naming.network_policy(spec.name)
+    if not spec.network_policy.enabled:
+        if await delete_owned(ctx, kube.NETWORKPOLICIES, spec.namespace, name, spec.uid, log):
+            metrics.CHILD_WRITES.labels("NetworkPolicy", Operation.DELETED).inc()
+            emit(
+                EventType.NORMAL,
+                Operation.DELETED.event_reason,
+                f"deleted NetworkPolicy {name} (spec.networkPolicy.enabled is false)",
+            )
+        return
+    operator = builders.operator_peer(ctx.config.self_namespace, dict(ctx.config.self_labels))
+    change = await ensure(ctx, builders.network_policy(spec, operator), log)
+    if change:
+        emit(EventType.NORMAL, change.event_reason, f"{change} NetworkPolicy {name}")
 
 
 async def write_status(
@@ -300,6 +385,8 @@ async def reconcile(
         except model.SpecError as e:
             log.warning("invalid spec: %s", e)
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
+            if not naming.owned_by(sts, meta.get("uid", "")):
+                sts = None
             new = status_mod.build(
                 dataclasses.replace(base, spec_error=(e.field, e.message), statefulset=sts),
                 previous,
@@ -311,10 +398,15 @@ async def reconcile(
         obs = dataclasses.replace(base, desired=spec.replicas)
         try:
             obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
+        except ChildNotOwned as e:
+            log.error("%s", e)
+            obs = dataclasses.replace(obs, ownership_error=str(e))
         except kube.ApiError as e:
             # Keep running: report it and let the next pass (timer) retry.
             log.error("applying children failed: %s", e)
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
+            if not naming.owned_by(sts, spec.uid):
+                sts = None
             obs = dataclasses.replace(obs, apply_error=str(e), statefulset=sts)
         new = status_mod.build(obs, previous)
         await write_status(ctx, namespace, name, new, previous)
@@ -331,6 +423,11 @@ async def _apply_children(
     log: logging.Logger,
     emit: Emit,
 ) -> status_mod.Observation:
+    foreign = await foreign_children(ctx, spec)
+    if foreign:
+        # Before anything is read from them or written: a same-named StatefulSet, Secret
+        # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
+        raise ChildNotOwned(foreign, spec.uid)
     secret, token_error = await _token(ctx, spec, log)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
@@ -389,6 +486,7 @@ async def _apply_children(
                 change.event_reason,
                 f"{change} {manifest['kind']} {manifest['metadata']['name']}",
             )
+    await _network_policy(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
     await _set_serving(ctx, spec, log)
@@ -438,6 +536,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         "whenDeleted", "Retain"
     )
     token_ref = ((spec.get("token") or {}).get("secretRef") or {}).get("name")
+    uid = meta.get("uid", "")
     deleted: list[str] = []
     async with ctx.lock(namespace, name):
         targets: list[tuple[kube.Resource, str]] = [
@@ -446,6 +545,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
             (kube.SERVICES, naming.peer_service(name)),
             (kube.CONFIGMAPS, naming.configmap(name)),
             (kube.PDBS, naming.pdb(name)),
+            (kube.NETWORKPOLICIES, naming.network_policy(name)),
         ]
         if not token_ref:  # never delete a Secret the user owns
             targets.append((kube.SECRETS, naming.token_secret(name)))
@@ -456,7 +556,8 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
             if await ctx.kube.has_resource(optional, ttl=0):
                 targets.append((optional, child))
         for resource, child in targets:
-            if await ctx.kube.delete(resource, namespace, child):
+            # Only what this EventServer owns: a same-named object of someone else stays.
+            if await delete_owned(ctx, resource, namespace, child, uid, log):
                 deleted.append(f"{resource.kind}/{child}")
                 metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
         if when_deleted == "Delete":
@@ -464,8 +565,15 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
                 kube.PVCS, namespace, label_selector=naming.selector_string(name)
             )
             for claim in claims:
-                if await ctx.kube.delete(kube.PVCS, namespace, claim["metadata"]["name"]):
-                    deleted.append(f"PersistentVolumeClaim/{claim['metadata']['name']}")
+                claim_name = claim["metadata"]["name"]
+                # Claims belong to the StatefulSet's template (data-NAME-N), not to the
+                # EventServer: the name and the labels are what marks them as the fleet's.
+                if naming.claim_ordinal(name, claim_name) is None:
+                    continue
+                if await ctx.kube.delete(
+                    kube.PVCS, namespace, claim_name, uid=claim["metadata"].get("uid")
+                ):
+                    deleted.append(f"PersistentVolumeClaim/{claim_name}")
     ctx.locks.pop((namespace, name), None)
     log.info("deleted children: %s", ", ".join(deleted) or "none left")
     return deleted

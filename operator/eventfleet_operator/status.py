@@ -63,6 +63,7 @@ class Observation:
     immutable_error: str = ""
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
     apply_error: str = ""
+    ownership_error: str = ""  # children's names taken by objects this EventServer does not own
     statefulset: Mapping[str, Any] | None = None
     decision: Decision = dataclasses.field(default_factory=lambda: Decision(target=0))
     peers: Sequence[PeerReport] = ()
@@ -186,6 +187,8 @@ def build(
     if obs.spec_error:
         field, message = obs.spec_error
         ready_c = (F, Reason.INVALID_SPEC, f"{field}: {message}")
+    elif obs.ownership_error:
+        ready_c = (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
     elif obs.apply_error:
         ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
@@ -245,7 +248,7 @@ def build(
         )
     ]
 
-    if obs.spec_error:
+    if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
     elif ready_c[0] is T:
         phase = Phase.RUNNING
