@@ -7,10 +7,13 @@ kubectl and the API only, so the same tests run on a real control plane by swapp
 
 from __future__ import annotations
 
+import time
+
 import pytest
+import yaml
 
 from e2e.k8s.harness import wait_for
-from e2e.test_operator import condition, eventserver
+from e2e.test_operator import condition, eventserver, register
 
 pytest_plugins = ["e2e.k8s.fixtures"]
 
@@ -58,3 +61,61 @@ def test_fields_the_operator_stops_setting_are_removed(kubectl, operator):
     wait_for(removed, timeout=20, what="the removed fields to leave the StatefulSet")
     ready = condition(kubectl.get("eventserver", "rm"), "Ready")
     assert ready.get("reason") != "ApplyFailed", ready
+
+
+def test_pause_hibernate_and_wake_with_real_replicas(kubectl, operator, kubelet):
+    kubectl.apply(eventserver("sleepy", 2))
+    pods = kubelet("sleepy")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+    register(pods, 1, 3)  # events only replica 1 created: hibernation must flush them
+    own = wait_for(
+        lambda: (pods.status(1) or {}).get("last_ids", {}).get("2"), timeout=20, what="own ids"
+    )
+
+    # Paused: a spec change is not applied, the status says why.
+    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile=paused")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/sleepy", "--timeout=30s", timeout=40
+    )
+    kubectl.run(
+        "patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"logLevel":"DEBUG"}}'
+    )
+    time.sleep(3)  # several resyncs (1 s): none may write the ConfigMap
+    config = yaml.safe_load(kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"])
+    assert config["log"]["level"] == "INFO"
+    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile-")
+    wait_for(
+        lambda: "DEBUG" in kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"],
+        timeout=30,
+        what="the change applied after resume",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+
+    # Hibernate: replica 0 must hold replica 1's events before anything stops.
+    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":true}}')
+    kubectl.run(
+        "wait", "--for=condition=Hibernated", "eventserver/sleepy", "--timeout=60s", timeout=70
+    )
+    es = kubectl.get("eventserver", "sleepy")
+    assert es["status"]["phase"] == "Hibernated"
+    assert es["spec"]["replicas"] == 2
+    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 0
+    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=40, what="stopped pods")
+    for ordinal in (0, 1):
+        assert kubectl.get("persistentvolumeclaim", f"data-sleepy-{ordinal}")  # claims kept
+
+    # Wake: the count comes back and replica 0 still holds replica 1's events.
+    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":false}}')
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 2
+    held = wait_for(
+        lambda: (pods.status(0) or {}).get("last_ids", {}).get("2"), timeout=20, what="ids"
+    )
+    assert (held["session"], held["instance"]) >= (own["session"], own["instance"])
+    reasons = {
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=sleepy")[
+            "items"
+        ]
+    }
+    assert {"Paused", "NotPaused", "Hibernated", "NotHibernating"} <= reasons, reasons

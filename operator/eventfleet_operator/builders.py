@@ -238,6 +238,26 @@ def _affinity(spec: FleetSpec) -> dict[str, Any]:
     }
 
 
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+def topology_spread(spec: FleetSpec) -> list[dict[str, Any]]:
+    """Spread over zones by default: every replica holds every event, so one zone must
+    not hold every copy. ScheduleAnyway: a single-zone cluster still schedules."""
+    selector = {"matchLabels": naming.selector_labels(spec.name)}
+    if spec.topology_spread is None:
+        return [
+            {
+                "maxSkew": 1,
+                "topologyKey": ZONE_KEY,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": selector,
+            }
+        ]
+    # The user's constraints; one without a selector would count unrelated pods.
+    return [{"labelSelector": selector, **c} for c in spec.topology_spread]
+
+
 def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str, Any]:
     """The replicas. ``replicas`` is what is safe right now, not always ``spec.replicas``."""
     token = spec.token_ref
@@ -274,6 +294,9 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
+    spread = topology_spread(spec)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -318,12 +341,14 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
 
 
 def pod_disruption_budget(spec: FleetSpec) -> dict[str, Any]:
+    """At most ``maxUnavailable`` replicas evicted at once; unhealthy pods always may be."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, naming.pdb(spec.name), "replica"),
         "spec": {
-            "maxUnavailable": 1,
+            "maxUnavailable": spec.pdb.max_unavailable,
+            "unhealthyPodEvictionPolicy": spec.pdb.unhealthy_pod_eviction_policy,
             "selector": {"matchLabels": naming.selector_labels(spec.name)},
         },
     }

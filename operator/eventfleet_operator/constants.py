@@ -111,6 +111,8 @@ class ConditionType(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"
     AGGREGATION_SCHEDULED = "AggregationScheduled"
     MONITORING_CONFIGURED = "MonitoringConfigured"
+    RECONCILE_PAUSED = "ReconcilePaused"
+    HIBERNATED = "Hibernated"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -132,6 +134,13 @@ class Reason(enum.StrEnum):
     SCALING = "Scaling"
     REPLICAS_NOT_READY = "ReplicasNotReady"
     CHILD_NOT_OWNED = "ChildNotOwned"
+    HIBERNATING = "Hibernating"
+    HIBERNATED = "Hibernated"
+    # ReconcilePaused
+    PAUSED = "Paused"
+    NOT_PAUSED = "NotPaused"
+    # Hibernated (also HIBERNATING)
+    NOT_HIBERNATING = "NotHibernating"
     ALL_REPLICAS_READY = "AllReplicasReady"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
@@ -184,6 +193,7 @@ class Phase(enum.StrEnum):
     SCALING = "Scaling"
     DEGRADED = "Degraded"
     FAILED = "Failed"
+    HIBERNATED = "Hibernated"
 
 
 class EventType(enum.StrEnum):

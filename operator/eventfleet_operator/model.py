@@ -161,6 +161,16 @@ class NetworkPolicySpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class DisruptionBudget:
+    """``spec.podDisruptionBudget``. AlwaysAllow: a crash-looping pod can still be
+    drained (with IfHealthyBudget an unhealthy pod blocks node drains)."""
+
+    enabled: bool = True
+    max_unavailable: int | str = 1
+    unhealthy_pod_eviction_policy: str = "AlwaysAllow"
+
+
+@dataclasses.dataclass(frozen=True)
 class SecurityContext:
     run_as_user: int = 10001
     run_as_group: int = 10001
@@ -203,6 +213,11 @@ class FleetSpec:
     termination_grace_period_seconds: int = 60
     log_level: str = "INFO"
     network_policy: NetworkPolicySpec = NetworkPolicySpec()
+    # Flush, verify, scale the StatefulSet to 0 and keep the claims; false wakes it.
+    hibernate: bool = False
+    pdb: DisruptionBudget = DisruptionBudget()
+    # None: the default zone spread; (): none at all.
+    topology_spread: tuple[Mapping[str, Any], ...] | None = None
 
     @property
     def token_ref(self) -> TokenRef:
@@ -548,6 +563,45 @@ def _parse_network_policy(spec: Mapping[str, Any]) -> NetworkPolicySpec:
     )
 
 
+_PERCENT = re.compile(r"^[0-9]+%$")
+EVICTION_POLICIES = ("AlwaysAllow", "IfHealthyBudget")
+
+
+def _parse_pdb(spec: Mapping[str, Any]) -> DisruptionBudget:
+    path = "spec.podDisruptionBudget"
+    pdb = _obj(spec, "podDisruptionBudget", "spec")
+    max_unavailable = _get(pdb, "maxUnavailable", path, (int, str))
+    if max_unavailable is None:
+        max_unavailable = 1
+    elif isinstance(max_unavailable, int) and max_unavailable < 0:
+        raise SpecError(f"{path}.maxUnavailable", f"must be at least 0, got {max_unavailable}")
+    elif isinstance(max_unavailable, str) and not _PERCENT.match(max_unavailable):
+        raise SpecError(
+            f"{path}.maxUnavailable", f"must be a number or a percentage, got {max_unavailable!r}"
+        )
+    return DisruptionBudget(
+        enabled=_bool(pdb, "enabled", path, True),
+        max_unavailable=max_unavailable,
+        unhealthy_pod_eviction_policy=_str(
+            pdb, "unhealthyPodEvictionPolicy", path, "AlwaysAllow", EVICTION_POLICIES
+        ),
+    )
+
+
+def _parse_topology_spread(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    items = _get(spec, "topologySpreadConstraints", "spec", list)
+    if items is None:
+        return None
+    for i, item in enumerate(items):
+        field = f"spec.topologySpreadConstraints[{i}]"
+        if not isinstance(item, dict):
+            raise SpecError(field, "must be an object")
+        for key in ("maxSkew", "topologyKey", "whenUnsatisfiable"):
+            if key not in item:
+                raise SpecError(f"{field}.{key}", "is required")
+    return tuple(dict(i) for i in items)
+
+
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
@@ -608,4 +662,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         ),
         log_level=_str(spec, "logLevel", "spec", "INFO", LOG_LEVELS),
         network_policy=_parse_network_policy(spec),
+        hibernate=_bool(spec, "hibernate", "spec", False),
+        pdb=_parse_pdb(spec),
+        topology_spread=_parse_topology_spread(spec),
     )

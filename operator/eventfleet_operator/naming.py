@@ -14,6 +14,9 @@ FINALIZER = f"{GROUP}/cleanup"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 # On every child: hash of the manifest last applied (detects fields the operator dropped).
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
+# `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
+PAUSE_ANNOTATION = f"{GROUP}/reconcile"
+PAUSED = "paused"
 SERVING_LABEL = f"{GROUP}/serving"  # client Service selects only serving="true" pods
 
 CONFIG_DIR = "/etc/eventfleet"

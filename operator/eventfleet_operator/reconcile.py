@@ -178,9 +178,11 @@ def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
         (kube.SERVICES, naming.client_service(spec.name)),
         (kube.CONFIGMAPS, naming.configmap(spec.name)),
         (kube.STATEFULSETS, naming.statefulset(spec.name)),
-        (kube.PDBS, naming.pdb(spec.name)),
-        (kube.NETWORKPOLICIES, naming.network_policy(spec.name)),
     ]
+    if spec.pdb.enabled:
+        children.append((kube.PDBS, naming.pdb(spec.name)))
+    if spec.network_policy.enabled:
+        children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
     if spec.token_ref.generated:
         children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
     return children
@@ -361,6 +363,9 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
         elif kind in (ConditionType.AGGREGATION_SCHEDULED, ConditionType.MONITORING_CONFIGURED):
             if reason in OPTIONAL_CHILD_PROBLEMS:
                 emit(EventType.WARNING, reason, message)
+        elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
+            if is_true or was_true or reason is Reason.HIBERNATING:
+                emit(EventType.NORMAL, reason, message)
         elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
             emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
 
@@ -395,9 +400,15 @@ async def reconcile(
             _emit_transitions(emit, previous, new)
             return new
 
-        obs = dataclasses.replace(base, desired=spec.replicas)
+        paused = (meta.get("annotations") or {}).get(naming.PAUSE_ANNOTATION) == naming.PAUSED
+        obs = dataclasses.replace(
+            base, desired=spec.replicas, paused=paused, hibernate=spec.hibernate
+        )
         try:
-            obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
+            if paused:
+                obs = await _observe_only(ctx, spec, previous, obs)
+            else:
+                obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
         except ChildNotOwned as e:
             log.error("%s", e)
             obs = dataclasses.replace(obs, ownership_error=str(e))
@@ -412,6 +423,27 @@ async def reconcile(
         await write_status(ctx, namespace, name, new, previous)
         _emit_transitions(emit, previous, new)
         return new
+
+
+async def _observe_only(
+    ctx: Context,
+    spec: model.FleetSpec,
+    previous: Mapping[str, Any],
+    obs: status_mod.Observation,
+) -> status_mod.Observation:
+    """A paused fleet: read the StatefulSet and the replicas, write nothing but status."""
+    sts = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
+    if not naming.owned_by(sts, spec.uid):
+        sts = None
+    count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
+    return dataclasses.replace(
+        obs,
+        statefulset=sts,
+        decision=scaling.Decision(target=count),
+        peers=await _observe_replicas(ctx, spec, count),
+        config_hash=str(previous.get("configHash") or ""),
+        not_implemented=spec.not_implemented,
+    )
 
 
 async def _apply_children(
@@ -436,7 +468,8 @@ async def _apply_children(
     async def claim_exists(ordinal: int) -> bool:
         return await _claim_exists(ctx, spec, ordinal)
 
-    decision = await scaling.plan(
+    planner = scaling.plan_hibernation if spec.hibernate else scaling.plan
+    decision = await planner(
         spec,
         current,
         endpoints=ctx.endpoints,
@@ -446,9 +479,11 @@ async def _apply_children(
     )
     if decision.held:
         log.warning("scale-down held: %s", decision.message)
+    # Hibernating keeps the whole mesh in the peer list: waking needs no rewrite.
+    peer_count = max(decision.target, spec.replicas) if spec.hibernate else decision.target
 
     config = builders.replica_config(
-        spec, peer_count=decision.target, allow_empty_start=not previous.get("initialized", False)
+        spec, peer_count=peer_count, allow_empty_start=not previous.get("initialized", False)
     )
     config_hash = builders.config_hash(spec, config)
     configmap = builders.configmap(spec, config)
@@ -471,13 +506,14 @@ async def _apply_children(
     shrinking = current is not None and decision.target < current
     # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
     # Up or steady: peers first, so new replicas start with the whole mesh.
-    ordered: Sequence[dict[str, Any]] = [
+    ordered: list[dict[str, Any]] = [
         *([secret] if secret else []),
         builders.peer_service(spec),
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
-        builders.pod_disruption_budget(spec),
     ]
+    if spec.pdb.enabled:
+        ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
         change = await ensure(ctx, manifest, log)
         if change:
@@ -486,6 +522,14 @@ async def _apply_children(
                 change.event_reason,
                 f"{change} {manifest['kind']} {manifest['metadata']['name']}",
             )
+    if not spec.pdb.enabled and await delete_owned(
+        ctx, kube.PDBS, spec.namespace, naming.pdb(spec.name), spec.uid, log
+    ):
+        emit(
+            EventType.NORMAL,
+            Operation.DELETED.event_reason,
+            f"deleted PodDisruptionBudget {spec.name}",
+        )
     await _network_policy(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)

@@ -19,6 +19,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from eventfleet_operator import naming
 from eventfleet_operator.constants import (
     ConditionStatus,
     ConditionType,
@@ -70,6 +71,8 @@ class Observation:
     monitoring: OptionalChild = OptionalChild(enabled=False)
     aggregation: OptionalChild = OptionalChild(enabled=False)
     config_hash: str = ""
+    paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
+    hibernate: bool = False  # spec.hibernate
 
 
 def now_iso() -> str:
@@ -202,6 +205,16 @@ def build(
             f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
             "version; it is not served and its ports are not exposed (set it to false)",
         )
+    elif obs.hibernate:
+        ready_c = (
+            (
+                F,
+                Reason.HIBERNATED,
+                f"hibernated: no replica runs, the {obs.desired} volumes are kept",
+            )
+            if sts_replicas == 0
+            else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+        )
     elif obs.decision.held:
         ready_c = (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
     elif sts_replicas != obs.desired:
@@ -237,6 +250,22 @@ def build(
         "prometheus-operator (monitoring.coreos.com/v1)",
     )
 
+    paused_c: Verdict = (
+        (
+            T,
+            Reason.PAUSED,
+            f"{naming.PAUSE_ANNOTATION}: {naming.PAUSED} -- only the status is updated",
+        )
+        if obs.paused
+        else (F, Reason.NOT_PAUSED, "reconciling")
+    )
+    if not obs.hibernate:
+        hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
+    elif sts_replicas == 0:
+        hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
+    else:
+        hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+
     conditions = [
         condition(t, *c, obs.generation, prev_conditions, now)
         for t, c in (
@@ -245,11 +274,15 @@ def build(
             (ConditionType.SCALE_DOWN_HELD, held_c),
             (ConditionType.AGGREGATION_SCHEDULED, agg_c),
             (ConditionType.MONITORING_CONFIGURED, mon_c),
+            (ConditionType.RECONCILE_PAUSED, paused_c),
+            (ConditionType.HIBERNATED, hibernated_c),
         )
     ]
 
     if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
+    elif obs.hibernate and sts_replicas == 0:
+        phase = Phase.HIBERNATED
     elif ready_c[0] is T:
         phase = Phase.RUNNING
     elif sts_replicas is not None and sts_replicas != obs.desired:
