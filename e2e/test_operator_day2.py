@@ -119,3 +119,81 @@ def test_pause_hibernate_and_wake_with_real_replicas(kubectl, operator, kubelet)
         ]
     }
     assert {"Paused", "NotPaused", "Hibernated", "NotHibernating"} <= reasons, reasons
+
+
+def restarted_events(kubectl, name: str) -> list[str]:
+    events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={name}")
+    items = sorted(
+        events["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""
+    )
+    return [e["message"] for e in items if e["reason"] == "ReplicaRestarted"]
+
+
+def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
+    kubectl, operator, kubelet
+):
+    kubectl.apply(eventserver("roll", 3))
+    pods = kubelet("roll")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    sts = kubectl.get("statefulset", "roll")
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    good_image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
+    good = kubectl.get("eventserver", "roll")["status"]["updateRevision"]
+    pids = {i: pods.pid(i) for i in range(3)}
+
+    # A bad image: the highest ordinal is replaced first and crash-loops; the others
+    # keep running their old revision and Ready says a rollout is incomplete.
+    kubectl.run(
+        "patch",
+        "eventserver/roll",
+        "--type=merge",
+        "-p",
+        '{"spec":{"image":"bad/server:crashloop"}}',
+    )
+
+    def stuck():
+        es = kubectl.get("eventserver", "roll")
+        return (
+            condition(es, "Progressing").get("status") == "True"
+            and condition(es, "Ready").get("reason") == "RolloutInProgress"
+            and pods.restarts.get(2, 0) >= 1
+            and es
+        )
+
+    es = wait_for(stuck, timeout=60, what="the rollout stuck on ordinal 2")
+    assert es["status"]["updateRevision"] != good
+    time.sleep(4)  # several resyncs: nothing else may be replaced while 2 is broken
+    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
+    assert condition(kubectl.get("eventserver", "roll"), "Ready")["status"] == "False"
+
+    # Revert: the stuck pod is replaced at once, nothing else restarts.
+    kubectl.run(
+        "patch", "eventserver/roll", "--type=json", "-p", '[{"op":"remove","path":"/spec/image"}]'
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    es = kubectl.get("eventserver", "roll")
+    status = es["status"]
+    assert (status["updateRevision"], status["currentRevision"], status["updatedReplicas"]) == (
+        good,
+        good,
+        3,
+    )
+    assert condition(es, "Progressing")["reason"] == "RolloutComplete"
+    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
+    pod2 = kubectl.get("pod", "roll-2")
+    assert pod2["spec"]["containers"][0]["image"] == good_image
+    messages = restarted_events(kubectl, "roll")
+    assert any("bad/server:crashloop" in m for m in messages), messages
+    assert any("not ready" in m for m in messages), messages
+
+    # A restart request replaces every pod, one at a time, highest ordinal first.
+    kubectl.run("annotate", "eventserver/roll", "eventfleet.io/restart=2026-11-23T18:40:00Z")
+    wait_for(
+        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
+        timeout=120,
+        what="every pod replaced",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    messages = [m for m in restarted_events(kubectl, "roll") if "restart requested" in m]
+    order = [m.split("pod roll-")[1][0] for m in messages]
+    assert order == ["2", "1", "0"], messages

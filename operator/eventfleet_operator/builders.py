@@ -267,6 +267,8 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
         naming.SERVING_LABEL: "true",
     }
     pod_annotations = {**spec.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash}
+    if spec.restart:
+        pod_annotations[naming.RESTART_ANNOTATION] = spec.restart
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # replicas never talk to the API server
         "enableServiceLinks": False,
@@ -311,6 +313,17 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
     }
     if spec.storage.storage_class_name:
         claim_spec["storageClassName"] = spec.storage.storage_class_name
+    template = {
+        "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+        "spec": pod_spec,
+    }
+    pod_annotations[naming.REVISION_ANNOTATION] = template_revision(template)
+    if spec.update_strategy == "Managed":
+        # The operator replaces pods itself (rollout.py): flushed first, one at a time,
+        # and a pod stuck on a bad revision is replaced once the spec is fixed.
+        strategy: dict[str, Any] = {"type": "OnDelete"}
+    else:
+        strategy = {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -321,15 +334,12 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             "podManagementPolicy": "Parallel",
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(spec.name)},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "updateStrategy": strategy,
             "persistentVolumeClaimRetentionPolicy": {
                 "whenDeleted": spec.storage.when_deleted,
                 "whenScaled": spec.storage.when_scaled,
             },
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
-                "spec": pod_spec,
-            },
+            "template": template,
             "volumeClaimTemplates": [
                 {
                     "metadata": {"name": "data", "labels": naming.selector_labels(spec.name)},
@@ -338,6 +348,16 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             ],
         },
     }
+
+
+def template_revision(template: Mapping[str, Any]) -> str:
+    """Hash of a pod template without its own revision annotation (10 hex digits)."""
+    meta = dict(template.get("metadata") or {})
+    meta["annotations"] = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != naming.REVISION_ANNOTATION
+    }
+    canonical = json.dumps({**template, "metadata": meta}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
 def pod_disruption_budget(spec: FleetSpec) -> dict[str, Any]:

@@ -113,6 +113,7 @@ class ConditionType(enum.StrEnum):
     MONITORING_CONFIGURED = "MonitoringConfigured"
     RECONCILE_PAUSED = "ReconcilePaused"
     HIBERNATED = "Hibernated"
+    PROGRESSING = "Progressing"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -136,6 +137,11 @@ class Reason(enum.StrEnum):
     CHILD_NOT_OWNED = "ChildNotOwned"
     HIBERNATING = "Hibernating"
     HIBERNATED = "Hibernated"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    # Progressing
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    REPLICA_RESTARTED = "ReplicaRestarted"  # the Event of each replaced pod
     # ReconcilePaused
     PAUSED = "Paused"
     NOT_PAUSED = "NotPaused"

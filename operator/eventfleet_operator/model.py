@@ -42,6 +42,7 @@ RETENTION_POLICIES = ("Retain", "Delete")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+UPDATE_STRATEGIES = ("Managed", "RollingUpdate")
 
 
 class SpecError(ValueError):
@@ -218,6 +219,11 @@ class FleetSpec:
     pdb: DisruptionBudget = DisruptionBudget()
     # None: the default zone spread; (): none at all.
     topology_spread: tuple[Mapping[str, Any], ...] | None = None
+    # Managed: StatefulSet OnDelete, the operator replaces pods one at a time.
+    update_strategy: str = "Managed"
+    # The EventServer's eventfleet.io/restart annotation (not in the spec): a new value
+    # changes the pod template, which rolls every pod.
+    restart: str = ""
 
     @property
     def token_ref(self) -> TokenRef:
@@ -665,4 +671,11 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         hibernate=_bool(spec, "hibernate", "spec", False),
         pdb=_parse_pdb(spec),
         topology_spread=_parse_topology_spread(spec),
+        update_strategy=_str(
+            _obj(spec, "updateStrategy", "spec"),
+            "type",
+            "spec.updateStrategy",
+            "Managed",
+            UPDATE_STRATEGIES,
+        ),
     )

@@ -14,6 +14,10 @@ FINALIZER = f"{GROUP}/cleanup"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
 # On every child: hash of the manifest last applied (detects fields the operator dropped).
 APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
+# Pod template: hash of the rest of the template; every pod carries the one it was made from.
+REVISION_ANNOTATION = f"{GROUP}/revision"
+# On the EventServer (copied to the pod template): a new value replaces every pod.
+RESTART_ANNOTATION = f"{GROUP}/restart"
 # `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
 PAUSE_ANNOTATION = f"{GROUP}/reconcile"
 PAUSED = "paused"

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, metrics, model, naming, scaling
+from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -231,6 +231,21 @@ async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bo
     return await ctx.kube.get(kube.PVCS, spec.namespace, claim) is not None
 
 
+async def _pods(ctx: Context, spec: model.FleetSpec) -> dict[int, dict[str, Any]]:
+    """The fleet's replica pods by ordinal."""
+    pods = await ctx.kube.list(
+        kube.PODS, spec.namespace, label_selector=naming.selector_string(spec.name)
+    )
+    out = {}
+    for pod in pods:
+        suffix = pod["metadata"]["name"].rsplit("-", 1)[-1]
+        if pod["metadata"]["name"] == naming.pod(
+            spec.name, int(suffix) if suffix.isdigit() else -1
+        ):
+            out[int(suffix)] = pod
+    return out
+
+
 async def _set_serving(ctx: Context, spec: model.FleetSpec, log: logging.Logger) -> None:
     """Take leaving replicas out of the client Service (new clients go elsewhere)."""
     pods = await ctx.kube.list(
@@ -363,6 +378,9 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
         elif kind in (ConditionType.AGGREGATION_SCHEDULED, ConditionType.MONITORING_CONFIGURED):
             if reason in OPTIONAL_CHILD_PROBLEMS:
                 emit(EventType.WARNING, reason, message)
+        elif kind is ConditionType.PROGRESSING:
+            if is_true or was_true:
+                emit(EventType.NORMAL, reason, message)
         elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
             if is_true or was_true or reason is Reason.HIBERNATING:
                 emit(EventType.NORMAL, reason, message)
@@ -387,6 +405,8 @@ async def reconcile(
         )
         try:
             spec = model.parse(name, namespace, body.get("spec"), uid=meta.get("uid", ""))
+            restart = (meta.get("annotations") or {}).get(naming.RESTART_ANNOTATION, "")
+            spec = dataclasses.replace(spec, restart=str(restart))
         except model.SpecError as e:
             log.warning("invalid spec: %s", e)
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
@@ -425,6 +445,83 @@ async def reconcile(
         return new
 
 
+def _rollout_plan(
+    spec: model.FleetSpec,
+    sts: Mapping[str, Any] | None,
+    pods: Mapping[int, Mapping[str, Any]],
+    peers: Sequence[status_mod.PeerReport],
+    count: int,
+) -> rollout.Plan | None:
+    if sts is None:
+        return None
+    desired = rollout.PodState.desired(sts)
+    ready = {p.ordinal: bool(p.status and p.status.ready) for p in peers}
+    states = [rollout.PodState.of(i, pods.get(i), ready.get(i, False)) for i in range(count)]
+    entries = [status_mod.peer_entry(p, [q.server_id for q in peers]) for p in peers]
+    synced = bool(entries) and all(e.get("syncState") == "synced" for e in entries)
+    return rollout.plan(states, count, desired.revision, synced)
+
+
+async def _roll(
+    ctx: Context,
+    spec: model.FleetSpec,
+    sts: Mapping[str, Any],
+    pods: Mapping[int, Mapping[str, Any]],
+    plan: rollout.Plan,
+    log: logging.Logger,
+    emit: Emit,
+) -> rollout.Plan:
+    """Take the plan's one step: replace one pod (after a flush/verify if it serves)."""
+    ordinal = plan.replace
+    if ordinal is None:
+        return plan
+    name = naming.pod(spec.name, ordinal)
+    if plan.check_first:
+
+        async def claim_exists(o: int) -> bool:
+            return await _claim_exists(ctx, spec, o)
+
+        problem = await scaling.check_leaving(
+            spec,
+            ordinal,
+            endpoints=ctx.endpoints,
+            client=ctx.replicas,
+            claim_exists=claim_exists,
+            remaining=range(plan.replicas),
+        )
+        if problem is not None:
+            log.warning("not replacing %s yet: %s", name, problem.message)
+            return dataclasses.replace(
+                plan, replace=None, waiting=f"holding the replacement of {name}: {problem.message}"
+            )
+    pod = pods[ordinal]
+    state = rollout.PodState.of(ordinal, pod, ready=not plan.check_first)
+    why = rollout.restart_reason(state, rollout.PodState.desired(sts))
+    try:
+        deleted = await ctx.kube.delete(kube.PODS, spec.namespace, name, uid=state.uid or None)
+    except kube.ApiError as e:
+        if e.status != 409:
+            raise
+        deleted = False  # already replaced by someone else
+    if deleted:
+        log.info(
+            "replaced pod %s (revision %s -> %s): %s",
+            name,
+            state.revision,
+            plan.update_revision,
+            why,
+        )
+        emit(
+            EventType.NORMAL,
+            Reason.REPLICA_RESTARTED,
+            f"deleted pod {name} to move it from revision {state.revision or '?'} to "
+            f"{plan.update_revision}"
+            + ("" if plan.check_first else " (it was not ready)")
+            + f": {why}",
+        )
+    return plan
+
+
 async def _observe_only(
     ctx: Context,
     spec: model.FleetSpec,
@@ -436,11 +533,13 @@ async def _observe_only(
     if not naming.owned_by(sts, spec.uid):
         sts = None
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
+    peers = await _observe_replicas(ctx, spec, count)
     return dataclasses.replace(
         obs,
         statefulset=sts,
         decision=scaling.Decision(target=count),
-        peers=await _observe_replicas(ctx, spec, count),
+        peers=peers,
+        rollout=_rollout_plan(spec, sts, await _pods(ctx, spec), peers, count),
         config_hash=str(previous.get("configHash") or ""),
         not_implemented=spec.not_implemented,
     )
@@ -557,8 +656,18 @@ async def _apply_children(
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target)
+    pods = await _pods(ctx, spec)
+    plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
+    steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
+    if plan is not None and sts_after is not None:
+        if spec.update_strategy == "Managed" and steady and not frozen:
+            plan = await _roll(ctx, spec, sts_after, pods, plan, log, emit)
+        elif plan.replace is not None:
+            # RollingUpdate: the StatefulSet controller replaces the pods; only report.
+            plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
     return dataclasses.replace(
         obs,
+        rollout=plan,
         token_error=token_error,
         immutable_error=immutable_error,
         not_implemented=spec.not_implemented,

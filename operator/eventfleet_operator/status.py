@@ -27,6 +27,7 @@ from eventfleet_operator.constants import (
     Reason,
 )
 from eventfleet_operator.replicas import ReplicaStatus
+from eventfleet_operator.rollout import Plan
 from eventfleet_operator.scaling import Decision
 
 IN_SYNC_STATES = ("synced", "connected")
@@ -71,6 +72,7 @@ class Observation:
     monitoring: OptionalChild = OptionalChild(enabled=False)
     aggregation: OptionalChild = OptionalChild(enabled=False)
     config_hash: str = ""
+    rollout: Plan | None = None  # revisions of the pods and the rollout's next step
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
 
@@ -223,6 +225,8 @@ def build(
             Reason.SCALING,
             f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
         )
+    elif obs.rollout is not None and not obs.rollout.complete:
+        ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
     elif ready < obs.desired:
         ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
@@ -266,6 +270,16 @@ def build(
     else:
         hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
 
+    if obs.rollout is None or obs.rollout.complete:
+        rev = obs.rollout.update_revision if obs.rollout else ""
+        progressing_c: Verdict = (
+            F,
+            Reason.ROLLOUT_COMPLETE,
+            f"every replica runs revision {rev}" if rev else "no rollout",
+        )
+    else:
+        progressing_c = (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
+
     conditions = [
         condition(t, *c, obs.generation, prev_conditions, now)
         for t, c in (
@@ -276,6 +290,7 @@ def build(
             (ConditionType.MONITORING_CONFIGURED, mon_c),
             (ConditionType.RECONCILE_PAUSED, paused_c),
             (ConditionType.HIBERNATED, hibernated_c),
+            (ConditionType.PROGRESSING, progressing_c),
         )
     ]
 
@@ -306,7 +321,23 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    if obs.rollout is not None and obs.rollout.update_revision:
+        status["currentRevision"] = obs.rollout.current_revision
+        status["updateRevision"] = obs.rollout.update_revision
+        status["updatedReplicas"] = obs.rollout.updated
     return status
+
+
+def _rollout_message(plan: Plan) -> str:
+    step = (
+        f"replacing ordinal {plan.replace}"
+        if plan.replace is not None
+        else plan.waiting or "waiting for the next step"
+    )
+    return (
+        f"{plan.updated} of {plan.replicas} replicas on revision {plan.update_revision} "
+        f"(from {plan.current_revision}); {step}"
+    )
 
 
 def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -109,6 +109,7 @@ FULL_SPEC: dict[str, Any] = {
     "terminationGracePeriodSeconds": 120,
     "logLevel": "DEBUG",
     "hibernate": False,
+    "updateStrategy": {"type": "RollingUpdate"},
     "podDisruptionBudget": {
         "enabled": True,
         "maxUnavailable": "20%",
