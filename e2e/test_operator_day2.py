@@ -7,6 +7,10 @@ kubectl and the API only, so the same tests run on a real control plane by swapp
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -197,3 +201,81 @@ def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
     messages = [m for m in restarted_events(kubectl, "roll") if "restart requested" in m]
     order = [m.split("pod roll-")[1][0] for m in messages]
     assert order == ["2", "1", "0"], messages
+
+
+def test_kubectl_eventfleet_plugin(kubectl, operator, kubelet, tmp_path):
+    """The plugin as kubectl finds it: an executable kubectl-eventfleet on PATH."""
+    shim = tmp_path / "bin" / "kubectl-eventfleet"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eventfleet_operator.plugin "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def plugin(*args, check=True):
+        # kubectl refuses flags before a plugin's name: they go after it, to the plugin.
+        cmd = [kubectl.binary, "eventfleet", "--kubeconfig", str(kubectl.kubeconfig)]
+        result = subprocess.run(
+            [*cmd, "-n", kubectl.namespace, *args],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+        )
+        assert result.returncode == 0 or not check, result.stderr
+        return result
+
+    kubectl.apply(eventserver("plug", 2))
+    pods = kubelet("plug")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+    kubectl.run(
+        "wait", "--for=condition=PeersSynced", "eventserver/plug", "--timeout=60s", timeout=70
+    )
+
+    table = plugin("status", "plug").stdout.splitlines()
+    assert table[0] == f"EventServer {kubectl.namespace}/plug: Running"
+    rows = {line.split()[0]: line.split() for line in table if line.startswith("plug-")}
+    assert sorted(rows) == ["plug-0", "plug-1"]
+    assert all(r[2:4] == ["yes", "synced"] for r in rows.values())
+    data = json.loads(plugin("status", "plug", "-o", "json").stdout)
+    assert (data["replicas"], data["readyReplicas"], data["phase"]) == (2, 2, "Running")
+    assert data["updatedReplicas"] == 2 and data["updateRevision"] == data["currentRevision"]
+
+    register(pods, 1, 2)
+    out = plugin("flush", "plug", "--timeout", "60").stdout
+    assert "flushed: all 2 replicas hold each other's events" in out
+    assert kubectl.get("eventserver", "plug")["status"]["lastFlush"]["result"] == "Verified"
+
+    plugin("pause", "plug")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/plug", "--timeout=30s", timeout=40
+    )
+    assert "(paused)" in plugin("status", "plug").stdout.splitlines()[0]
+    plugin("resume", "plug")
+    kubectl.run(
+        "wait",
+        "--for=condition=ReconcilePaused=False",
+        "eventserver/plug",
+        "--timeout=30s",
+        timeout=40,
+    )
+
+    pids = {i: pods.pid(i) for i in (0, 1)}
+    plugin("restart", "plug")
+    wait_for(
+        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
+        timeout=120,
+        what="both pods replaced",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+
+    plugin("hibernate", "plug")
+    kubectl.run(
+        "wait", "--for=condition=Hibernated", "eventserver/plug", "--timeout=60s", timeout=70
+    )
+    assert "no replica reports" in plugin("status", "plug").stdout
+    plugin("wake", "plug")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+
+    missing = plugin("status", "nope", check=False)
+    assert missing.returncode == 1
+    assert f'eventserver "nope" not found in namespace "{kubectl.namespace}"' in missing.stderr

@@ -142,6 +142,7 @@ class Reason(enum.StrEnum):
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
     REPLICA_RESTARTED = "ReplicaRestarted"  # the Event of each replaced pod
+    FLUSH_VERIFIED = "FlushVerified"  # the Event answering eventfleet.io/flush
     # ReconcilePaused
     PAUSED = "Paused"
     NOT_PAUSED = "NotPaused"

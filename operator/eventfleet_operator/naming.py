@@ -18,6 +18,9 @@ APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
 REVISION_ANNOTATION = f"{GROUP}/revision"
 # On the EventServer (copied to the pod template): a new value replaces every pod.
 RESTART_ANNOTATION = f"{GROUP}/restart"
+# On the EventServer: a new value asks for one flush of every replica to every other one;
+# the result goes to status.lastFlush (kubectl eventfleet flush).
+FLUSH_ANNOTATION = f"{GROUP}/flush"
 # `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
 PAUSE_ANNOTATION = f"{GROUP}/reconcile"
 PAUSED = "paused"

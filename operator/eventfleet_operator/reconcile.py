@@ -445,6 +445,42 @@ async def reconcile(
         return new
 
 
+async def _requested_flush(
+    ctx: Context,
+    spec: model.FleetSpec,
+    meta: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    count: int,
+    log: logging.Logger,
+    emit: Emit,
+) -> dict[str, Any] | None:
+    """Answer a new ``eventfleet.io/flush`` value once: flush and verify every pair."""
+    token = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
+    if not token or (previous.get("lastFlush") or {}).get("requested") == token:
+        return None
+
+    async def claim_exists(o: int) -> bool:
+        return await _claim_exists(ctx, spec, o)
+
+    problem = await scaling.verify_all(
+        spec, count, endpoints=ctx.endpoints, client=ctx.replicas, claim_exists=claim_exists
+    )
+    if problem is None:
+        result, message = "Verified", f"all {count} replicas hold each other's events"
+        emit(EventType.NORMAL, Reason.FLUSH_VERIFIED, message)
+    else:
+        result, message = str(problem.reason), problem.message
+        emit(EventType.WARNING, problem.reason, f"flush requested by {token!r}: {message}")
+    log.info("flush %r: %s: %s", token, result, message)
+    return {
+        "requested": token,
+        "result": result,
+        "message": message[:500],
+        "time": status_mod.now_iso(),
+        "replicas": count,
+    }
+
+
 def _rollout_plan(
     spec: model.FleetSpec,
     sts: Mapping[str, Any] | None,
@@ -654,6 +690,7 @@ async def _apply_children(
         log,
         emit,
     )
+    last_flush = await _requested_flush(ctx, spec, meta, previous, decision.target, log, emit)
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target)
     pods = await _pods(ctx, spec)
@@ -667,6 +704,7 @@ async def _apply_children(
             plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
     return dataclasses.replace(
         obs,
+        last_flush=last_flush,
         rollout=plan,
         token_error=token_error,
         immutable_error=immutable_error,

@@ -145,6 +145,33 @@ async def plan(
     )
 
 
+async def verify_all(
+    spec: FleetSpec,
+    count: int,
+    *,
+    endpoints: Endpoints,
+    client: ReplicaClient,
+    claim_exists: Callable[[int], Awaitable[bool]],
+) -> Problem | None:
+    """Flush every replica to every other one and verify each holds each other's events.
+
+    The first problem found (highest ordinal first), or None when all pairs hold.
+    """
+    everyone = range(count)
+    for ordinal in reversed(everyone):
+        problem = await check_leaving(
+            spec,
+            ordinal,
+            endpoints=endpoints,
+            client=client,
+            claim_exists=claim_exists,
+            remaining=everyone,
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
 async def plan_hibernation(
     spec: FleetSpec,
     current: int | None,
@@ -167,23 +194,16 @@ async def plan_hibernation(
             reason=Reason.SCALE_DOWN_FORCED,
             message=f"{FORCE_ANNOTATION} is set: hibernated without checks",
         )
-    everyone = range(current)
-    for ordinal in reversed(everyone):
-        problem = await check_leaving(
-            spec,
-            ordinal,
-            endpoints=endpoints,
-            client=client,
-            claim_exists=claim_exists,
-            remaining=everyone,
+    problem = await verify_all(
+        spec, current, endpoints=endpoints, client=client, claim_exists=claim_exists
+    )
+    if problem is not None:
+        return Decision(
+            target=current,
+            held=True,
+            reason=problem.reason,
+            message=f"hibernation held at {current} replicas: {problem.message}",
         )
-        if problem is not None:
-            return Decision(
-                target=current,
-                held=True,
-                reason=problem.reason,
-                message=f"hibernation held at {current} replicas: {problem.message}",
-            )
     return Decision(
         target=0,
         reason=Reason.SCALE_DOWN_VERIFIED,

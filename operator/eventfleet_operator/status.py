@@ -73,6 +73,7 @@ class Observation:
     aggregation: OptionalChild = OptionalChild(enabled=False)
     config_hash: str = ""
     rollout: Plan | None = None  # revisions of the pods and the rollout's next step
+    last_flush: Mapping[str, Any] | None = None  # the answer to eventfleet.io/flush
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
 
@@ -241,6 +242,17 @@ def build(
         if obs.decision.held
         else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
     )
+    last_held = next(
+        (c for c in prev_conditions if c.get("type") == ConditionType.SCALE_DOWN_HELD), {}
+    )
+    if (
+        obs.decision.reason is Reason.NOT_SCALING_DOWN
+        and last_held.get("status") == F
+        and last_held.get("reason") in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED)
+    ):
+        # Keep saying how the last scale-down ended until the next one starts (a pass
+        # later the fleet is no longer scaling down; the outcome is still the news).
+        held_c = (F, Reason(last_held["reason"]), str(last_held.get("message") or ""))
     agg_c = _optional_condition(
         "ScheduledSparkApplication",
         obs.aggregation,
@@ -321,6 +333,9 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
+    if last_flush:
+        status["lastFlush"] = dict(last_flush)
     if obs.rollout is not None and obs.rollout.update_revision:
         status["currentRevision"] = obs.rollout.current_revision
         status["updateRevision"] = obs.rollout.update_revision

@@ -163,3 +163,24 @@ async def test_pause_and_hibernation_post_events_once():
     h.annotate(reconcile=None)
     await h.run()
     assert "NotPaused" in [r for _, r, _ in h.events]
+
+
+async def test_flush_annotation_is_answered_once_in_the_status():
+    h = Harness({"replicas": 2})
+    await h.run()
+    synced(h, 2, [3, 4])
+    h.annotate(flush="t1")
+    status = await h.run()
+    assert (status["lastFlush"]["requested"], status["lastFlush"]["result"]) == ("t1", "Verified")
+    flushes = [c for c in h.replicas.calls if c[0] == "flush"]
+    assert {(c[1], c[2]) for c in flushes} == {(0, "demo-1"), (1, "demo-0")}
+    await h.run()
+    assert len([c for c in h.replicas.calls if c[0] == "flush"]) == len(flushes)  # once
+    h.replicas.flush_fails.add(1)
+    h.annotate(flush="t2")
+    status = await h.run()
+    assert (status["lastFlush"]["requested"], status["lastFlush"]["result"]) == (
+        "t2",
+        "FlushFailed",
+    )
+    assert ("Warning", "FlushFailed") in [(t, r) for t, r, _ in h.events]
