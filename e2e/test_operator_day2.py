@@ -13,11 +13,12 @@ import subprocess
 import sys
 import time
 
+import kubernetes_validate
 import pytest
 import yaml
 
 from e2e.k8s.harness import wait_for
-from e2e.test_operator import condition, eventserver, register
+from e2e.test_operator import condition, eventserver, register, strip_server_fields
 
 pytest_plugins = ["e2e.k8s.fixtures"]
 
@@ -279,3 +280,70 @@ def test_kubectl_eventfleet_plugin(kubectl, operator, kubelet, tmp_path):
     missing = plugin("status", "nope", check=False)
     assert missing.returncode == 1
     assert f'eventserver "nope" not found in namespace "{kubectl.namespace}"' in missing.stderr
+
+
+def test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy(kubectl, operator):
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "owned-config", "labels": {"app": "someone-else"}},
+        "data": {"config.yaml": "theirs: true\n"},
+    }
+    kubectl.apply(theirs)
+    before = kubectl.get("configmap", "owned-config")
+    kubectl.apply(eventserver("owned", 1))
+
+    def refused():
+        ready = condition(kubectl.get("eventserver", "owned"), "Ready")
+        return ready.get("reason") == "ChildNotOwned" and ready
+
+    ready = wait_for(refused, timeout=30, what="Ready=False/ChildNotOwned")
+    assert "ConfigMap owned-config" in ready["message"]
+    assert kubectl.get("eventserver", "owned")["status"]["phase"] == "Failed"
+    time.sleep(2)  # more passes: still nothing written
+    after = kubectl.get("configmap", "owned-config")
+    assert after["data"] == before["data"] and "ownerReferences" not in after["metadata"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("secret", "owned-token") is None
+    events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=owned")
+    assert any(
+        e["reason"] == "ChildNotOwned" and e["type"] == "Warning" for e in events["items"]
+    ), events
+
+    # Once their object is gone the fleet is built, NetworkPolicy included.
+    kubectl.run("delete", "configmap", "owned-config")
+    wait_for(lambda: kubectl.get("statefulset", "owned"), timeout=30, what="the StatefulSet")
+    policy = wait_for(
+        lambda: kubectl.get("networkpolicy", "owned"), timeout=30, what="the NetworkPolicy"
+    )
+    kubernetes_validate.validate(strip_server_fields(policy), "1.33.0", strict=True)
+    syncer = next(
+        r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 23013}]
+    )
+    assert syncer["from"] == [
+        {"podSelector": {"matchLabels": policy["spec"]["podSelector"]["matchLabels"]}}
+    ]
+
+    # Turning it off deletes it; deleting the EventServer leaves a foreign object alone.
+    kubectl.run(
+        "patch",
+        "eventserver/owned",
+        "--type=merge",
+        "-p",
+        '{"spec":{"networkPolicy":{"enabled":false}}}',
+    )
+    wait_for(lambda: kubectl.get("networkpolicy", "owned") is None, timeout=30, what="no policy")
+    # Paused, so that the operator does not recreate its Service before theirs exists.
+    kubectl.run("annotate", "eventserver/owned", "eventfleet.io/reconcile=paused")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/owned", "--timeout=30s", timeout=40
+    )
+    kubectl.run("delete", "service", "owned-peers")
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "owned-peers"},
+         "spec": {"ports": [{"port": 1}]}}
+    )  # fmt: skip
+    kubectl.run("delete", "eventserver", "owned", "--timeout=60s", timeout=70)
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("service", "owned-peers") is not None

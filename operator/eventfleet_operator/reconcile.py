@@ -430,7 +430,14 @@ async def reconcile(
             else:
                 obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
         except ChildNotOwned as e:
-            log.error("%s", e)
+            # Once per change, not once per resync: the status and the Event carry it.
+            was = next(
+                (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
+            )
+            repeat = (
+                was.get("reason") == Reason.CHILD_NOT_OWNED and was.get("message") == str(e)[:500]
+            )
+            log.log(logging.DEBUG if repeat else logging.ERROR, "%s", e)
             obs = dataclasses.replace(obs, ownership_error=str(e))
         except kube.ApiError as e:
             # Keep running: report it and let the next pass (timer) retry.
