@@ -347,3 +347,62 @@ def test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy(k
     kubectl.run("delete", "eventserver", "owned", "--timeout=60s", timeout=70)
     assert kubectl.get("statefulset", "owned") is None
     assert kubectl.get("service", "owned-peers") is not None
+
+
+def test_growing_the_volumes_keeps_the_pods_running(kubectl, operator, kubelet):
+    kubectl.apply(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": f"expandable-{kubectl.namespace}"},
+            "provisioner": "example.com/csi",
+            "allowVolumeExpansion": True,
+        }
+    )
+    storage = {"size": "1Gi", "storageClassName": f"expandable-{kubectl.namespace}"}
+    kubectl.apply(eventserver("grow", 2, storage=storage))
+    pods = kubelet("grow")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=90s", timeout=100)
+    pids = {i: pods.pid(i) for i in (0, 1)}
+    sts_uid = kubectl.get("statefulset", "grow")["metadata"]["uid"]
+
+    kubectl.run(
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"3Gi"}}}'
+    )
+
+    def resized():
+        c = condition(kubectl.get("eventserver", "grow"), "StorageResizing")
+        return c.get("reason") == "Resized" and c
+
+    wait_for(resized, timeout=60, what="StorageResizing=False/Resized")
+    for i in (0, 1):
+        claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
+        assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+        assert claim["status"]["capacity"]["storage"] == "3Gi"
+    sts = kubectl.get("statefulset", "grow")
+    assert sts["metadata"]["uid"] != sts_uid  # recreated...
+    template = sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]
+    assert template["storage"] == "3Gi"
+    assert {i: pods.pid(i) for i in (0, 1)} == pids  # ... with its pods orphaned, not restarted
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    reasons = [
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=grow")[
+            "items"
+        ]
+    ]
+    assert "Resizing" in reasons
+
+    # Shrinking is refused (the CRD's CEL rule on a real API server; the operator too).
+    kubectl.run(
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"2Gi"}}}'
+    )
+
+    def refused():
+        c = condition(kubectl.get("eventserver", "grow"), "Ready")
+        return c.get("reason") == "ImmutableFieldChanged" and c
+
+    ready = wait_for(refused, timeout=30, what="the shrink refused")
+    assert ready["message"].startswith("spec.storage.size: volumes only grow")
+    claim = kubectl.get("persistentvolumeclaim", "data-grow-0")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"

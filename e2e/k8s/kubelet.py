@@ -16,7 +16,11 @@ the token from the Secret. Like the real kubelet it:
 * runs an image whose tag contains ``crashloop`` as a process that exits after a second
   (a crash loop: never ready, restarted with the pod's own template);
 * stops pods above ``spec.replicas`` with SIGTERM (graceful: the replica flushes);
-* creates the volume claim ``data-<pod>`` for each pod it starts;
+* creates the volume claim ``data-<pod>`` for each pod it starts (size from the claim
+  template) and plays the volume expansion controller: a claim whose request grew gets
+  ``status.capacity`` of the new size (a StatefulSet deleted with its pods orphaned --
+  the operator's volume growth -- keeps its pods running for a few seconds, and a new
+  StatefulSet of the same name adopts them);
 * reports ``status.replicas`` / ``readyReplicas`` (from each replica's ``/readyz``);
 * writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint).
 
@@ -54,6 +58,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ORPHAN_GRACE = 6.0  # seconds orphaned pods wait for a new StatefulSet
 CRASH_MARK = "crashloop"  # an image tag containing it plays a crash-looping container
 
 
@@ -89,6 +94,9 @@ class FakeKubelet(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.RLock()
         self._reported: tuple[int, int] | None = None
+        self._gone_since: float | None = None
+        self._claims_checked = 0.0
+        self.claim_size = "1Gi"
 
     # ------------------------------------------------------------------ control
 
@@ -147,10 +155,16 @@ class FakeKubelet(threading.Thread):
 
     def sync(self) -> None:
         sts = self.api.get(self._path("statefulsets", self.name, "apps"))
+        self._expand_claims()
         if sts is None:
-            for ordinal in sorted(self.pods, reverse=True):
-                self._stop_pod(ordinal)
+            # Deleted with its pods orphaned (volume growth recreates it at once) or with
+            # them (cleanup): a new StatefulSet soon adopts them, else they go.
+            self._gone_since = self._gone_since or time.monotonic()
+            if time.monotonic() - self._gone_since > ORPHAN_GRACE:
+                for ordinal in sorted(self.pods, reverse=True):
+                    self._stop_pod(ordinal)
             return
+        self._gone_since = None
         replicas = int(sts["spec"].get("replicas") or 0)
         template = sts["spec"]["template"]
         template_hash = (template["metadata"].get("annotations") or {}).get(HASH_ANNOTATION, "")
@@ -176,6 +190,9 @@ class FakeKubelet(threading.Thread):
             pod = self.pods.get(ordinal)
             if pod and pod.proc.poll() is None and changed:
                 os.kill(pod.proc.pid, signal.SIGHUP)  # kubelet updated the mount; reload now
+        for claim in sts["spec"].get("volumeClaimTemplates") or []:
+            if claim["metadata"]["name"] == "data":
+                self.claim_size = claim["spec"]["resources"]["requests"]["storage"]
         on_delete = (sts["spec"].get("updateStrategy") or {}).get("type") == "OnDelete"
         if on_delete:
             self._replace_deleted(replicas)
@@ -300,10 +317,27 @@ class FakeKubelet(threading.Thread):
                     },
                     "spec": {
                         "accessModes": ["ReadWriteOnce"],
-                        "resources": {"requests": {"storage": "1Gi"}},
+                        "resources": {"requests": {"storage": self.claim_size}},
                     },
                 },
             )
+
+    def _expand_claims(self) -> None:
+        """The storage side of volume expansion: capacity follows a grown request."""
+        if time.monotonic() - self._claims_checked < 1.0:
+            return  # once a second is plenty, and spares the emulator
+        self._claims_checked = time.monotonic()
+        for ordinal in list(self.pods):
+            path = self._path("persistentvolumeclaims", f"data-{self.name}-{ordinal}")
+            claim = self.api.get(path)
+            if claim is None:
+                continue
+            want = claim["spec"]["resources"]["requests"]["storage"]
+            have = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+            if have != want:
+                self.api.merge_patch(
+                    path + "/status", {"status": {"phase": "Bound", "capacity": {"storage": want}}}
+                )
 
     def _stop_pod(self, ordinal: int, sig: int = signal.SIGTERM) -> None:
         pod = self.pods.pop(ordinal, None)

@@ -114,6 +114,7 @@ class ConditionType(enum.StrEnum):
     RECONCILE_PAUSED = "ReconcilePaused"
     HIBERNATED = "Hibernated"
     PROGRESSING = "Progressing"
+    STORAGE_RESIZING = "StorageResizing"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -143,6 +144,11 @@ class Reason(enum.StrEnum):
     ROLLOUT_COMPLETE = "RolloutComplete"
     REPLICA_RESTARTED = "ReplicaRestarted"  # the Event of each replaced pod
     FLUSH_VERIFIED = "FlushVerified"  # the Event answering eventfleet.io/flush
+    # StorageResizing
+    RESIZING = "Resizing"
+    RESIZED = "Resized"
+    NOT_RESIZING = "NotResizing"
+    EXPANSION_NOT_ALLOWED = "ExpansionNotAllowed"
     # ReconcilePaused
     PAUSED = "Paused"
     NOT_PAUSED = "NotPaused"

@@ -20,7 +20,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling
+from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling, volumes
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -452,6 +452,66 @@ async def reconcile(
         return new
 
 
+async def _resize(
+    ctx: Context, spec: model.FleetSpec, template_grown: bool, log: logging.Logger, emit: Emit
+) -> tuple[status_mod.Verdict, bool]:
+    """One step of growing the claims; (StorageResizing verdict, recreate the StatefulSet)."""
+    size = spec.storage.size
+    want = volumes.quantity(size)
+    assert want is not None
+    pvcs = await ctx.kube.list(
+        kube.PVCS, spec.namespace, label_selector=naming.selector_string(spec.name)
+    )
+    claims = [
+        volumes.Claim.of(c)
+        for c in pvcs
+        if naming.claim_ordinal(spec.name, c["metadata"]["name"]) is not None
+    ]
+    class_name = spec.storage.storage_class_name or next(
+        (c.storage_class for c in claims if c.storage_class), None
+    )
+    if class_name:
+        storage_class = await ctx.kube.get(kube.STORAGECLASSES, None, class_name)
+    else:
+        storage_class = volumes.default_class(await ctx.kube.list(kube.STORAGECLASSES, None))
+    step = volumes.plan(want, claims, template_grown)
+    if step.patch and not volumes.expandable(storage_class):
+        which = f"StorageClass {class_name!r}" if class_name else "the default StorageClass"
+        found = "" if storage_class is not None else " (not found)"
+        return (
+            ConditionStatus.FALSE,
+            Reason.EXPANSION_NOT_ALLOWED,
+            f"spec.storage.size: cannot grow the volumes to {size}: {which}{found} does not "
+            "allow volume expansion (allowVolumeExpansion: true); set the size back",
+        ), False
+    for name in step.patch:
+        await ctx.kube.patch(
+            kube.PVCS,
+            spec.namespace,
+            name,
+            {"spec": {"resources": {"requests": {"storage": size}}}},
+        )
+        log.info("requested %s for claim %s", size, name)
+        emit(
+            EventType.NORMAL, Reason.RESIZING, f"requested {size} for PersistentVolumeClaim {name}"
+        )
+    if step.done and template_grown:
+        return (ConditionStatus.FALSE, Reason.RESIZED, f"every claim has {size}"), False
+    parts = [
+        f"{label}: {', '.join(names)}"
+        for label, names in (
+            ("requested now", step.patch),
+            ("expanding", step.expanding),
+            ("file system resize pending on the node", step.fs_pending),
+        )
+        if names
+    ]
+    if step.recreate:
+        parts.append("recreating the StatefulSet with the new claim template")
+    message = f"growing the volumes to {size}" + (f"; {'; '.join(parts)}" if parts else "")
+    return (ConditionStatus.TRUE, Reason.RESIZING, message), step.recreate
+
+
 async def _requested_flush(
     ctx: Context,
     spec: model.FleetSpec,
@@ -629,10 +689,50 @@ async def _apply_children(
     )
     config_hash = builders.config_hash(spec, config)
     configmap = builders.configmap(spec, config)
-    sts, frozen = builders.keep_immutable(
-        builders.statefulset(spec, replicas=decision.target, config_hash=config_hash), sts_live
-    )
+    desired_sts = builders.statefulset(spec, replicas=decision.target, config_hash=config_hash)
+    sts, frozen = builders.keep_immutable(desired_sts, sts_live)
     immutable_error = ""
+    resize: status_mod.Verdict | None = None
+    was_resizing = any(
+        c.get("type") == ConditionType.STORAGE_RESIZING and c.get("status") == "True"
+        for c in previous.get("conditions") or []
+    )
+    if sts_live is not None and (
+        was_resizing
+        or ("volumeClaimTemplates" in frozen and volumes.only_size_differs(desired_sts, sts_live))
+    ):
+        live_size = volumes.template_size(sts_live) or spec.storage.size
+        if volumes.quantity(spec.storage.size) < volumes.quantity(live_size):
+            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
+            immutable_error = (
+                f"spec.storage.size: volumes only grow: the claims have {live_size}, "
+                f"the spec asks for {spec.storage.size}; set it back to {live_size} or more"
+            )
+            log.warning("%s", immutable_error)
+        else:
+            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
+            grown = volumes.quantity(live_size) == volumes.quantity(spec.storage.size)
+            resize, recreate = await _resize(ctx, spec, grown, log, emit)
+            if resize[1] is Reason.EXPANSION_NOT_ALLOWED:
+                immutable_error = resize[2]
+            if recreate:
+                # Orphan: the pods (and their claims) stay; the StatefulSet is created
+                # again below from the new template and adopts them.
+                await ctx.kube.delete(
+                    kube.STATEFULSETS,
+                    spec.namespace,
+                    spec.name,
+                    uid=sts_live["metadata"].get("uid"),
+                    propagation="Orphan",
+                )
+                log.info("recreating StatefulSet %s with %s volumes", spec.name, spec.storage.size)
+                emit(
+                    EventType.NORMAL,
+                    Reason.RESIZING,
+                    f"every claim has grown to {spec.storage.size}: recreating StatefulSet "
+                    f"{spec.name} (orphan: the pods keep running) with the new claim template",
+                )
+                sts = desired_sts
     if frozen:
         fields = [
             "spec.storage" if f == "volumeClaimTemplates" else f"StatefulSet spec.{f}"
@@ -640,9 +740,8 @@ async def _apply_children(
         ]
         immutable_error = (
             f"{', '.join(fields)}: cannot change on an existing StatefulSet "
-            "(Kubernetes forbids it); "
-            "the fleet keeps its current volumes. Revert the change, or expand the claims by hand "
-            "and recreate the StatefulSet (kubectl delete statefulset NAME --cascade=orphan)"
+            "(Kubernetes forbids it); the fleet keeps its current volumes. Revert the change "
+            "(spec.storage.size may grow; the storage class may not change)"
         )
         log.warning("%s", immutable_error)
     shrinking = current is not None and decision.target < current
@@ -711,6 +810,7 @@ async def _apply_children(
             plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
     return dataclasses.replace(
         obs,
+        storage_resize=resize,
         last_flush=last_flush,
         rollout=plan,
         token_error=token_error,

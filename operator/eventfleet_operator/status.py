@@ -74,6 +74,7 @@ class Observation:
     config_hash: str = ""
     rollout: Plan | None = None  # revisions of the pods and the rollout's next step
     last_flush: Mapping[str, Any] | None = None  # the answer to eventfleet.io/flush
+    storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
 
@@ -282,6 +283,7 @@ def build(
     else:
         hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
 
+    resize_c: Verdict = obs.storage_resize or _kept_resize(prev_conditions)
     if obs.rollout is None or obs.rollout.complete:
         rev = obs.rollout.update_revision if obs.rollout else ""
         progressing_c: Verdict = (
@@ -303,6 +305,7 @@ def build(
             (ConditionType.RECONCILE_PAUSED, paused_c),
             (ConditionType.HIBERNATED, hibernated_c),
             (ConditionType.PROGRESSING, progressing_c),
+            (ConditionType.STORAGE_RESIZING, resize_c),
         )
     ]
 
@@ -341,6 +344,14 @@ def build(
         status["updateRevision"] = obs.rollout.update_revision
         status["updatedReplicas"] = obs.rollout.updated
     return status
+
+
+def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:
+    """No resize this pass: keep that the last one finished (Resized), else NotResizing."""
+    last = next((c for c in previous if c.get("type") == ConditionType.STORAGE_RESIZING), {})
+    if last.get("reason") == Reason.RESIZED and last.get("status") == str(ConditionStatus.FALSE):
+        return (F, Reason(last["reason"]), str(last.get("message") or ""))
+    return (F, Reason.NOT_RESIZING, "no volume resize in progress")
 
 
 def _rollout_message(plan: Plan) -> str:

@@ -33,6 +33,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.applied: dict[tuple[str, str, str], Any] = {}
         self.writes: list[tuple[str, str, str]] = []
+        self.propagations: list[tuple[str, str, str]] = []
         self.missing = set(missing)
         self._rv = itertools.count(1)
 
@@ -67,7 +68,7 @@ class FakeKube:
         return [
             copy.deepcopy(o)
             for (kind, ns, _), o in sorted(self.objects.items())
-            if kind == resource.kind and ns == namespace and _selected(o, label_selector)
+            if kind == resource.kind and ns == (namespace or "") and _selected(o, label_selector)
         ]
 
     def _commit(self, key: tuple[str, str, str], old: Any, new: dict[str, Any]) -> dict:
@@ -122,6 +123,7 @@ class FakeKube:
         name: str,
         *,
         uid: str | None = None,
+        propagation: str = "Background",
     ) -> bool:
         key = (resource.kind, namespace or "", name)
         found = self.objects.get(key)
@@ -132,6 +134,7 @@ class FakeKube:
         del self.objects[key]
         self.applied.pop(key, None)
         self.writes.append(("delete", resource.kind, name))
+        self.propagations.append((resource.kind, name, propagation))
         return True
 
     async def has_resource(self, resource: kube.Resource, *, ttl: float | None = None) -> bool:
