@@ -69,6 +69,7 @@ class ReplicaConfig:
     data_dir: str
     token_file: str | None
     allow_empty_start: bool
+    event_loop: str
     storage: StorageConfig
     http: HttpConfig
     log: LogConfig
