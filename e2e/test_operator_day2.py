@@ -17,12 +17,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from e2e.k8s.harness import wait_for
+from e2e.k8s.harness import ROOT, wait_for
 from e2e.test_operator import condition, eventserver, register, strip_server_fields
 
 pytest_plugins = ["e2e.k8s.fixtures"]
 
-pytestmark = pytest.mark.timeout(180)
+# Rollouts replace pods one at a time, each waiting for ready + in sync: minutes on a
+# busy 2-core machine.
+pytestmark = pytest.mark.timeout(420)
 
 
 def template(kubectl, name: str) -> dict:
@@ -406,3 +408,27 @@ def test_growing_the_volumes_keeps_the_pods_running(kubectl, operator, kubelet):
     assert ready["message"].startswith("spec.storage.size: volumes only grow")
     claim = kubectl.get("persistentvolumeclaim", "data-grow-0")
     assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+
+
+def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
+    """Last in the module: replay every day-2 call (pod deletes, claim patches, storage
+    classes, NetworkPolicies...) against operator/deploy/rbac.yaml."""
+    allowed: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            allowed.add((group, resource, verb))
+    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
+    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
+    # The day-2 paths really ran in this module.
+    assert {
+        ("", "pods", "delete"),
+        ("", "persistentvolumeclaims", "patch"),
+        ("storage.k8s.io", "storageclasses", "get"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
+    } <= made, sorted(made)
+    missing = sorted(made - allowed)
+    assert missing == [], f"RBAC lacks {missing}"
