@@ -475,7 +475,9 @@ async def _resize(
     else:
         storage_class = volumes.default_class(await ctx.kube.list(kube.STORAGECLASSES, None))
     step = volumes.plan(want, claims, template_grown)
-    if step.patch and not volumes.expandable(storage_class):
+    if (step.patch or not template_grown) and not volumes.expandable(storage_class):
+        # Checked before anything is touched, claims or not: an unexpandable class
+        # means the size stays.
         which = f"StorageClass {class_name!r}" if class_name else "the default StorageClass"
         found = "" if storage_class is not None else " (not found)"
         return (

@@ -147,3 +147,13 @@ def test_the_crd_refuses_a_shrink_with_a_transition_rule():
     size = schema["properties"]["spec"]["properties"]["storage"]["properties"]["size"]
     (rule,) = size["x-kubernetes-validations"]
     assert "oldSelf" in rule["rule"] and "quantity(self)" in rule["rule"]
+
+
+async def test_no_claims_yet_still_needs_an_expandable_class():
+    h = Harness({"replicas": 1})
+    await h.run()
+    h.set_spec({"replicas": 1, "storage": {"size": "5Gi"}})
+    await h.run()  # no StorageClass at all, no claims
+    assert h.condition("StorageResizing")["reason"] == "ExpansionNotAllowed"
+    assert template_size(h) == "1Gi"
+    assert "(not found)" in h.condition("Ready")["message"]
