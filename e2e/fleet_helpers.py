@@ -114,7 +114,14 @@ def tail(path: pathlib.Path, n: int = 40) -> str:
 class FleetProc:
     """``eventfleet fleet --json`` as a process; collects its JSON lines."""
 
-    def __init__(self, data_dir: pathlib.Path, replicas: int, base_port: int | None = None):
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        replicas: int,
+        base_port: int | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        self.extra_args = list(extra_args or [])
         self.data_dir = data_dir
         self.replicas = replicas
         self.base_port = base_port
@@ -137,6 +144,7 @@ class FleetProc:
         ]
         if self.base_port is not None:
             argv += ["--base-port", str(self.base_port)]
+        argv += self.extra_args
         self.lines = []
         self.proc = _spawn(argv, self.log_path, stdout=subprocess.PIPE)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
@@ -183,6 +191,14 @@ class FleetProc:
 
     def supervisor_log(self) -> str:
         return tail(self.log_path, 400)
+
+
+# The tests' own clients (readers, writers) connect from loopback without a token: the
+# replicas' hat-compatible mode, limited to loopback, admits them (the peers still need
+# the token). Tests about client authentication set their own `eventer` section.
+LOOPBACK_CLIENTS = {
+    "eventer": {"allow_tokenless_clients": True, "tokenless_client_networks": ["127.0.0.1"]}
+}
 
 
 class ReplicaProc:
@@ -327,6 +343,26 @@ async def read_all(eventer: tuple[str, int], server_ids) -> dict[tuple[int, int]
     finally:
         await client.close()
     return out
+
+
+async def read_ids(eventer: tuple[str, int], server_id: int) -> list[EventId]:
+    """Every committed id of `server_id` on one replica, as the replica returns them
+    (a list: an id stored twice shows up twice)."""
+    client = await connect(*eventer, "e2e/id-reader", timeout=10)
+    ids: list[EventId] = []
+    try:
+        after: EventId | None = None
+        while True:
+            result = await asyncio.wait_for(
+                client.query(QueryServerParams(server_id, True, 10_000, after)), 30
+            )
+            ids.extend(e.id for e in result.events)
+            if not result.more_follows or not result.events:
+                break
+            after = result.events[-1].id
+    finally:
+        await client.close()
+    return ids
 
 
 def digest(events: dict) -> str:

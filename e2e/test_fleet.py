@@ -171,7 +171,8 @@ async def test_kill_9_under_persisted_load_loses_nothing_acknowledged(tmp_path):
         log = fleet.supervisor_log()
         assert "replica-2 (server_id=2" in log and "killed by SIGKILL" in log
         assert "restarting in" in log
-        assert len(acked) > 300
+        # Load on every replica (a count, not a rate: throughput is the benchmarks' job).
+        assert {server for server, _ in acked} == {1, 2, 3}
     finally:
         stop.set()
         fleet.stop()

@@ -28,9 +28,36 @@ def add_parser(sub) -> None:
     p.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path(".data"))
     p.add_argument("--host", default="127.0.0.1", help="address every replica binds")
     p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every listener and mutual TLS between the replicas, with a CA and "
+        "certificates generated under DATA_DIR/tls (needs openssl); clients verify "
+        "against DATA_DIR/tls/ca.pem (eventfleet register --tls-ca ...)",
+    )
+    p.add_argument(
+        "--require-client-token",
+        action="store_true",
+        help="every Eventer client must present the client token (DATA_DIR/token); by "
+        "default clients on loopback may omit it, as Hat components cannot send one "
+        "(see docs/security.md)",
+    )
+    p.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
+    )
+    p.add_argument(
+        "--replication",
+        metavar="TABLE[,TABLE...]",
+        default="",
+        help="publish these tables over Replication (AppWebsocket) at "
+        "ws://HOST:HTTP/replication on every replica; the login password is the fleet token",
+    )
+    p.add_argument(
+        "--no-jetstream",
+        dest="jetstream",
+        action="store_false",
+        help="do not serve Jetstream (ws://<http>/jetstream, demo page /jetstream/demo)",
     )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     p.set_defaults(func=run)
@@ -41,7 +68,17 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
     try:
-        fleet = layout.plan(args.replicas, args.data_dir, base_port=args.base_port, host=args.host)
+        tables = tuple(t.strip() for t in args.replication.split(",") if t.strip())
+        fleet = layout.plan(
+            args.replicas,
+            args.data_dir,
+            base_port=args.base_port,
+            host=args.host,
+            tokenless_loopback=not args.require_client_token,
+            tls=args.tls,
+            replication_tables=tables,
+            jetstream=args.jetstream,
+        )
         busy = layout.busy_ports(fleet)
         if busy:
             raise FleetError("ports already in use: " + ", ".join(busy))

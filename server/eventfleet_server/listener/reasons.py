@@ -28,7 +28,15 @@ class RejectReason(StrEnum):
     REGISTER_FAILED = "register_failed"
     BAD_QUERY = "bad_query"
     SLOW_SUBSCRIBER = "slow_subscriber"
+    SLOW_CLIENT = "slow_client"  # stopped reading its replies (write buffer, drain)
     # Syncer
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Replication
+    LOGIN_RATE_LIMITED = "login_rate_limited"
+    WRITE_REFUSED = "write_refused"
+    # Jetstream
+    UNKNOWN_SESSION = "unknown_session"
+    BAD_SCOPE = "bad_scope"
+    BAD_FRAGMENT = "bad_fragment"
