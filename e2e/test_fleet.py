@@ -72,7 +72,13 @@ async def test_fleet_converges_stops_gracefully_and_resumes(tmp_path):
             assert line["server_id"] == i and line["pid"] > 0
             assert line["eventer"] == f"{HOST}:{base + 10 * (i - 1)}"
             assert line["syncer"] == f"{HOST}:{base + 10 * (i - 1) + 1}"
-            assert "http" in line and not any(k.startswith("bus") for k in line)
+            bus = base + 10 * (i - 1) + 2  # the Event BUS: P, P+1, P+2 (docs/bus.md)
+            assert (line["bus_snapshot"], line["bus_publisher"], line["bus_collector"]) == (
+                f"{HOST}:{bus}",
+                f"{HOST}:{bus + 1}",
+                f"{HOST}:{bus + 2}",
+            )
+            assert "http" in line
         eventers = [eventer_of(lines[n]) for n in sorted(lines)]
         registered = await register_on_every_replica(lines, "first", 20)
         assert len(registered) == 3 * 40

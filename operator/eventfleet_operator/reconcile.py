@@ -200,19 +200,21 @@ async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
 
 async def _token(
     ctx: Context, spec: model.FleetSpec, log: logging.Logger
-) -> tuple[dict[str, Any] | None, str]:
-    """The generated Secret to apply (or None), and a problem with a referenced one."""
+) -> tuple[dict[str, Any] | None, str, str | None]:
+    """The generated Secret to apply (or None), a problem with a referenced one, and the
+    token itself (the operator presents it on the replicas' admin routes)."""
     ref = spec.token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if not ref.generated:
         if live is None:
-            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found"
+            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found", None
         if ref.key not in (live.get("data") or {}):
             return (
                 None,
                 f"spec.token.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
+                None,
             )
-        return None, ""
+        return None, "", _first_token(live["data"][ref.key])
     token = ""
     if live is not None:
         try:
@@ -223,7 +225,16 @@ async def _token(
         # Generated once and then kept: rotating it would lock out every client.
         token = secrets.token_urlsafe(32)
         log.info("generated a new token for Secret %s", ref.secret_name)
-    return builders.token_secret(spec, token), ""
+    return builders.token_secret(spec, token), "", token
+
+
+def _first_token(data: str) -> str | None:
+    """The token a replica presents to peers: the first non-empty line of the file."""
+    try:
+        text = base64.b64decode(data).decode()
+    except ValueError:
+        return None
+    return next((line.strip() for line in text.splitlines() if line.strip()), None)
 
 
 async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
@@ -268,7 +279,7 @@ async def _set_serving(ctx: Context, spec: model.FleetSpec, log: logging.Logger)
 
 
 async def _observe_replicas(
-    ctx: Context, spec: model.FleetSpec, count: int
+    ctx: Context, spec: model.FleetSpec, count: int, token: str | None = None
 ) -> list[status_mod.PeerReport]:
     async def one(ordinal: int) -> status_mod.PeerReport:
         url = ctx.endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
@@ -276,7 +287,7 @@ async def _observe_replicas(
             ordinal, naming.pod(spec.name, ordinal), naming.server_id(ordinal)
         )
         try:
-            return dataclasses.replace(report, status=await ctx.replicas.status(url))
+            return dataclasses.replace(report, status=await ctx.replicas.status(url, token))
         except ReplicaUnreachable as e:
             return dataclasses.replace(report, error=str(e))
 
@@ -522,6 +533,7 @@ async def _requested_flush(
     count: int,
     log: logging.Logger,
     emit: Emit,
+    token: str | None = None,
 ) -> dict[str, Any] | None:
     """Answer a new ``eventfleet.io/flush`` value once: flush and verify every pair."""
     token = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
@@ -532,7 +544,12 @@ async def _requested_flush(
         return await _claim_exists(ctx, spec, o)
 
     problem = await scaling.verify_all(
-        spec, count, endpoints=ctx.endpoints, client=ctx.replicas, claim_exists=claim_exists
+        spec,
+        count,
+        endpoints=ctx.endpoints,
+        client=ctx.replicas,
+        claim_exists=claim_exists,
+        token=token,
     )
     if problem is None:
         result, message = "Verified", f"all {count} replicas hold each other's events"
@@ -575,6 +592,7 @@ async def _roll(
     plan: rollout.Plan,
     log: logging.Logger,
     emit: Emit,
+    token: str | None = None,
 ) -> rollout.Plan:
     """Take the plan's one step: replace one pod (after a flush/verify if it serves)."""
     ordinal = plan.replace
@@ -593,6 +611,7 @@ async def _roll(
             client=ctx.replicas,
             claim_exists=claim_exists,
             remaining=range(plan.replicas),
+            token=token,
         )
         if problem is not None:
             log.warning("not replacing %s yet: %s", name, problem.message)
@@ -627,6 +646,16 @@ async def _roll(
     return plan
 
 
+async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
+    """The fleet's token for the replicas' /status, read only (a paused fleet)."""
+    ref = spec.token_ref
+    live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
+    if live is None or (ref.generated and not naming.owned_by(live, spec.uid)):
+        return None
+    data = (live.get("data") or {}).get(ref.key if not ref.generated else "token")
+    return _first_token(data) if data else None
+
+
 async def _observe_only(
     ctx: Context,
     spec: model.FleetSpec,
@@ -638,7 +667,8 @@ async def _observe_only(
     if not naming.owned_by(sts, spec.uid):
         sts = None
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
-    peers = await _observe_replicas(ctx, spec, count)
+    token = await _read_token(ctx, spec)
+    peers = await _observe_replicas(ctx, spec, count, token)
     return dataclasses.replace(
         obs,
         statefulset=sts,
@@ -664,7 +694,7 @@ async def _apply_children(
         # Before anything is read from them or written: a same-named StatefulSet, Secret
         # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
         raise ChildNotOwned(foreign, spec.uid)
-    secret, token_error = await _token(ctx, spec, log)
+    secret, token_error, token = await _token(ctx, spec, log)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
@@ -680,6 +710,7 @@ async def _apply_children(
         client=ctx.replicas,
         claim_exists=claim_exists,
         force=force,
+        token=token,
     )
     if decision.held:
         log.warning("scale-down held: %s", decision.message)
@@ -798,15 +829,17 @@ async def _apply_children(
         log,
         emit,
     )
-    last_flush = await _requested_flush(ctx, spec, meta, previous, decision.target, log, emit)
+    last_flush = await _requested_flush(
+        ctx, spec, meta, previous, decision.target, log, emit, token
+    )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    peers = await _observe_replicas(ctx, spec, decision.target)
+    peers = await _observe_replicas(ctx, spec, decision.target, token)
     pods = await _pods(ctx, spec)
     plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
     steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
     if plan is not None and sts_after is not None:
         if spec.update_strategy == "Managed" and steady and not frozen:
-            plan = await _roll(ctx, spec, sts_after, pods, plan, log, emit)
+            plan = await _roll(ctx, spec, sts_after, pods, plan, log, emit, token)
         elif plan.replace is not None:
             # RollingUpdate: the StatefulSet controller replaces the pods; only report.
             plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")

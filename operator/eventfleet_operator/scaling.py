@@ -54,6 +54,7 @@ async def check_leaving(
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
     remaining: Sequence[int] | None = None,
+    token: str | None = None,
 ) -> Problem | None:
     """``None`` if every remaining replica holds replica ``ordinal``'s events.
 
@@ -64,7 +65,7 @@ async def check_leaving(
     server_id = naming.server_id(ordinal)
     url = endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
     try:
-        own_status = await client.status(url)
+        own_status = await client.status(url, token)
     except ReplicaUnreachable as e:
         if not await claim_exists(ordinal):
             return None  # no volume: the replica never stored an event
@@ -84,12 +85,12 @@ async def check_leaving(
             continue
         peer = naming.pod(spec.name, remaining_ordinal)
         try:
-            await client.flush(url, peer)
+            await client.flush(url, peer, token)
         except ReplicaUnreachable as e:
             return Problem(Reason.FLUSH_FAILED, f"{pod} could not flush its events to {peer}: {e}")
         peer_url = endpoints.url(spec.namespace, spec.name, remaining_ordinal, spec.ports.http)
         try:
-            peer_status: ReplicaStatus = await client.status(peer_url)
+            peer_status: ReplicaStatus = await client.status(peer_url, token)
         except ReplicaUnreachable as e:
             return Problem(Reason.REPLICA_UNREACHABLE, f"cannot read remaining replica {peer}: {e}")
         held = peer_status.last_ids.get(server_id)
@@ -112,6 +113,7 @@ async def plan(
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
     force: bool = False,
+    token: str | None = None,
 ) -> Decision:
     """Decide the StatefulSet's replica count for this pass (never below what is safe)."""
     desired = spec.replicas
@@ -126,7 +128,12 @@ async def plan(
     target = current
     for ordinal in reversed(range(desired, current)):
         problem = await check_leaving(
-            spec, ordinal, endpoints=endpoints, client=client, claim_exists=claim_exists
+            spec,
+            ordinal,
+            endpoints=endpoints,
+            client=client,
+            claim_exists=claim_exists,
+            token=token,
         )
         if problem is not None:
             return Decision(
@@ -152,6 +159,7 @@ async def verify_all(
     endpoints: Endpoints,
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
+    token: str | None = None,
 ) -> Problem | None:
     """Flush every replica to every other one and verify each holds each other's events.
 
@@ -166,6 +174,7 @@ async def verify_all(
             client=client,
             claim_exists=claim_exists,
             remaining=everyone,
+            token=token,
         )
         if problem is not None:
             return problem
@@ -180,6 +189,7 @@ async def plan_hibernation(
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
     force: bool = False,
+    token: str | None = None,
 ) -> Decision:
     """Scale to 0 only once every running replica's events are on every other one.
 
@@ -195,7 +205,7 @@ async def plan_hibernation(
             message=f"{FORCE_ANNOTATION} is set: hibernated without checks",
         )
     problem = await verify_all(
-        spec, current, endpoints=endpoints, client=client, claim_exists=claim_exists
+        spec, current, endpoints=endpoints, client=client, claim_exists=claim_exists, token=token
     )
     if problem is not None:
         return Decision(

@@ -14,8 +14,8 @@ def add_parser(sub) -> None:
         help="run a local fleet of replicas (the README's run command)",
         description="Start N replicas as processes on loopback, each with its own SQLite "
         "store under DATA_DIR/replica-<i>, Syncer-connected to every other one. Replica i "
-        "has server id i and the ports BASE+10*(i-1)+{0: Eventer, 1: Syncer, 5: HTTP}; 2-4 "
-        "are reserved for the Event BUS (not implemented in this version). Replicas that "
+        "has server id i and the ports BASE+10*(i-1)+{0: Eventer, 1: Syncer, 2-4: Event BUS "
+        "SNAPSHOT/PUBLISHER/COLLECTOR, 5: HTTP}. Replicas that "
         "die are restarted; Ctrl-C or SIGTERM stops them all gracefully. Running it again "
         "on the same DATA_DIR resumes the same fleet.",
     )

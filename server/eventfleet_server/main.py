@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from eventfleet_server import replication
+from eventfleet_server.bus import plugin as bus_plugin
 from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
@@ -40,6 +41,7 @@ PROTOCOLS: dict[str, ModuleType] = {
     "syncer": syncer_plugin,
     "replication": replication,
     "jetstream": jetstream_plugin,
+    "bus": bus_plugin,
 }
 
 

@@ -82,7 +82,7 @@ def merge(base: Mapping, override: Mapping) -> dict:
 
 
 # Protocol sections the schema accepts but this version does not implement.
-UNIMPLEMENTED_PROTOCOLS = {"bus": "the Event BUS (ZeroMQ)"}
+UNIMPLEMENTED_PROTOCOLS: dict[str, str] = {}
 
 
 def check_implemented(conf: Mapping) -> None:

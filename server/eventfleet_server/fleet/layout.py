@@ -8,14 +8,16 @@ offset endpoint
 ====== ========================================================
 +0     Eventer
 +1     Syncer
-+2..+4 reserved for the Event BUS (not implemented in this version)
++2     Event BUS SNAPSHOT (ROUTER)
++3     Event BUS PUBLISHER (PUB)
++4     Event BUS COLLECTOR (ROUTER)
 +5     HTTP (metrics, health, status)
 ====== ========================================================
 
 With the default base port 23012, replica 1 answers Eventer on 23012 and Syncer on
-23013, the single-replica defaults. Offsets +2..+4 stay reserved so the layout does not
-change when the Event BUS arrives; nothing listens there, and they are neither printed
-nor checked.
+23013, the single-replica defaults. The Event BUS takes the three consecutive ports its
+protocol needs (P, P+1, P+2); BUS clients authenticate with ZAP PLAIN, password = the
+fleet token (docs/bus.md).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ class ReplicaLayout:
 
     @property
     def bus_port(self) -> int:
-        """Reserved for the Event BUS (not implemented in this version); never listened on."""
+        """The Event BUS SNAPSHOT port P (PUBLISHER P+1, COLLECTOR P+2)."""
         return self.base_port + 2
 
     @property
@@ -82,11 +84,14 @@ class ReplicaLayout:
         return self.data_dir / "replica.log"
 
     def endpoints(self) -> dict[str, str]:
-        """What actually listens (the reserved Event BUS ports are left out)."""
+        """Every listening endpoint by name."""
         h = self.host
         return {
             "eventer": f"{h}:{self.eventer_port}",
             "syncer": f"{h}:{self.syncer_port}",
+            "bus_snapshot": f"{h}:{self.bus_port}",
+            "bus_publisher": f"{h}:{self.bus_port + 1}",
+            "bus_collector": f"{h}:{self.bus_port + 2}",
             "http": f"{h}:{self.http_port}",
         }
 
@@ -278,7 +283,7 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
             "tokenless_client_networks": ["127.0.0.0/8", "::1"],
         },
         "syncer": {"port": r.syncer_port},
-        "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
+        "bus": {"port": r.bus_port, "enabled": True},
         "http": {"port": r.http_port},
         **(
             {

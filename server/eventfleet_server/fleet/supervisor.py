@@ -234,6 +234,9 @@ class Supervisor:
                     if self.fleet.jetstream
                     else ""
                 )
+                + f"  Event BUS (ZeroMQ): SNAPSHOT tcp://{first.host}:{first.bus_port}, "
+                f"PUBLISHER :{first.bus_port + 1}, COLLECTOR :{first.bus_port + 2}; "
+                "ZAP PLAIN, password = the token\n"
                 + "Ctrl-C stops the fleet; running the same command again resumes it."
             )
             if self.fleet.replication_tables:

@@ -33,6 +33,9 @@ class RejectReason(StrEnum):
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Event BUS
+    BAD_TOPIC = "bad_topic"
+    RATE_LIMITED = "rate_limited"
     # Replication
     LOGIN_RATE_LIMITED = "login_rate_limited"
     WRITE_REFUSED = "write_refused"

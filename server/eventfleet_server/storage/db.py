@@ -323,6 +323,8 @@ class Storage:
                     conn.execute("ROLLBACK")
                 raise
 
+        conn.execute(schema.EVENT_KEYS_DDL)
+
         for type_id, text in conn.execute("SELECT type_id, type FROM types"):
             event_type = tuple(json.loads(text))
             if type_id >= len(self._types):
@@ -744,6 +746,46 @@ class Storage:
         rows = self._reader._conn.execute(schema.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
         events = _decode([row[1:] for row in rows], self._types)
         return [(row[0], event) for row, event in zip(rows, events, strict=True)]
+
+    # -- event keys (protocol indexes, e.g. the Event BUS UUID) ------------------------
+
+    @property
+    def event_keys_seq(self) -> int:
+        """Local sequence number up to which `add_event_keys` was told it has indexed."""
+        text = self._meta.get(schema.EVENT_KEYS_META)
+        return 0 if text is None else int(json.loads(text))
+
+    async def add_event_keys(self, items: Sequence[tuple[str, int]], upto_seq: int) -> None:
+        """Store ``(key, seq)`` pairs (a key already held keeps its first seq) and record
+        that events up to `upto_seq` are indexed; one transaction."""
+        self._check_open()
+        await self._on_writer(self._add_event_keys, list(items), upto_seq)
+
+    def _add_event_keys(self, items: list[tuple[str, int]], upto_seq: int) -> None:
+        conn = self._writer._conn
+        value = json.dumps(max(upto_seq, self.event_keys_seq))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(schema.INSERT_EVENT_KEY, items)
+            conn.execute(schema.UPSERT_META, (schema.EVENT_KEYS_META, value))
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise StorageError(f"{self._path}: event keys write failed: {e}") from e
+            raise
+        self._meta[schema.EVENT_KEYS_META] = value
+
+    async def find_event_keys(self, keys: Sequence[str]) -> dict[str, int]:
+        """The held keys among `keys`, with the sequence number of their event."""
+        self._check_open()
+        if not keys:
+            return {}
+        return await _run(self._reader, self._find_event_keys, json.dumps(list(keys)))
+
+    def _find_event_keys(self, keys_json: str) -> dict[str, int]:
+        return dict(self._reader._conn.execute(schema.FIND_EVENT_KEYS, (keys_json,)).fetchall())
 
     async def read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
         """``(seq, event)`` of the latest event of every stored type matching

@@ -115,7 +115,10 @@ def test_network_policy_rules():
     }
     assert http[1]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
     assert len(http) == 2
-    assert rules[(23012,)] is None  # client port: from anywhere by default
+    # Client ports (Eventer, and the Event BUS block when served): from anywhere by default.
+    client = next(k for k in rules if 23012 in k)
+    assert rules[client] is None
+    assert set(client) == {port for _, _, port in spec.served_ports() if port not in (23013, 23080)}
     assert doc["spec"]["policyTypes"] == ["Ingress"]
 
 
@@ -135,7 +138,8 @@ def test_network_policy_restricted_clients_and_custom_monitoring():
     doc = builders.network_policy(spec, builders.operator_peer(None, {"a": "b"}))
     kubernetes_validate.validate(doc, "1.33.0", strict=True)
     rules = _rules(doc)
-    assert rules[(23012,)] == [{"podSelector": {"matchLabels": {"role": "client"}}}]
+    client = next(k for k in rules if 23012 in k)
+    assert rules[client] == [{"podSelector": {"matchLabels": {"role": "client"}}}]
     http = rules[(23080,)]
     assert http[0]["namespaceSelector"] == {}  # operator namespace unknown: any
     assert http[1:] == [
