@@ -536,8 +536,8 @@ async def _requested_flush(
     token: str | None = None,
 ) -> dict[str, Any] | None:
     """Answer a new ``eventfleet.io/flush`` value once: flush and verify every pair."""
-    token = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
-    if not token or (previous.get("lastFlush") or {}).get("requested") == token:
+    request = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
+    if not request or (previous.get("lastFlush") or {}).get("requested") == request:
         return None
 
     async def claim_exists(o: int) -> bool:
@@ -556,10 +556,10 @@ async def _requested_flush(
         emit(EventType.NORMAL, Reason.FLUSH_VERIFIED, message)
     else:
         result, message = str(problem.reason), problem.message
-        emit(EventType.WARNING, problem.reason, f"flush requested by {token!r}: {message}")
-    log.info("flush %r: %s: %s", token, result, message)
+        emit(EventType.WARNING, problem.reason, f"flush requested by {request!r}: {message}")
+    log.info("flush %r: %s: %s", request, result, message)
     return {
-        "requested": token,
+        "requested": request,
         "result": result,
         "message": message[:500],
         "time": status_mod.now_iso(),
