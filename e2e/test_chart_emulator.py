@@ -181,11 +181,15 @@ def test_install_upgrade_uninstall_reinstall(emulator, home):
     assert "STATUS: deployed" in out and "kind: EventServer" in out  # NOTES printed
     full = f"{RELEASE}-eventfleet-operator"
     deploy = get(kubeconfig, "deployment", full, NAMESPACE)
-    assert "--all-namespaces" in deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    # Namespaced by default: the release namespace, its rights bound only there.
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert f"--namespace={NAMESPACE}" in args and "--all-namespaces" not in args
+    assert get(kubeconfig, "rolebinding", full, NAMESPACE)["roleRef"]["name"] == full
     assert get(kubeconfig, "serviceaccount", full, NAMESPACE)
     crd = get(kubeconfig, "crd", "eventservers.eventfleet.io")
     assert crd["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    assert {full, f"{full}-cluster"} <= names(get(kubeconfig, "clusterrolebinding"))
+    assert f"{full}-cluster" in names(get(kubeconfig, "clusterrolebinding"))
+    assert full not in names(get(kubeconfig, "clusterrolebinding"))
 
     # Upgrade to everything on. The ServiceMonitor kind must exist first, as on a real
     # cluster without prometheus-operator the upgrade would rightly fail.
@@ -346,8 +350,9 @@ def allowed(entry: dict, grants) -> bool:
 
 
 VARIANTS = {
-    # id: (helm arguments, namespaces the operator reconciles)
-    "defaults": ((), None),
+    # id: (helm arguments, namespaces the operator reconciles; None: every namespace)
+    "defaults": ((), {NAMESPACE}),
+    "all-namespaces": (("--set", "operator.allNamespaces=true"), None),
     "watch-namespaces": (("--set", "operator.watchNamespaces[0]=fleet-a"), {"fleet-a"}),
     # See the upgrade above for --server-side=false (the ServiceMonitor).
     "everything-on": (("--values", str(EVERYTHING_ON), "--server-side=false"), {"fleet-a"}),
@@ -376,16 +381,17 @@ def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
         # A fleet outside the watched namespaces must be left alone.
         if watched:
             apply_example(kubeconfig, "other")
-        apply_example(kubeconfig, "fleet-a")
+        fleet_ns = min(watched) if watched else "fleet-a"
+        apply_example(kubeconfig, fleet_ns)
         wait_for(
-            "the StatefulSet of fleet-a/demo",
-            lambda: get(kubeconfig, "statefulset", "demo", "fleet-a"),
+            f"the StatefulSet of {fleet_ns}/demo",
+            lambda: get(kubeconfig, "statefulset", "demo", fleet_ns),
             proc,
             log,
         )
         status = wait_for(
             "the EventServer status",
-            lambda: get(kubeconfig, "eventserver", "demo", "fleet-a").get("status"),
+            lambda: get(kubeconfig, "eventserver", "demo", fleet_ns).get("status"),
             proc,
             log,
         )

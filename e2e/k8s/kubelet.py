@@ -10,9 +10,17 @@ the token from the Secret. Like the real kubelet it:
 * updates the mounted config file when the ConfigMap changes (and sends SIGHUP, so the
   replica re-reads its peers at once instead of at its next poll);
 * restarts a pod whose template ``config-hash`` annotation changed (a rolling update,
-  highest ordinal first, one at a time);
+  highest ordinal first, one at a time) -- unless the StatefulSet's ``updateStrategy``
+  is ``OnDelete``: then a pod keeps its own template until its Pod object is deleted
+  (by the operator's managed rollout), and is then replaced from the current template;
+* runs an image whose tag contains ``crashloop`` as a process that exits after a second
+  (a crash loop: never ready, restarted with the pod's own template);
 * stops pods above ``spec.replicas`` with SIGTERM (graceful: the replica flushes);
-* creates the volume claim ``data-<pod>`` for each pod it starts;
+* creates the volume claim ``data-<pod>`` for each pod it starts (size from the claim
+  template) and plays the volume expansion controller: a claim whose request grew gets
+  ``status.capacity`` of the new size (a StatefulSet deleted with its pods orphaned --
+  the operator's volume growth -- keeps its pods running for a few seconds, and a new
+  StatefulSet of the same name adopts them);
 * reports ``status.replicas`` / ``readyReplicas`` (from each replica's ``/readyz``);
 * writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint).
 
@@ -50,9 +58,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+ORPHAN_GRACE = 6.0  # seconds orphaned pods wait for a new StatefulSet
+CRASH_MARK = "crashloop"  # an image tag containing it plays a crash-looping container
+
+
 class Pod:
-    def __init__(self, ordinal: int, proc: subprocess.Popen, config_hash: str) -> None:
+    def __init__(
+        self,
+        ordinal: int,
+        proc: subprocess.Popen,
+        config_hash: str,
+        template: dict[str, Any] | None = None,
+    ) -> None:
         self.ordinal, self.proc, self.config_hash = ordinal, proc, config_hash
+        self.template = template or {}
         self.started = time.monotonic()
 
 
@@ -75,6 +94,9 @@ class FakeKubelet(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.RLock()
         self._reported: tuple[int, int] | None = None
+        self._gone_since: float | None = None
+        self._claims_checked = 0.0
+        self.claim_size = "1Gi"
 
     # ------------------------------------------------------------------ control
 
@@ -133,10 +155,16 @@ class FakeKubelet(threading.Thread):
 
     def sync(self) -> None:
         sts = self.api.get(self._path("statefulsets", self.name, "apps"))
+        self._expand_claims()
         if sts is None:
-            for ordinal in sorted(self.pods, reverse=True):
-                self._stop_pod(ordinal)
+            # Deleted with its pods orphaned (volume growth recreates it at once) or with
+            # them (cleanup): a new StatefulSet soon adopts them, else they go.
+            self._gone_since = self._gone_since or time.monotonic()
+            if time.monotonic() - self._gone_since > ORPHAN_GRACE:
+                for ordinal in sorted(self.pods, reverse=True):
+                    self._stop_pod(ordinal)
             return
+        self._gone_since = None
         replicas = int(sts["spec"].get("replicas") or 0)
         template = sts["spec"]["template"]
         template_hash = (template["metadata"].get("annotations") or {}).get(HASH_ANNOTATION, "")
@@ -162,13 +190,32 @@ class FakeKubelet(threading.Thread):
             pod = self.pods.get(ordinal)
             if pod and pod.proc.poll() is None and changed:
                 os.kill(pod.proc.pid, signal.SIGHUP)  # kubelet updated the mount; reload now
-        self._rolling_restart(replicas, template_hash)
+        for claim in sts["spec"].get("volumeClaimTemplates") or []:
+            if claim["metadata"]["name"] == "data":
+                self.claim_size = claim["spec"]["resources"]["requests"]["storage"]
+        on_delete = (sts["spec"].get("updateStrategy") or {}).get("type") == "OnDelete"
+        if on_delete:
+            self._replace_deleted(replicas)
+        else:
+            self._rolling_restart(replicas, template_hash)
         for ordinal in range(replicas):
             pod = self.pods.get(ordinal)
             if ordinal not in self.paused and (pod is None or pod.proc.poll() is not None):
-                self._start_pod(ordinal, template_hash)
-                self._pod_object(ordinal, template)
+                # A container restart keeps the pod's own spec; a new pod gets the template.
+                own = pod.template if (on_delete and pod is not None and pod.template) else template
+                own_hash = (own["metadata"].get("annotations") or {}).get(HASH_ANNOTATION, "")
+                self._start_pod(ordinal, own_hash, own)
+                self._pod_object(ordinal, own)
         self._report(sts, replicas)
+
+    def _replace_deleted(self, replicas: int) -> None:
+        """OnDelete: a running pod whose Pod object was deleted stops; sync recreates it."""
+        for ordinal in sorted(self.pods, reverse=True):
+            if ordinal >= replicas:
+                continue
+            if self.api.get(self._path("pods", f"{self.name}-{ordinal}")) is None:
+                self._stop_pod(ordinal)
+                self.restarts[ordinal] = self.restarts.get(ordinal, 0) + 1
 
     def _rolling_restart(self, replicas: int, template_hash: str) -> None:
         stale = [
@@ -220,8 +267,12 @@ class FakeKubelet(threading.Thread):
         tmp.replace(path)  # atomic, like kubelet's symlink swap
         return True
 
-    def _start_pod(self, ordinal: int, config_hash: str) -> None:
+    def _start_pod(
+        self, ordinal: int, config_hash: str, template: dict[str, Any] | None = None
+    ) -> None:
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
+        containers = ((template or {}).get("spec") or {}).get("containers") or [{}]
+        crash = CRASH_MARK in containers[0].get("image", "")
         env = {
             **os.environ,
             "EVENTFLEET_POD_NAME": f"{self.name}-{ordinal}",  # server id = ordinal + 1
@@ -230,21 +281,24 @@ class FakeKubelet(threading.Thread):
         }
         env.pop("EVENTFLEET_TOKEN", None)
         log = open(pod_dir / "replica.log", "a")  # lives with the process
+        command = [
+            sys.executable,
+            "-m",
+            "eventfleet_cli",
+            "server",
+            "--config",
+            str(pod_dir / "config.yaml"),
+        ]
+        if crash:
+            command = ["/bin/sh", "-c", "echo 'crash-looping image'; sleep 1; exit 1"]
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "eventfleet_cli",
-                "server",
-                "--config",
-                str(pod_dir / "config.yaml"),
-            ],
+            command,
             cwd=ROOT,
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        self.pods[ordinal] = Pod(ordinal, proc, config_hash)
+        self.pods[ordinal] = Pod(ordinal, proc, config_hash, template)
         claim = f"data-{self.name}-{ordinal}"
         if self.api.get(self._path("persistentvolumeclaims", claim)) is None:
             self.api.request(
@@ -263,10 +317,27 @@ class FakeKubelet(threading.Thread):
                     },
                     "spec": {
                         "accessModes": ["ReadWriteOnce"],
-                        "resources": {"requests": {"storage": "1Gi"}},
+                        "resources": {"requests": {"storage": self.claim_size}},
                     },
                 },
             )
+
+    def _expand_claims(self) -> None:
+        """The storage side of volume expansion: capacity follows a grown request."""
+        if time.monotonic() - self._claims_checked < 1.0:
+            return  # once a second is plenty, and spares the emulator
+        self._claims_checked = time.monotonic()
+        for ordinal in list(self.pods):
+            path = self._path("persistentvolumeclaims", f"data-{self.name}-{ordinal}")
+            claim = self.api.get(path)
+            if claim is None:
+                continue
+            want = claim["spec"]["resources"]["requests"]["storage"]
+            have = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+            if have != want:
+                self.api.merge_patch(
+                    path + "/status", {"status": {"phase": "Bound", "capacity": {"storage": want}}}
+                )
 
     def _stop_pod(self, ordinal: int, sig: int = signal.SIGTERM) -> None:
         pod = self.pods.pop(ordinal, None)

@@ -55,9 +55,12 @@ fi
 
 step "operator from the Helm chart (CRD, RBAC, Deployment)"
 kubectl create namespace eventfleet-system --dry-run=client -o yaml | kubectl apply -f -
+# The chart is namespaced by default: watch the fleet's namespace (it must exist first).
+kubectl create namespace "$ns" --dry-run=client -o yaml | kubectl apply -f -
 helm upgrade --install eventfleet-operator charts/eventfleet-operator \
     --namespace eventfleet-system \
     --set image.tag="$version" --set image.pullPolicy=Never \
+    --set "operator.watchNamespaces={$ns}" \
     --wait --timeout "$timeout"
 kubectl -n eventfleet-system rollout status deploy/eventfleet-operator --timeout "$timeout"
 

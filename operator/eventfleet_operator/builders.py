@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import Any
 
 import yaml
@@ -267,6 +268,26 @@ def _affinity(spec: FleetSpec) -> dict[str, Any]:
     }
 
 
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+def topology_spread(spec: FleetSpec) -> list[dict[str, Any]]:
+    """Spread over zones by default: every replica holds every event, so one zone must
+    not hold every copy. ScheduleAnyway: a single-zone cluster still schedules."""
+    selector = {"matchLabels": naming.selector_labels(spec.name)}
+    if spec.topology_spread is None:
+        return [
+            {
+                "maxSkew": 1,
+                "topologyKey": ZONE_KEY,
+                "whenUnsatisfiable": "ScheduleAnyway",
+                "labelSelector": selector,
+            }
+        ]
+    # The user's constraints; one without a selector would count unrelated pods.
+    return [{"labelSelector": selector, **c} for c in spec.topology_spread]
+
+
 def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str, Any]:
     """The replicas. ``replicas`` is what is safe right now, not always ``spec.replicas``."""
     token = spec.token_ref
@@ -276,6 +297,8 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
         naming.SERVING_LABEL: "true",
     }
     pod_annotations = {**spec.pod_annotations, naming.CONFIG_HASH_ANNOTATION: config_hash}
+    if spec.restart:
+        pod_annotations[naming.RESTART_ANNOTATION] = spec.restart
     pod_spec: dict[str, Any] = {
         "automountServiceAccountToken": False,  # replicas never talk to the API server
         "enableServiceLinks": False,
@@ -303,6 +326,9 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
+    spread = topology_spread(spec)
+    if spread:
+        pod_spec["topologySpreadConstraints"] = spread
     repl = spec.replication
     if repl.enabled and repl.users_secret:
         pod_spec["volumes"].append(
@@ -329,6 +355,17 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
     }
     if spec.storage.storage_class_name:
         claim_spec["storageClassName"] = spec.storage.storage_class_name
+    template = {
+        "metadata": {"labels": pod_labels, "annotations": pod_annotations},
+        "spec": pod_spec,
+    }
+    pod_annotations[naming.REVISION_ANNOTATION] = template_revision(template)
+    if spec.update_strategy == "Managed":
+        # The operator replaces pods itself (rollout.py): flushed first, one at a time,
+        # and a pod stuck on a bad revision is replaced once the spec is fixed.
+        strategy: dict[str, Any] = {"type": "OnDelete"}
+    else:
+        strategy = {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
@@ -339,15 +376,12 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             "podManagementPolicy": "Parallel",
             "revisionHistoryLimit": 5,
             "selector": {"matchLabels": naming.selector_labels(spec.name)},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"partition": 0}},
+            "updateStrategy": strategy,
             "persistentVolumeClaimRetentionPolicy": {
                 "whenDeleted": spec.storage.when_deleted,
                 "whenScaled": spec.storage.when_scaled,
             },
-            "template": {
-                "metadata": {"labels": pod_labels, "annotations": pod_annotations},
-                "spec": pod_spec,
-            },
+            "template": template,
             "volumeClaimTemplates": [
                 {
                     "metadata": {"name": "data", "labels": naming.selector_labels(spec.name)},
@@ -358,14 +392,78 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
     }
 
 
+def template_revision(template: Mapping[str, Any]) -> str:
+    """Hash of a pod template without its own revision annotation (10 hex digits)."""
+    meta = dict(template.get("metadata") or {})
+    meta["annotations"] = {
+        k: v for k, v in (meta.get("annotations") or {}).items() if k != naming.REVISION_ANNOTATION
+    }
+    canonical = json.dumps({**template, "metadata": meta}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
 def pod_disruption_budget(spec: FleetSpec) -> dict[str, Any]:
+    """At most ``maxUnavailable`` replicas evicted at once; unhealthy pods always may be."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": _metadata(spec, naming.pdb(spec.name), "replica"),
         "spec": {
-            "maxUnavailable": 1,
+            "maxUnavailable": spec.pdb.max_unavailable,
+            "unhealthyPodEvictionPolicy": spec.pdb.unhealthy_pod_eviction_policy,
             "selector": {"matchLabels": naming.selector_labels(spec.name)},
+        },
+    }
+
+
+def operator_peer(namespace: str | None, labels: Mapping[str, str]) -> dict[str, Any]:
+    """The NetworkPolicyPeer matching the operator's pods (any namespace when unknown)."""
+    ns_selector: dict[str, Any] = (
+        {"matchLabels": {"kubernetes.io/metadata.name": namespace}} if namespace else {}
+    )
+    return {"namespaceSelector": ns_selector, "podSelector": {"matchLabels": dict(labels)}}
+
+
+def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, Any]:
+    """Ingress rules of the fleet's pods (egress is not restricted).
+
+    Syncer only from the fleet's own pods; the HTTP port (``/flush``, ``/status``,
+    ``/metrics``) from the operator (``operator``: a NetworkPolicyPeer), the monitoring
+    sources and ``spec.networkPolicy.http.from``; the client ports from
+    ``spec.networkPolicy.clients.from``, or from anywhere when that is empty.
+    """
+    np = spec.network_policy
+
+    def ports(service: Service | None, protocols: tuple[str, ...]) -> list[dict[str, Any]]:
+        return [
+            {"protocol": "TCP", "port": port}
+            for entry, _, port in spec.served_ports(service)
+            if entry.protocol in protocols
+        ]
+
+    own = {"podSelector": {"matchLabels": naming.selector_labels(spec.name)}}
+    client_protocols = tuple(
+        e.protocol
+        for e in constants.PROTOCOL_PORTS
+        if Service.CLIENT in e.services and e.protocol != "http"
+    )
+    http_from = [dict(operator), *(dict(p) for p in np.monitoring_from)]
+    http_from += [dict(p) for p in np.http_from]
+    clients: dict[str, Any] = {"ports": ports(Service.CLIENT, client_protocols)}
+    if np.client_from:
+        clients["from"] = [dict(p) for p in np.client_from]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(spec, naming.network_policy(spec.name), "replica"),
+        "spec": {
+            "podSelector": {"matchLabels": naming.selector_labels(spec.name)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [own], "ports": ports(Service.PEERS, ("syncer",))},
+                {"from": http_from, "ports": ports(None, ("http",))},
+                clients,
+            ],
         },
     }
 

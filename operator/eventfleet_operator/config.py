@@ -19,6 +19,19 @@ class ConfigError(ValueError):
     """A bad operator setting; the message names the option and its variable."""
 
 
+def _labels(text: str | None) -> tuple[tuple[str, str], ...]:
+    """``k=v,k2=v2`` (EVENTFLEET_OPERATOR_SELF_LABELS) as sorted pairs."""
+    pairs = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.strip().partition("=")
+        if not sep or not key:
+            raise ConfigError(f"{ENV_PREFIX}SELF_LABELS: {item!r} is not key=value")
+        pairs.append((key, value))
+    return tuple(sorted(pairs))
+
+
 @dataclasses.dataclass(frozen=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = ()
@@ -32,6 +45,10 @@ class OperatorConfig:
     liveness_endpoint: str | None = None
     peering_name: str | None = None  # None: standalone (one operator replica)
     metrics_endpoint: str | None = None  # e.g. http://0.0.0.0:9090/metrics
+    # Who the operator is, for the fleets' NetworkPolicy (HTTP admin only from it):
+    # its namespace (the chart's POD_NAMESPACE; None: any namespace) and pod labels.
+    self_namespace: str | None = None
+    self_labels: tuple[tuple[str, str], ...] = (("app.kubernetes.io/name", "eventfleet-operator"),)
 
     @classmethod
     def from_env(
@@ -68,6 +85,8 @@ class OperatorConfig:
             "liveness_endpoint": get("LIVENESS"),
             "peering_name": get("PEERING"),
             "metrics_endpoint": get("METRICS"),
+            "self_namespace": get("SELF_NAMESPACE") or env.get("POD_NAMESPACE") or None,
+            "self_labels": _labels(get("SELF_LABELS")) or cls.self_labels,
         }
         values.update({k: v for k, v in overrides.items() if v is not None})
         config = cls(**values)  # type: ignore[arg-type]

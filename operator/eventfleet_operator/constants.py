@@ -112,6 +112,10 @@ class ConditionType(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"
     AGGREGATION_SCHEDULED = "AggregationScheduled"
     MONITORING_CONFIGURED = "MonitoringConfigured"
+    RECONCILE_PAUSED = "ReconcilePaused"
+    HIBERNATED = "Hibernated"
+    PROGRESSING = "Progressing"
+    STORAGE_RESIZING = "StorageResizing"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -132,6 +136,25 @@ class Reason(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"
     SCALING = "Scaling"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    CHILD_NOT_OWNED = "ChildNotOwned"
+    HIBERNATING = "Hibernating"
+    HIBERNATED = "Hibernated"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    # Progressing
+    ROLLING_OUT = "RollingOut"
+    ROLLOUT_COMPLETE = "RolloutComplete"
+    REPLICA_RESTARTED = "ReplicaRestarted"  # the Event of each replaced pod
+    FLUSH_VERIFIED = "FlushVerified"  # the Event answering eventfleet.io/flush
+    # StorageResizing
+    RESIZING = "Resizing"
+    RESIZED = "Resized"
+    NOT_RESIZING = "NotResizing"
+    EXPANSION_NOT_ALLOWED = "ExpansionNotAllowed"
+    # ReconcilePaused
+    PAUSED = "Paused"
+    NOT_PAUSED = "NotPaused"
+    # Hibernated (also HIBERNATING)
+    NOT_HIBERNATING = "NotHibernating"
     ALL_REPLICAS_READY = "AllReplicasReady"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
@@ -163,6 +186,7 @@ READY_PROBLEMS = frozenset(
         Reason.TOKEN_SECRET_NOT_FOUND,
         Reason.IMMUTABLE_FIELD_CHANGED,
         Reason.PROTOCOL_NOT_IMPLEMENTED,
+        Reason.CHILD_NOT_OWNED,
     }
 )
 # Reasons of an optional child (aggregation, monitoring) that deserve a Warning Event.
@@ -183,6 +207,7 @@ class Phase(enum.StrEnum):
     SCALING = "Scaling"
     DEGRADED = "Degraded"
     FAILED = "Failed"
+    HIBERNATED = "Hibernated"
 
 
 class EventType(enum.StrEnum):

@@ -63,6 +63,10 @@ SECRETS = Resource("", "v1", "secrets", "Secret")
 PODS = Resource("", "v1", "pods", "Pod")
 PVCS = Resource("", "v1", "persistentvolumeclaims", "PersistentVolumeClaim")
 PDBS = Resource("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget")
+NETWORKPOLICIES = Resource("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy")
+STORAGECLASSES = Resource(
+    "storage.k8s.io", "v1", "storageclasses", "StorageClass", namespaced=False
+)
 SERVICEMONITORS = Resource("monitoring.coreos.com", "v1", "servicemonitors", "ServiceMonitor")
 SPARKAPPS = Resource(
     "sparkoperator.k8s.io", "v1beta2", "scheduledsparkapplications", "ScheduledSparkApplication"
@@ -79,6 +83,7 @@ BY_KIND = {
         PODS,
         PVCS,
         PDBS,
+        NETWORKPOLICIES,
         SERVICEMONITORS,
         SPARKAPPS,
     )
@@ -248,18 +253,30 @@ class KubeClient:
             content_type="application/merge-patch+json",
         )
 
-    async def delete(self, resource: Resource, namespace: str | None, name: str) -> bool:
-        """Delete (background propagation); ``False`` if it was already gone."""
+    async def delete(
+        self,
+        resource: Resource,
+        namespace: str | None,
+        name: str,
+        *,
+        uid: str | None = None,
+        propagation: str = "Background",
+    ) -> bool:
+        """Delete (background propagation); ``False`` if it was already gone.
+
+        With ``uid``, only that very object (a precondition): an object recreated by
+        someone else under the same name in the meantime is left alone (409).
+        ``propagation="Orphan"`` leaves the dependents (a StatefulSet's pods) running.
+        """
+        options: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "propagationPolicy": propagation,
+        }
+        if uid:
+            options["preconditions"] = {"uid": uid}
         try:
-            await self.request(
-                "DELETE",
-                resource.path(namespace, name),
-                body={
-                    "apiVersion": "v1",
-                    "kind": "DeleteOptions",
-                    "propagationPolicy": "Background",
-                },
-            )
+            await self.request("DELETE", resource.path(namespace, name), body=options)
             return True
         except ApiError as e:
             if e.status == 404:

@@ -42,6 +42,7 @@ RETENTION_POLICIES = ("Retain", "Delete")
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+UPDATE_STRATEGIES = ("Managed", "RollingUpdate")
 
 
 class SpecError(ValueError):
@@ -145,6 +146,40 @@ class Aggregation:
     executor: SparkPod = SparkPod()
 
 
+# Who scrapes /metrics by default: prometheus-operator labels its Prometheus pods so.
+DEFAULT_MONITORING_FROM: tuple[Mapping[str, Any], ...] = (
+    {
+        "namespaceSelector": {},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+    },
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class NetworkPolicySpec:
+    """``spec.networkPolicy``: one NetworkPolicy per fleet, on unless disabled.
+
+    ``client_from`` empty means the client ports are open to every source;
+    ``http_from`` adds sources for the HTTP port (websocket clients) beyond the
+    operator, the monitoring sources and the fleet itself.
+    """
+
+    enabled: bool = True
+    client_from: tuple[Mapping[str, Any], ...] = ()
+    monitoring_from: tuple[Mapping[str, Any], ...] = DEFAULT_MONITORING_FROM
+    http_from: tuple[Mapping[str, Any], ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class DisruptionBudget:
+    """``spec.podDisruptionBudget``. AlwaysAllow: a crash-looping pod can still be
+    drained (with IfHealthyBudget an unhealthy pod blocks node drains)."""
+
+    enabled: bool = True
+    max_unavailable: int | str = 1
+    unhealthy_pod_eviction_policy: str = "AlwaysAllow"
+
+
 @dataclasses.dataclass(frozen=True)
 class SecurityContext:
     run_as_user: int = 10001
@@ -201,6 +236,17 @@ class FleetSpec:
     security: SecurityContext = SecurityContext()
     termination_grace_period_seconds: int = 60
     log_level: str = "INFO"
+    network_policy: NetworkPolicySpec = NetworkPolicySpec()
+    # Flush, verify, scale the StatefulSet to 0 and keep the claims; false wakes it.
+    hibernate: bool = False
+    pdb: DisruptionBudget = DisruptionBudget()
+    # None: the default zone spread; (): none at all.
+    topology_spread: tuple[Mapping[str, Any], ...] | None = None
+    # Managed: StatefulSet OnDelete, the operator replaces pods one at a time.
+    update_strategy: str = "Managed"
+    # The EventServer's eventfleet.io/restart annotation (not in the spec): a new value
+    # changes the pod template, which rolls every pod.
+    restart: str = ""
 
     @property
     def token_ref(self) -> TokenRef:
@@ -513,6 +559,78 @@ def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tup
     return tuple(enabled), tuple(not_implemented)
 
 
+def _peers(section: Mapping[str, Any], key: str, path: str) -> tuple[Mapping[str, Any], ...] | None:
+    """A list of NetworkPolicyPeer objects (``None`` when absent)."""
+    value = _get(section, key, path, list)
+    if value is None:
+        return None
+    allowed = {"podSelector", "namespaceSelector", "ipBlock"}
+    for i, peer in enumerate(value):
+        field = f"{path}.{key}[{i}]"
+        if not isinstance(peer, dict) or not peer:
+            raise SpecError(field, "must be a NetworkPolicyPeer object")
+        unknown = sorted(set(peer) - allowed)
+        if unknown:
+            raise SpecError(
+                field, f"unknown key {unknown[0]!r} (podSelector, namespaceSelector, ipBlock)"
+            )
+    return tuple(dict(p) for p in value)
+
+
+def _parse_network_policy(spec: Mapping[str, Any]) -> NetworkPolicySpec:
+    path = "spec.networkPolicy"
+    np = _obj(spec, "networkPolicy", "spec")
+    clients = _obj(np, "clients", path)
+    monitoring = _obj(np, "monitoring", path)
+    http = _obj(np, "http", path)
+    monitoring_from = _peers(monitoring, "from", f"{path}.monitoring")
+    return NetworkPolicySpec(
+        enabled=_bool(np, "enabled", path, True),
+        client_from=_peers(clients, "from", f"{path}.clients") or (),
+        monitoring_from=DEFAULT_MONITORING_FROM if monitoring_from is None else monitoring_from,
+        http_from=_peers(http, "from", f"{path}.http") or (),
+    )
+
+
+_PERCENT = re.compile(r"^[0-9]+%$")
+EVICTION_POLICIES = ("AlwaysAllow", "IfHealthyBudget")
+
+
+def _parse_pdb(spec: Mapping[str, Any]) -> DisruptionBudget:
+    path = "spec.podDisruptionBudget"
+    pdb = _obj(spec, "podDisruptionBudget", "spec")
+    max_unavailable = _get(pdb, "maxUnavailable", path, (int, str))
+    if max_unavailable is None:
+        max_unavailable = 1
+    elif isinstance(max_unavailable, int) and max_unavailable < 0:
+        raise SpecError(f"{path}.maxUnavailable", f"must be at least 0, got {max_unavailable}")
+    elif isinstance(max_unavailable, str) and not _PERCENT.match(max_unavailable):
+        raise SpecError(
+            f"{path}.maxUnavailable", f"must be a number or a percentage, got {max_unavailable!r}"
+        )
+    return DisruptionBudget(
+        enabled=_bool(pdb, "enabled", path, True),
+        max_unavailable=max_unavailable,
+        unhealthy_pod_eviction_policy=_str(
+            pdb, "unhealthyPodEvictionPolicy", path, "AlwaysAllow", EVICTION_POLICIES
+        ),
+    )
+
+
+def _parse_topology_spread(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...] | None:
+    items = _get(spec, "topologySpreadConstraints", "spec", list)
+    if items is None:
+        return None
+    for i, item in enumerate(items):
+        field = f"spec.topologySpreadConstraints[{i}]"
+        if not isinstance(item, dict):
+            raise SpecError(field, "must be an object")
+        for key in ("maxSkew", "topologyKey", "whenUnsatisfiable"):
+            if key not in item:
+                raise SpecError(f"{field}.{key}", "is required")
+    return tuple(dict(i) for i in items)
+
+
 def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     path = "spec.protocols.replication"
     section = _obj(protocols, "replication", "spec.protocols")
@@ -646,4 +764,15 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
             spec, "terminationGracePeriodSeconds", "spec", 60, 10
         ),
         log_level=_str(spec, "logLevel", "spec", "INFO", LOG_LEVELS),
+        network_policy=_parse_network_policy(spec),
+        hibernate=_bool(spec, "hibernate", "spec", False),
+        pdb=_parse_pdb(spec),
+        topology_spread=_parse_topology_spread(spec),
+        update_strategy=_str(
+            _obj(spec, "updateStrategy", "spec"),
+            "type",
+            "spec.updateStrategy",
+            "Managed",
+            UPDATE_STRATEGIES,
+        ),
     )

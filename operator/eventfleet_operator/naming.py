@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 from eventfleet_operator import GROUP, KIND, VERSION
 
@@ -10,6 +12,18 @@ MANAGER = "eventfleet-operator"
 FIELD_MANAGER = "eventfleet-operator"
 FINALIZER = f"{GROUP}/cleanup"
 CONFIG_HASH_ANNOTATION = f"{GROUP}/config-hash"
+# On every child: hash of the manifest last applied (detects fields the operator dropped).
+APPLIED_HASH_ANNOTATION = f"{GROUP}/applied-hash"
+# Pod template: hash of the rest of the template; every pod carries the one it was made from.
+REVISION_ANNOTATION = f"{GROUP}/revision"
+# On the EventServer (copied to the pod template): a new value replaces every pod.
+RESTART_ANNOTATION = f"{GROUP}/restart"
+# On the EventServer: a new value asks for one flush of every replica to every other one;
+# the result goes to status.lastFlush (kubectl eventfleet flush).
+FLUSH_ANNOTATION = f"{GROUP}/flush"
+# `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
+PAUSE_ANNOTATION = f"{GROUP}/reconcile"
+PAUSED = "paused"
 SERVING_LABEL = f"{GROUP}/serving"  # client Service selects only serving="true" pods
 
 CONFIG_DIR = "/etc/eventfleet"
@@ -48,6 +62,10 @@ def token_secret(name: str) -> str:
 
 
 def pdb(name: str) -> str:
+    return name
+
+
+def network_policy(name: str) -> str:
     return name
 
 
@@ -103,6 +121,26 @@ def labels(name: str, component: str) -> dict[str, str]:
         "app.kubernetes.io/managed-by": MANAGER,
         "app.kubernetes.io/part-of": "eventfleet",
     }
+
+
+def owned_by(obj: Mapping[str, Any] | None, uid: str) -> bool:
+    """Does ``obj`` carry an owner reference to the EventServer with ``uid``?
+
+    The only proof that the operator made an object: a same-named object without it was
+    made by someone else (or for another EventServer of that name) and is never
+    overwritten, adopted or deleted.
+    """
+    if not obj or not uid:
+        return False
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == uid and r.get("kind") == KIND for r in refs)
+
+
+def claim_ordinal(name: str, claim: str) -> int | None:
+    """The ordinal of a StatefulSet volume claim ``data-NAME-N``, else None."""
+    prefix = f"data-{name}-"
+    rest = claim[len(prefix) :] if claim.startswith(prefix) else ""
+    return int(rest) if rest.isdigit() else None
 
 
 def owner_reference(name: str, uid: str) -> dict[str, object]:

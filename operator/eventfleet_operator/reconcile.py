@@ -13,12 +13,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import hashlib
+import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, metrics, model, naming, scaling
+from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling, volumes
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -72,14 +74,70 @@ def is_subset(desired: Any, live: Any) -> bool:
     return desired == live
 
 
+def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
+    """``manifest`` carrying the hash of itself in ``eventfleet.io/applied-hash``.
+
+    The subset check alone cannot see a field the operator *stopped* setting (a removed
+    ``spec.podLabels`` entry is still on the live object, so desired ⊂ live holds and
+    nothing would be sent). The hash of the whole desired manifest changes whenever any
+    field is added, changed or removed; a live hash that differs means "apply", and
+    server-side apply then removes the fields this field manager no longer sets.
+    """
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    meta = dict(manifest["metadata"])
+    annotations = {**(meta.get("annotations") or {}), naming.APPLIED_HASH_ANNOTATION: digest}
+    meta["annotations"] = annotations
+    return {**manifest, "metadata": meta}
+
+
+def up_to_date(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
+    """Is ``live`` what applying ``desired`` (from :func:`with_applied_hash`) would give?
+
+    Same applied hash (nothing added or removed since the last apply) and every desired
+    field present with its value (no hand edit of an owned field).
+    """
+    if live is None:
+        return False
+    want = desired["metadata"]["annotations"][naming.APPLIED_HASH_ANNOTATION]
+    have = ((live.get("metadata") or {}).get("annotations") or {}).get(
+        naming.APPLIED_HASH_ANNOTATION
+    )
+    return have == want and is_subset(desired, live)
+
+
+class ChildNotOwned(Exception):
+    """Objects with a child's name that this EventServer does not own (never overwritten)."""
+
+    def __init__(self, children: Sequence[str], uid: str) -> None:
+        self.children = list(children)
+        super().__init__(
+            f"{', '.join(self.children)}: already exist without an ownerReference to this "
+            f"EventServer (uid {uid}); the operator neither overwrites nor adopts them. "
+            "Delete or rename them, or give the EventServer another name"
+        )
+
+
+def _owner_uid(manifest: Mapping[str, Any]) -> str:
+    refs = manifest["metadata"].get("ownerReferences") or []
+    return str(refs[0].get("uid", "")) if refs else ""
+
+
 async def ensure(
     ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
 ) -> Operation | None:
-    """Create or repair one child; returns what it did, or None (no change)."""
+    """Create or repair one child; returns what it did, or None (no change).
+
+    Raises :class:`ChildNotOwned` when an object of that name exists that is not ours.
+    """
     resource = kube.resource_of(manifest)
+    manifest = with_applied_hash(manifest)
     meta = manifest["metadata"]
     live = await ctx.kube.get(resource, meta["namespace"], meta["name"])
-    if live is not None and is_subset(manifest, live):
+    uid = _owner_uid(manifest)
+    if live is not None and uid and not naming.owned_by(live, uid):
+        raise ChildNotOwned([f"{manifest['kind']} {meta['name']}"], uid)
+    if up_to_date(manifest, live):
         return None
     result = await ctx.kube.apply(manifest)
     if live is None:
@@ -93,6 +151,51 @@ async def ensure(
     log.info("updated %s %s (it differed from the desired state)", manifest["kind"], meta["name"])
     metrics.CHILD_WRITES.labels(manifest["kind"], Operation.UPDATED).inc()
     return Operation.UPDATED
+
+
+async def delete_owned(
+    ctx: Context, resource: kube.Resource, namespace: str, name: str, uid: str, log: logging.Logger
+) -> bool:
+    """Delete a child only if it is ours (owner reference to ``uid``), that very object."""
+    live = await ctx.kube.get(resource, namespace, name)
+    if live is None:
+        return False
+    if not naming.owned_by(live, uid):
+        log.warning("not deleting %s %s: it is not owned by this EventServer", resource.kind, name)
+        return False
+    try:
+        return await ctx.kube.delete(resource, namespace, name, uid=live["metadata"].get("uid"))
+    except kube.ApiError as e:
+        if e.status == 409:  # replaced by someone else in the meantime: not ours
+            return False
+        raise
+
+
+def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
+    """The always-present children, by type and name (checked for ownership first)."""
+    children = [
+        (kube.SERVICES, naming.peer_service(spec.name)),
+        (kube.SERVICES, naming.client_service(spec.name)),
+        (kube.CONFIGMAPS, naming.configmap(spec.name)),
+        (kube.STATEFULSETS, naming.statefulset(spec.name)),
+    ]
+    if spec.pdb.enabled:
+        children.append((kube.PDBS, naming.pdb(spec.name)))
+    if spec.network_policy.enabled:
+        children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
+    if spec.token_ref.generated:
+        children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
+    return children
+
+
+async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
+    """Children's names taken by objects this EventServer does not own."""
+    found = []
+    for resource, name in core_children(spec):
+        live = await ctx.kube.get(resource, spec.namespace, name)
+        if live is not None and not naming.owned_by(live, spec.uid):
+            found.append(f"{resource.kind} {name}")
+    return found
 
 
 async def _token(
@@ -137,6 +240,21 @@ def _first_token(data: str) -> str | None:
 async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
     claim = f"data-{naming.pod(spec.name, ordinal)}"
     return await ctx.kube.get(kube.PVCS, spec.namespace, claim) is not None
+
+
+async def _pods(ctx: Context, spec: model.FleetSpec) -> dict[int, dict[str, Any]]:
+    """The fleet's replica pods by ordinal."""
+    pods = await ctx.kube.list(
+        kube.PODS, spec.namespace, label_selector=naming.selector_string(spec.name)
+    )
+    out = {}
+    for pod in pods:
+        suffix = pod["metadata"]["name"].rsplit("-", 1)[-1]
+        if pod["metadata"]["name"] == naming.pod(
+            spec.name, int(suffix) if suffix.isdigit() else -1
+        ):
+            out[int(suffix)] = pod
+    return out
 
 
 async def _set_serving(ctx: Context, spec: model.FleetSpec, log: logging.Logger) -> None:
@@ -197,7 +315,7 @@ async def _optional(
         return status_mod.OptionalChild(enabled=enabled, available=False)
     if not enabled:
         # Turned off in the spec: level-based means the child goes away too.
-        if await ctx.kube.delete(resource, spec.namespace, name):
+        if await delete_owned(ctx, resource, spec.namespace, name, spec.uid, log):
             log.info("deleted %s %s (disabled in the spec)", resource.kind, name)
             metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
             emit(
@@ -208,11 +326,30 @@ async def _optional(
         return status_mod.OptionalChild(enabled=False)
     try:
         change = await ensure(ctx, build(), log)
-    except kube.ApiError as e:
+    except (kube.ApiError, ChildNotOwned) as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
     if change:
         emit(EventType.NORMAL, change.event_reason, f"{change} {resource.kind} {name}")
     return status_mod.OptionalChild(enabled=True, applied=True)
+
+
+async def _network_policy(
+    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
+) -> None:
+    name = naming.network_policy(spec.name)
+    if not spec.network_policy.enabled:
+        if await delete_owned(ctx, kube.NETWORKPOLICIES, spec.namespace, name, spec.uid, log):
+            metrics.CHILD_WRITES.labels("NetworkPolicy", Operation.DELETED).inc()
+            emit(
+                EventType.NORMAL,
+                Operation.DELETED.event_reason,
+                f"deleted NetworkPolicy {name} (spec.networkPolicy.enabled is false)",
+            )
+        return
+    operator = builders.operator_peer(ctx.config.self_namespace, dict(ctx.config.self_labels))
+    change = await ensure(ctx, builders.network_policy(spec, operator), log)
+    if change:
+        emit(EventType.NORMAL, change.event_reason, f"{change} NetworkPolicy {name}")
 
 
 async def write_status(
@@ -252,6 +389,12 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
         elif kind in (ConditionType.AGGREGATION_SCHEDULED, ConditionType.MONITORING_CONFIGURED):
             if reason in OPTIONAL_CHILD_PROBLEMS:
                 emit(EventType.WARNING, reason, message)
+        elif kind is ConditionType.PROGRESSING:
+            if is_true or was_true:
+                emit(EventType.NORMAL, reason, message)
+        elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
+            if is_true or was_true or reason is Reason.HIBERNATING:
+                emit(EventType.NORMAL, reason, message)
         elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
             emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
 
@@ -273,9 +416,13 @@ async def reconcile(
         )
         try:
             spec = model.parse(name, namespace, body.get("spec"), uid=meta.get("uid", ""))
+            restart = (meta.get("annotations") or {}).get(naming.RESTART_ANNOTATION, "")
+            spec = dataclasses.replace(spec, restart=str(restart))
         except model.SpecError as e:
             log.warning("invalid spec: %s", e)
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
+            if not naming.owned_by(sts, meta.get("uid", "")):
+                sts = None
             new = status_mod.build(
                 dataclasses.replace(base, spec_error=(e.field, e.message), statefulset=sts),
                 previous,
@@ -284,18 +431,253 @@ async def reconcile(
             _emit_transitions(emit, previous, new)
             return new
 
-        obs = dataclasses.replace(base, desired=spec.replicas)
+        paused = (meta.get("annotations") or {}).get(naming.PAUSE_ANNOTATION) == naming.PAUSED
+        obs = dataclasses.replace(
+            base, desired=spec.replicas, paused=paused, hibernate=spec.hibernate
+        )
         try:
-            obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
+            if paused:
+                obs = await _observe_only(ctx, spec, previous, obs)
+            else:
+                obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
+        except ChildNotOwned as e:
+            # Once per change, not once per resync: the status and the Event carry it.
+            was = next(
+                (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
+            )
+            repeat = (
+                was.get("reason") == Reason.CHILD_NOT_OWNED and was.get("message") == str(e)[:500]
+            )
+            log.log(logging.DEBUG if repeat else logging.ERROR, "%s", e)
+            obs = dataclasses.replace(obs, ownership_error=str(e))
         except kube.ApiError as e:
             # Keep running: report it and let the next pass (timer) retry.
             log.error("applying children failed: %s", e)
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
+            if not naming.owned_by(sts, spec.uid):
+                sts = None
             obs = dataclasses.replace(obs, apply_error=str(e), statefulset=sts)
         new = status_mod.build(obs, previous)
         await write_status(ctx, namespace, name, new, previous)
         _emit_transitions(emit, previous, new)
         return new
+
+
+async def _resize(
+    ctx: Context, spec: model.FleetSpec, template_grown: bool, log: logging.Logger, emit: Emit
+) -> tuple[status_mod.Verdict, bool]:
+    """One step of growing the claims; (StorageResizing verdict, recreate the StatefulSet)."""
+    size = spec.storage.size
+    want = volumes.quantity(size)
+    assert want is not None
+    pvcs = await ctx.kube.list(
+        kube.PVCS, spec.namespace, label_selector=naming.selector_string(spec.name)
+    )
+    claims = [
+        volumes.Claim.of(c)
+        for c in pvcs
+        if naming.claim_ordinal(spec.name, c["metadata"]["name"]) is not None
+    ]
+    class_name = spec.storage.storage_class_name or next(
+        (c.storage_class for c in claims if c.storage_class), None
+    )
+    if class_name:
+        storage_class = await ctx.kube.get(kube.STORAGECLASSES, None, class_name)
+    else:
+        storage_class = volumes.default_class(await ctx.kube.list(kube.STORAGECLASSES, None))
+    step = volumes.plan(want, claims, template_grown)
+    if (step.patch or not template_grown) and not volumes.expandable(storage_class):
+        # Checked before anything is touched, claims or not: an unexpandable class
+        # means the size stays.
+        which = f"StorageClass {class_name!r}" if class_name else "the default StorageClass"
+        found = "" if storage_class is not None else " (not found)"
+        return (
+            ConditionStatus.FALSE,
+            Reason.EXPANSION_NOT_ALLOWED,
+            f"spec.storage.size: cannot grow the volumes to {size}: {which}{found} does not "
+            "allow volume expansion (allowVolumeExpansion: true); set the size back",
+        ), False
+    for name in step.patch:
+        await ctx.kube.patch(
+            kube.PVCS,
+            spec.namespace,
+            name,
+            {"spec": {"resources": {"requests": {"storage": size}}}},
+        )
+        log.info("requested %s for claim %s", size, name)
+        emit(
+            EventType.NORMAL, Reason.RESIZING, f"requested {size} for PersistentVolumeClaim {name}"
+        )
+    if step.done and template_grown:
+        return (ConditionStatus.FALSE, Reason.RESIZED, f"every claim has {size}"), False
+    parts = [
+        f"{label}: {', '.join(names)}"
+        for label, names in (
+            ("requested now", step.patch),
+            ("expanding", step.expanding),
+            ("file system resize pending on the node", step.fs_pending),
+        )
+        if names
+    ]
+    if step.recreate:
+        parts.append("recreating the StatefulSet with the new claim template")
+    message = f"growing the volumes to {size}" + (f"; {'; '.join(parts)}" if parts else "")
+    return (ConditionStatus.TRUE, Reason.RESIZING, message), step.recreate
+
+
+async def _requested_flush(
+    ctx: Context,
+    spec: model.FleetSpec,
+    meta: Mapping[str, Any],
+    previous: Mapping[str, Any],
+    count: int,
+    log: logging.Logger,
+    emit: Emit,
+    token: str | None = None,
+) -> dict[str, Any] | None:
+    """Answer a new ``eventfleet.io/flush`` value once: flush and verify every pair."""
+    request = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
+    if not request or (previous.get("lastFlush") or {}).get("requested") == request:
+        return None
+
+    async def claim_exists(o: int) -> bool:
+        return await _claim_exists(ctx, spec, o)
+
+    problem = await scaling.verify_all(
+        spec,
+        count,
+        endpoints=ctx.endpoints,
+        client=ctx.replicas,
+        claim_exists=claim_exists,
+        token=token,
+    )
+    if problem is None:
+        result, message = "Verified", f"all {count} replicas hold each other's events"
+        emit(EventType.NORMAL, Reason.FLUSH_VERIFIED, message)
+    else:
+        result, message = str(problem.reason), problem.message
+        emit(EventType.WARNING, problem.reason, f"flush requested by {request!r}: {message}")
+    log.info("flush %r: %s: %s", request, result, message)
+    return {
+        "requested": request,
+        "result": result,
+        "message": message[:500],
+        "time": status_mod.now_iso(),
+        "replicas": count,
+    }
+
+
+def _rollout_plan(
+    spec: model.FleetSpec,
+    sts: Mapping[str, Any] | None,
+    pods: Mapping[int, Mapping[str, Any]],
+    peers: Sequence[status_mod.PeerReport],
+    count: int,
+) -> rollout.Plan | None:
+    if sts is None:
+        return None
+    desired = rollout.PodState.desired(sts)
+    ready = {p.ordinal: bool(p.status and p.status.ready) for p in peers}
+    states = [rollout.PodState.of(i, pods.get(i), ready.get(i, False)) for i in range(count)]
+    entries = [status_mod.peer_entry(p, [q.server_id for q in peers]) for p in peers]
+    synced = bool(entries) and all(e.get("syncState") == "synced" for e in entries)
+    return rollout.plan(states, count, desired.revision, synced)
+
+
+async def _roll(
+    ctx: Context,
+    spec: model.FleetSpec,
+    sts: Mapping[str, Any],
+    pods: Mapping[int, Mapping[str, Any]],
+    plan: rollout.Plan,
+    log: logging.Logger,
+    emit: Emit,
+    token: str | None = None,
+) -> rollout.Plan:
+    """Take the plan's one step: replace one pod (after a flush/verify if it serves)."""
+    ordinal = plan.replace
+    if ordinal is None:
+        return plan
+    name = naming.pod(spec.name, ordinal)
+    if plan.check_first:
+
+        async def claim_exists(o: int) -> bool:
+            return await _claim_exists(ctx, spec, o)
+
+        problem = await scaling.check_leaving(
+            spec,
+            ordinal,
+            endpoints=ctx.endpoints,
+            client=ctx.replicas,
+            claim_exists=claim_exists,
+            remaining=range(plan.replicas),
+            token=token,
+        )
+        if problem is not None:
+            log.warning("not replacing %s yet: %s", name, problem.message)
+            return dataclasses.replace(
+                plan, replace=None, waiting=f"holding the replacement of {name}: {problem.message}"
+            )
+    pod = pods[ordinal]
+    state = rollout.PodState.of(ordinal, pod, ready=not plan.check_first)
+    why = rollout.restart_reason(state, rollout.PodState.desired(sts))
+    try:
+        deleted = await ctx.kube.delete(kube.PODS, spec.namespace, name, uid=state.uid or None)
+    except kube.ApiError as e:
+        if e.status != 409:
+            raise
+        deleted = False  # already replaced by someone else
+    if deleted:
+        log.info(
+            "replaced pod %s (revision %s -> %s): %s",
+            name,
+            state.revision,
+            plan.update_revision,
+            why,
+        )
+        emit(
+            EventType.NORMAL,
+            Reason.REPLICA_RESTARTED,
+            f"deleted pod {name} to move it from revision {state.revision or '?'} to "
+            f"{plan.update_revision}"
+            + ("" if plan.check_first else " (it was not ready)")
+            + f": {why}",
+        )
+    return plan
+
+
+async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
+    """The fleet's token for the replicas' /status, read only (a paused fleet)."""
+    ref = spec.token_ref
+    live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
+    if live is None or (ref.generated and not naming.owned_by(live, spec.uid)):
+        return None
+    data = (live.get("data") or {}).get(ref.key if not ref.generated else "token")
+    return _first_token(data) if data else None
+
+
+async def _observe_only(
+    ctx: Context,
+    spec: model.FleetSpec,
+    previous: Mapping[str, Any],
+    obs: status_mod.Observation,
+) -> status_mod.Observation:
+    """A paused fleet: read the StatefulSet and the replicas, write nothing but status."""
+    sts = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
+    if not naming.owned_by(sts, spec.uid):
+        sts = None
+    count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
+    token = await _read_token(ctx, spec)
+    peers = await _observe_replicas(ctx, spec, count, token)
+    return dataclasses.replace(
+        obs,
+        statefulset=sts,
+        decision=scaling.Decision(target=count),
+        peers=peers,
+        rollout=_rollout_plan(spec, sts, await _pods(ctx, spec), peers, count),
+        config_hash=str(previous.get("configHash") or ""),
+        not_implemented=spec.not_implemented,
+    )
 
 
 async def _apply_children(
@@ -307,6 +689,11 @@ async def _apply_children(
     log: logging.Logger,
     emit: Emit,
 ) -> status_mod.Observation:
+    foreign = await foreign_children(ctx, spec)
+    if foreign:
+        # Before anything is read from them or written: a same-named StatefulSet, Secret
+        # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
+        raise ChildNotOwned(foreign, spec.uid)
     secret, token_error, token = await _token(ctx, spec, log)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
@@ -315,7 +702,8 @@ async def _apply_children(
     async def claim_exists(ordinal: int) -> bool:
         return await _claim_exists(ctx, spec, ordinal)
 
-    decision = await scaling.plan(
+    planner = scaling.plan_hibernation if spec.hibernate else scaling.plan
+    decision = await planner(
         spec,
         current,
         endpoints=ctx.endpoints,
@@ -326,16 +714,58 @@ async def _apply_children(
     )
     if decision.held:
         log.warning("scale-down held: %s", decision.message)
+    # Hibernating keeps the whole mesh in the peer list: waking needs no rewrite.
+    peer_count = max(decision.target, spec.replicas) if spec.hibernate else decision.target
 
     config = builders.replica_config(
-        spec, peer_count=decision.target, allow_empty_start=not previous.get("initialized", False)
+        spec, peer_count=peer_count, allow_empty_start=not previous.get("initialized", False)
     )
     config_hash = builders.config_hash(spec, config)
     configmap = builders.configmap(spec, config)
-    sts, frozen = builders.keep_immutable(
-        builders.statefulset(spec, replicas=decision.target, config_hash=config_hash), sts_live
-    )
+    desired_sts = builders.statefulset(spec, replicas=decision.target, config_hash=config_hash)
+    sts, frozen = builders.keep_immutable(desired_sts, sts_live)
     immutable_error = ""
+    resize: status_mod.Verdict | None = None
+    was_resizing = any(
+        c.get("type") == ConditionType.STORAGE_RESIZING and c.get("status") == "True"
+        for c in previous.get("conditions") or []
+    )
+    if sts_live is not None and (
+        was_resizing
+        or ("volumeClaimTemplates" in frozen and volumes.only_size_differs(desired_sts, sts_live))
+    ):
+        live_size = volumes.template_size(sts_live) or spec.storage.size
+        if volumes.quantity(spec.storage.size) < volumes.quantity(live_size):
+            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
+            immutable_error = (
+                f"spec.storage.size: volumes only grow: the claims have {live_size}, "
+                f"the spec asks for {spec.storage.size}; set it back to {live_size} or more"
+            )
+            log.warning("%s", immutable_error)
+        else:
+            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
+            grown = volumes.quantity(live_size) == volumes.quantity(spec.storage.size)
+            resize, recreate = await _resize(ctx, spec, grown, log, emit)
+            if resize[1] is Reason.EXPANSION_NOT_ALLOWED:
+                immutable_error = resize[2]
+            if recreate:
+                # Orphan: the pods (and their claims) stay; the StatefulSet is created
+                # again below from the new template and adopts them.
+                await ctx.kube.delete(
+                    kube.STATEFULSETS,
+                    spec.namespace,
+                    spec.name,
+                    uid=sts_live["metadata"].get("uid"),
+                    propagation="Orphan",
+                )
+                log.info("recreating StatefulSet %s with %s volumes", spec.name, spec.storage.size)
+                emit(
+                    EventType.NORMAL,
+                    Reason.RESIZING,
+                    f"every claim has grown to {spec.storage.size}: recreating StatefulSet "
+                    f"{spec.name} (orphan: the pods keep running) with the new claim template",
+                )
+                sts = desired_sts
     if frozen:
         fields = [
             "spec.storage" if f == "volumeClaimTemplates" else f"StatefulSet spec.{f}"
@@ -343,21 +773,21 @@ async def _apply_children(
         ]
         immutable_error = (
             f"{', '.join(fields)}: cannot change on an existing StatefulSet "
-            "(Kubernetes forbids it); "
-            "the fleet keeps its current volumes. Revert the change, or expand the claims by hand "
-            "and recreate the StatefulSet (kubectl delete statefulset NAME --cascade=orphan)"
+            "(Kubernetes forbids it); the fleet keeps its current volumes. Revert the change "
+            "(spec.storage.size may grow; the storage class may not change)"
         )
         log.warning("%s", immutable_error)
     shrinking = current is not None and decision.target < current
     # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
     # Up or steady: peers first, so new replicas start with the whole mesh.
-    ordered: Sequence[dict[str, Any]] = [
+    ordered: list[dict[str, Any]] = [
         *([secret] if secret else []),
         builders.peer_service(spec),
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
-        builders.pod_disruption_budget(spec),
     ]
+    if spec.pdb.enabled:
+        ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
         change = await ensure(ctx, manifest, log)
         if change:
@@ -366,6 +796,15 @@ async def _apply_children(
                 change.event_reason,
                 f"{change} {manifest['kind']} {manifest['metadata']['name']}",
             )
+    if not spec.pdb.enabled and await delete_owned(
+        ctx, kube.PDBS, spec.namespace, naming.pdb(spec.name), spec.uid, log
+    ):
+        emit(
+            EventType.NORMAL,
+            Operation.DELETED.event_reason,
+            f"deleted PodDisruptionBudget {spec.name}",
+        )
+    await _network_policy(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
     await _set_serving(ctx, spec, log)
@@ -390,10 +829,25 @@ async def _apply_children(
         log,
         emit,
     )
+    last_flush = await _requested_flush(
+        ctx, spec, meta, previous, decision.target, log, emit, token
+    )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target, token)
+    pods = await _pods(ctx, spec)
+    plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
+    steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
+    if plan is not None and sts_after is not None:
+        if spec.update_strategy == "Managed" and steady and not frozen:
+            plan = await _roll(ctx, spec, sts_after, pods, plan, log, emit, token)
+        elif plan.replace is not None:
+            # RollingUpdate: the StatefulSet controller replaces the pods; only report.
+            plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
     return dataclasses.replace(
         obs,
+        storage_resize=resize,
+        last_flush=last_flush,
+        rollout=plan,
         token_error=token_error,
         immutable_error=immutable_error,
         not_implemented=spec.not_implemented,
@@ -415,6 +869,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         "whenDeleted", "Retain"
     )
     token_ref = ((spec.get("token") or {}).get("secretRef") or {}).get("name")
+    uid = meta.get("uid", "")
     deleted: list[str] = []
     async with ctx.lock(namespace, name):
         targets: list[tuple[kube.Resource, str]] = [
@@ -423,6 +878,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
             (kube.SERVICES, naming.peer_service(name)),
             (kube.CONFIGMAPS, naming.configmap(name)),
             (kube.PDBS, naming.pdb(name)),
+            (kube.NETWORKPOLICIES, naming.network_policy(name)),
         ]
         if not token_ref:  # never delete a Secret the user owns
             targets.append((kube.SECRETS, naming.token_secret(name)))
@@ -433,7 +889,8 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
             if await ctx.kube.has_resource(optional, ttl=0):
                 targets.append((optional, child))
         for resource, child in targets:
-            if await ctx.kube.delete(resource, namespace, child):
+            # Only what this EventServer owns: a same-named object of someone else stays.
+            if await delete_owned(ctx, resource, namespace, child, uid, log):
                 deleted.append(f"{resource.kind}/{child}")
                 metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
         if when_deleted == "Delete":
@@ -441,8 +898,15 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
                 kube.PVCS, namespace, label_selector=naming.selector_string(name)
             )
             for claim in claims:
-                if await ctx.kube.delete(kube.PVCS, namespace, claim["metadata"]["name"]):
-                    deleted.append(f"PersistentVolumeClaim/{claim['metadata']['name']}")
+                claim_name = claim["metadata"]["name"]
+                # Claims belong to the StatefulSet's template (data-NAME-N), not to the
+                # EventServer: the name and the labels are what marks them as the fleet's.
+                if naming.claim_ordinal(name, claim_name) is None:
+                    continue
+                if await ctx.kube.delete(
+                    kube.PVCS, namespace, claim_name, uid=claim["metadata"].get("uid")
+                ):
+                    deleted.append(f"PersistentVolumeClaim/{claim_name}")
     ctx.locks.pop((namespace, name), None)
     log.info("deleted children: %s", ", ".join(deleted) or "none left")
     return deleted

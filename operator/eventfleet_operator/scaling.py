@@ -20,7 +20,7 @@ anything). The ``eventfleet.io/force-scale-down: "true"`` annotation skips the c
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from eventfleet_operator import GROUP, naming
 from eventfleet_operator.constants import Reason
@@ -53,9 +53,14 @@ async def check_leaving(
     endpoints: Endpoints,
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
+    remaining: Sequence[int] | None = None,
     token: str | None = None,
 ) -> Problem | None:
-    """``None`` if every remaining replica holds replica ``ordinal``'s events."""
+    """``None`` if every remaining replica holds replica ``ordinal``'s events.
+
+    ``remaining`` defaults to the ordinals below ``spec.replicas`` (a scale-down); a
+    hibernation or a pod replacement checks against every other replica instead.
+    """
     pod = naming.pod(spec.name, ordinal)
     server_id = naming.server_id(ordinal)
     url = endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
@@ -74,13 +79,16 @@ async def check_leaving(
     if own is None:
         return None  # it never created an event of its own
 
-    for remaining in range(spec.replicas):
-        peer = naming.pod(spec.name, remaining)
+    others = range(spec.replicas) if remaining is None else remaining
+    for remaining_ordinal in others:
+        if remaining_ordinal == ordinal:
+            continue
+        peer = naming.pod(spec.name, remaining_ordinal)
         try:
             await client.flush(url, peer, token)
         except ReplicaUnreachable as e:
             return Problem(Reason.FLUSH_FAILED, f"{pod} could not flush its events to {peer}: {e}")
-        peer_url = endpoints.url(spec.namespace, spec.name, remaining, spec.ports.http)
+        peer_url = endpoints.url(spec.namespace, spec.name, remaining_ordinal, spec.ports.http)
         try:
             peer_status: ReplicaStatus = await client.status(peer_url, token)
         except ReplicaUnreachable as e:
@@ -141,4 +149,73 @@ async def plan(
         reason=Reason.SCALE_DOWN_VERIFIED,
         message=f"remaining replicas hold every event of replicas {desired}..{current - 1}; "
         f"scaled to {desired}",
+    )
+
+
+async def verify_all(
+    spec: FleetSpec,
+    count: int,
+    *,
+    endpoints: Endpoints,
+    client: ReplicaClient,
+    claim_exists: Callable[[int], Awaitable[bool]],
+    token: str | None = None,
+) -> Problem | None:
+    """Flush every replica to every other one and verify each holds each other's events.
+
+    The first problem found (highest ordinal first), or None when all pairs hold.
+    """
+    everyone = range(count)
+    for ordinal in reversed(everyone):
+        problem = await check_leaving(
+            spec,
+            ordinal,
+            endpoints=endpoints,
+            client=client,
+            claim_exists=claim_exists,
+            remaining=everyone,
+            token=token,
+        )
+        if problem is not None:
+            return problem
+    return None
+
+
+async def plan_hibernation(
+    spec: FleetSpec,
+    current: int | None,
+    *,
+    endpoints: Endpoints,
+    client: ReplicaClient,
+    claim_exists: Callable[[int], Awaitable[bool]],
+    force: bool = False,
+    token: str | None = None,
+) -> Decision:
+    """Scale to 0 only once every running replica's events are on every other one.
+
+    The claims stay, so nothing is lost either way; the check makes any subset of the
+    replicas that wakes up first hold every event.
+    """
+    if not current:
+        return Decision(target=0, reason=Reason.NOT_SCALING_DOWN, message="hibernated")
+    if force:
+        return Decision(
+            target=0,
+            reason=Reason.SCALE_DOWN_FORCED,
+            message=f"{FORCE_ANNOTATION} is set: hibernated without checks",
+        )
+    problem = await verify_all(
+        spec, current, endpoints=endpoints, client=client, claim_exists=claim_exists, token=token
+    )
+    if problem is not None:
+        return Decision(
+            target=current,
+            held=True,
+            reason=problem.reason,
+            message=f"hibernation held at {current} replicas: {problem.message}",
+        )
+    return Decision(
+        target=0,
+        reason=Reason.SCALE_DOWN_VERIFIED,
+        message=f"all {current} replicas hold each other's events; hibernating (claims kept)",
     )

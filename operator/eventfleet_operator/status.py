@@ -19,6 +19,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from eventfleet_operator import naming
 from eventfleet_operator.constants import (
     ConditionStatus,
     ConditionType,
@@ -26,6 +27,7 @@ from eventfleet_operator.constants import (
     Reason,
 )
 from eventfleet_operator.replicas import ReplicaStatus
+from eventfleet_operator.rollout import Plan
 from eventfleet_operator.scaling import Decision
 
 IN_SYNC_STATES = ("synced", "connected")
@@ -63,12 +65,18 @@ class Observation:
     immutable_error: str = ""
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
     apply_error: str = ""
+    ownership_error: str = ""  # children's names taken by objects this EventServer does not own
     statefulset: Mapping[str, Any] | None = None
     decision: Decision = dataclasses.field(default_factory=lambda: Decision(target=0))
     peers: Sequence[PeerReport] = ()
     monitoring: OptionalChild = OptionalChild(enabled=False)
     aggregation: OptionalChild = OptionalChild(enabled=False)
     config_hash: str = ""
+    rollout: Plan | None = None  # revisions of the pods and the rollout's next step
+    last_flush: Mapping[str, Any] | None = None  # the answer to eventfleet.io/flush
+    storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
+    paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
+    hibernate: bool = False  # spec.hibernate
 
 
 def now_iso() -> str:
@@ -186,6 +194,8 @@ def build(
     if obs.spec_error:
         field, message = obs.spec_error
         ready_c = (F, Reason.INVALID_SPEC, f"{field}: {message}")
+    elif obs.ownership_error:
+        ready_c = (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
     elif obs.apply_error:
         ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
@@ -199,6 +209,16 @@ def build(
             f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
             "version; it is not served and its ports are not exposed (set it to false)",
         )
+    elif obs.hibernate:
+        ready_c = (
+            (
+                F,
+                Reason.HIBERNATED,
+                f"hibernated: no replica runs, the {obs.desired} volumes are kept",
+            )
+            if sts_replicas == 0
+            else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+        )
     elif obs.decision.held:
         ready_c = (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
     elif sts_replicas != obs.desired:
@@ -207,6 +227,8 @@ def build(
             Reason.SCALING,
             f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
         )
+    elif obs.rollout is not None and not obs.rollout.complete:
+        ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
     elif ready < obs.desired:
         ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
@@ -221,6 +243,17 @@ def build(
         if obs.decision.held
         else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
     )
+    last_held = next(
+        (c for c in prev_conditions if c.get("type") == ConditionType.SCALE_DOWN_HELD), {}
+    )
+    if (
+        obs.decision.reason is Reason.NOT_SCALING_DOWN
+        and last_held.get("status") == F
+        and last_held.get("reason") in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED)
+    ):
+        # Keep saying how the last scale-down ended until the next one starts (a pass
+        # later the fleet is no longer scaling down; the outcome is still the news).
+        held_c = (F, Reason(last_held["reason"]), str(last_held.get("message") or ""))
     agg_c = _optional_condition(
         "ScheduledSparkApplication",
         obs.aggregation,
@@ -234,6 +267,33 @@ def build(
         "prometheus-operator (monitoring.coreos.com/v1)",
     )
 
+    paused_c: Verdict = (
+        (
+            T,
+            Reason.PAUSED,
+            f"{naming.PAUSE_ANNOTATION}: {naming.PAUSED} -- only the status is updated",
+        )
+        if obs.paused
+        else (F, Reason.NOT_PAUSED, "reconciling")
+    )
+    if not obs.hibernate:
+        hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
+    elif sts_replicas == 0:
+        hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
+    else:
+        hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+
+    resize_c: Verdict = obs.storage_resize or _kept_resize(prev_conditions)
+    if obs.rollout is None or obs.rollout.complete:
+        rev = obs.rollout.update_revision if obs.rollout else ""
+        progressing_c: Verdict = (
+            F,
+            Reason.ROLLOUT_COMPLETE,
+            f"every replica runs revision {rev}" if rev else "no rollout",
+        )
+    else:
+        progressing_c = (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
+
     conditions = [
         condition(t, *c, obs.generation, prev_conditions, now)
         for t, c in (
@@ -242,11 +302,17 @@ def build(
             (ConditionType.SCALE_DOWN_HELD, held_c),
             (ConditionType.AGGREGATION_SCHEDULED, agg_c),
             (ConditionType.MONITORING_CONFIGURED, mon_c),
+            (ConditionType.RECONCILE_PAUSED, paused_c),
+            (ConditionType.HIBERNATED, hibernated_c),
+            (ConditionType.PROGRESSING, progressing_c),
+            (ConditionType.STORAGE_RESIZING, resize_c),
         )
     ]
 
-    if obs.spec_error:
+    if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
+    elif obs.hibernate and sts_replicas == 0:
+        phase = Phase.HIBERNATED
     elif ready_c[0] is T:
         phase = Phase.RUNNING
     elif sts_replicas is not None and sts_replicas != obs.desired:
@@ -270,7 +336,34 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
+    if last_flush:
+        status["lastFlush"] = dict(last_flush)
+    if obs.rollout is not None and obs.rollout.update_revision:
+        status["currentRevision"] = obs.rollout.current_revision
+        status["updateRevision"] = obs.rollout.update_revision
+        status["updatedReplicas"] = obs.rollout.updated
     return status
+
+
+def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:
+    """No resize this pass: keep that the last one finished (Resized), else NotResizing."""
+    last = next((c for c in previous if c.get("type") == ConditionType.STORAGE_RESIZING), {})
+    if last.get("reason") == Reason.RESIZED and last.get("status") == str(ConditionStatus.FALSE):
+        return (F, Reason(last["reason"]), str(last.get("message") or ""))
+    return (F, Reason.NOT_RESIZING, "no volume resize in progress")
+
+
+def _rollout_message(plan: Plan) -> str:
+    step = (
+        f"replacing ordinal {plan.replace}"
+        if plan.replace is not None
+        else plan.waiting or "waiting for the next step"
+    )
+    return (
+        f"{plan.updated} of {plan.replicas} replicas on revision {plan.update_revision} "
+        f"(from {plan.current_revision}); {step}"
+    )
 
 
 def transitions(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[dict[str, Any]]:

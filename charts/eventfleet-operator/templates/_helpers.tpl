@@ -63,10 +63,29 @@ app.kubernetes.io/component: operator
 The operator's command-line arguments after `eventfleet`. Kept in one place because
 the e2e suite starts the real operator with exactly what the Deployment renders.
 */}}
+{{/*
+The namespaces the operator watches, as a JSON list; empty means every namespace.
+Namespaced by default: the release namespace, unless watchNamespaces lists others or
+allNamespaces asks for cluster-wide rights.
+*/}}
+{{- define "eventfleet-operator.watchNamespaces" -}}
+{{- if and .Values.operator.allNamespaces .Values.operator.watchNamespaces }}
+{{- fail "operator.allNamespaces and operator.watchNamespaces exclude each other" }}
+{{- end }}
+{{- if .Values.operator.allNamespaces }}
+{{- list | toJson }}
+{{- else if .Values.operator.watchNamespaces }}
+{{- .Values.operator.watchNamespaces | toJson }}
+{{- else }}
+{{- list .Release.Namespace | toJson }}
+{{- end }}
+{{- end }}
+
 {{- define "eventfleet-operator.args" -}}
 - operator
-{{- if .Values.operator.watchNamespaces }}
-{{- range .Values.operator.watchNamespaces }}
+{{- $watch := include "eventfleet-operator.watchNamespaces" . | fromJsonArray }}
+{{- if $watch }}
+{{- range $watch }}
 - --namespace={{ . }}
 {{- end }}
 {{- else }}

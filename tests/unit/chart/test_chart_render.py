@@ -116,15 +116,38 @@ def test_crds_can_be_left_out_and_keep_can_be_turned_off(home):
         assert "helm.sh/resource-policy" not in crd["metadata"].get("annotations", {})
 
 
-def test_watching_all_namespaces_binds_cluster_wide(default_docs):
+def test_the_default_install_is_namespaced(default_docs):
     args = one(default_docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    namespace = one(default_docs, "Deployment")["metadata"]["namespace"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace")] == [f"--namespace={namespace}"]
+    namespaced = [
+        rb for rb in by_kind(default_docs, "RoleBinding") if rb["roleRef"]["kind"] == "ClusterRole"
+    ]
+    assert [rb["metadata"]["namespace"] for rb in namespaced] == [namespace]
+    # Cluster-wide only what must be: reading CRDs and namespaces.
+    for crb in by_kind(default_docs, "ClusterRoleBinding"):
+        assert crb["roleRef"]["name"].endswith("-cluster")
+
+
+def test_all_namespaces_binds_cluster_wide(home):
+    docs = render(home, sets=("operator.allNamespaces=true",))
+    args = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--all-namespaces" in args
     assert not any(a.startswith("--namespace") for a in args)
-    assert not by_kind(default_docs, "RoleBinding") or all(
-        rb["roleRef"]["kind"] == "Role" for rb in by_kind(default_docs, "RoleBinding")
+    assert not by_kind(docs, "RoleBinding") or all(
+        rb["roleRef"]["kind"] == "Role" for rb in by_kind(docs, "RoleBinding")
     )
-    bound = {b["roleRef"]["name"] for b in by_kind(default_docs, "ClusterRoleBinding")}
-    assert bound == {r["metadata"]["name"] for r in by_kind(default_docs, "ClusterRole")}
+    bound = {b["roleRef"]["name"] for b in by_kind(docs, "ClusterRoleBinding")}
+    assert bound == {r["metadata"]["name"] for r in by_kind(docs, "ClusterRole")}
+
+
+def test_operator_knows_its_own_labels_for_the_network_policies(default_docs):
+    deploy = one(default_docs, "Deployment")
+    env = {e["name"]: e for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
+    pairs = dict(p.split("=") for p in env["EVENTFLEET_OPERATOR_SELF_LABELS"]["value"].split(","))
+    assert pairs == deploy["spec"]["selector"]["matchLabels"]
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
 
 
 def test_watched_namespaces_get_one_rolebinding_each(everything_docs):

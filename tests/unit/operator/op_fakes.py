@@ -121,4 +121,23 @@ FULL_SPEC: dict[str, Any] = {
     "securityContext": {"runAsUser": 2000, "runAsGroup": 2000, "fsGroup": 2000},
     "terminationGracePeriodSeconds": 120,
     "logLevel": "DEBUG",
+    "hibernate": False,
+    "updateStrategy": {"type": "RollingUpdate"},
+    "podDisruptionBudget": {
+        "enabled": True,
+        "maxUnavailable": "20%",
+        "unhealthyPodEvictionPolicy": "IfHealthyBudget",
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 2,
+            "topologyKey": "topology.kubernetes.io/zone",
+            "whenUnsatisfiable": "DoNotSchedule",
+        }
+    ],
+    "networkPolicy": {
+        "enabled": True,
+        "clients": {"from": [{"namespaceSelector": {"matchLabels": {"team": "scada"}}}]},
+        "monitoring": {"from": [{"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.1.0.0/16"]}}]},
+    },
 }

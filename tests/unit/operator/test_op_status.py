@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from eventfleet_operator import status as st
 from eventfleet_operator.replicas import ReplicaStatus
 from eventfleet_operator.scaling import Decision
@@ -129,3 +131,26 @@ def test_optional_children_conditions():
     assert cond(s, "Ready")["status"] == "True"  # optional parts never block the fleet
     s = st.build(obs(monitoring=st.OptionalChild(enabled=True, applied=True)), None)
     assert cond(s, "MonitoringConfigured")["status"] == "True"
+
+
+def test_the_outcome_of_the_last_scale_down_stays_until_the_next_one():
+    base = st.Observation(
+        name="demo",
+        generation=1,
+        desired=2,
+        selector="a=b",
+        statefulset={"spec": {"replicas": 2}, "status": {"replicas": 2, "readyReplicas": 2}},
+    )
+    verified = st.build(
+        dataclasses.replace(
+            base, decision=Decision(target=2, reason="ScaleDownVerified", message="scaled to 2")
+        ),
+        None,
+    )
+    later = st.build(dataclasses.replace(base, decision=Decision(target=2)), verified)
+    held = next(c for c in later["conditions"] if c["type"] == "ScaleDownHeld")
+    assert (held["status"], held["reason"], held["message"]) == (
+        "False",
+        "ScaleDownVerified",
+        "scaled to 2",
+    )

@@ -1,0 +1,434 @@
+"""Operator day 2, end to end: the real operator process, the real kubectl.
+
+Runs on the API emulator (``e2e/k8s``, see docs/operator.md); every check goes through
+kubectl and the API only, so the same tests run on a real control plane by swapping the
+``kubectl``/``operator``/``kubelet`` fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from e2e.k8s.harness import ROOT, wait_for
+from e2e.test_operator import condition, eventserver, register, strip_server_fields
+
+pytest_plugins = ["e2e.k8s.fixtures"]
+
+# Rollouts replace pods one at a time, each waiting for ready + in sync: minutes on a
+# busy 2-core machine.
+pytestmark = pytest.mark.timeout(420)
+
+
+def template(kubectl, name: str) -> dict:
+    return kubectl.get("statefulset", name)["spec"]["template"]
+
+
+def test_fields_the_operator_stops_setting_are_removed(kubectl, operator):
+    optional = {
+        "podLabels": {"team": "events"},
+        "podAnnotations": {"example.com/owner": "events"},
+        "priorityClassName": "high",
+        "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"disktype": "ssd"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    kubectl.apply(eventserver("rm", 1, **optional))
+
+    def rendered():
+        t = template(kubectl, "rm")
+        return (
+            t["metadata"]["labels"].get("team") == "events"
+            and t["spec"].get("priorityClassName") == "high"
+            and t["spec"]["containers"][0].get("resources", {}).get("limits")
+        )
+
+    wait_for(rendered, timeout=20, what="the optional fields on the StatefulSet")
+    kubectl.apply(eventserver("rm", 1))  # kubectl apply drops every field left out
+
+    def removed():
+        t = template(kubectl, "rm")
+        spec, container = t["spec"], t["spec"]["containers"][0]
+        return (
+            "team" not in t["metadata"]["labels"]
+            and "example.com/owner" not in t["metadata"]["annotations"]
+            and "priorityClassName" not in spec
+            and "nodeSelector" not in spec
+            and "tolerations" not in spec
+            and "resources" not in container
+        )
+
+    wait_for(removed, timeout=20, what="the removed fields to leave the StatefulSet")
+    ready = condition(kubectl.get("eventserver", "rm"), "Ready")
+    assert ready.get("reason") != "ApplyFailed", ready
+
+
+def test_pause_hibernate_and_wake_with_real_replicas(kubectl, operator, kubelet):
+    kubectl.apply(eventserver("sleepy", 2))
+    pods = kubelet("sleepy")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+    register(pods, 1, 3)  # events only replica 1 created: hibernation must flush them
+    own = wait_for(
+        lambda: (pods.status(1) or {}).get("last_ids", {}).get("2"), timeout=20, what="own ids"
+    )
+
+    # Paused: a spec change is not applied, the status says why.
+    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile=paused")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/sleepy", "--timeout=30s", timeout=40
+    )
+    kubectl.run(
+        "patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"logLevel":"DEBUG"}}'
+    )
+    time.sleep(3)  # several resyncs (1 s): none may write the ConfigMap
+    config = yaml.safe_load(kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"])
+    assert config["log"]["level"] == "INFO"
+    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile-")
+    wait_for(
+        lambda: "DEBUG" in kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"],
+        timeout=30,
+        what="the change applied after resume",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+
+    # Hibernate: replica 0 must hold replica 1's events before anything stops.
+    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":true}}')
+    kubectl.run(
+        "wait", "--for=condition=Hibernated", "eventserver/sleepy", "--timeout=60s", timeout=70
+    )
+    es = kubectl.get("eventserver", "sleepy")
+    assert es["status"]["phase"] == "Hibernated"
+    assert es["spec"]["replicas"] == 2
+    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 0
+    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=40, what="stopped pods")
+    for ordinal in (0, 1):
+        assert kubectl.get("persistentvolumeclaim", f"data-sleepy-{ordinal}")  # claims kept
+
+    # Wake: the count comes back and replica 0 still holds replica 1's events.
+    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":false}}')
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 2
+    held = wait_for(
+        lambda: (pods.status(0) or {}).get("last_ids", {}).get("2"), timeout=20, what="ids"
+    )
+    assert (held["session"], held["instance"]) >= (own["session"], own["instance"])
+    reasons = {
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=sleepy")[
+            "items"
+        ]
+    }
+    assert {"Paused", "NotPaused", "Hibernated", "NotHibernating"} <= reasons, reasons
+
+
+def restarted_events(kubectl, name: str) -> list[str]:
+    events = kubectl.json("get", "events", "--field-selector", f"involvedObject.name={name}")
+    items = sorted(
+        events["items"], key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or ""
+    )
+    return [e["message"] for e in items if e["reason"] == "ReplicaRestarted"]
+
+
+def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
+    kubectl, operator, kubelet
+):
+    kubectl.apply(eventserver("roll", 3))
+    pods = kubelet("roll")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    sts = kubectl.get("statefulset", "roll")
+    assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    good_image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
+    good = kubectl.get("eventserver", "roll")["status"]["updateRevision"]
+    pids = {i: pods.pid(i) for i in range(3)}
+
+    # A bad image: the highest ordinal is replaced first and crash-loops; the others
+    # keep running their old revision and Ready says a rollout is incomplete.
+    kubectl.run(
+        "patch",
+        "eventserver/roll",
+        "--type=merge",
+        "-p",
+        '{"spec":{"image":"bad/server:crashloop"}}',
+    )
+
+    def stuck():
+        es = kubectl.get("eventserver", "roll")
+        return (
+            condition(es, "Progressing").get("status") == "True"
+            and condition(es, "Ready").get("reason") == "RolloutInProgress"
+            and pods.restarts.get(2, 0) >= 1
+            and es
+        )
+
+    es = wait_for(stuck, timeout=60, what="the rollout stuck on ordinal 2")
+    assert es["status"]["updateRevision"] != good
+    time.sleep(4)  # several resyncs: nothing else may be replaced while 2 is broken
+    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
+    assert condition(kubectl.get("eventserver", "roll"), "Ready")["status"] == "False"
+
+    # Revert: the stuck pod is replaced at once, nothing else restarts.
+    kubectl.run(
+        "patch", "eventserver/roll", "--type=json", "-p", '[{"op":"remove","path":"/spec/image"}]'
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    es = kubectl.get("eventserver", "roll")
+    status = es["status"]
+    assert (status["updateRevision"], status["currentRevision"], status["updatedReplicas"]) == (
+        good,
+        good,
+        3,
+    )
+    assert condition(es, "Progressing")["reason"] == "RolloutComplete"
+    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
+    pod2 = kubectl.get("pod", "roll-2")
+    assert pod2["spec"]["containers"][0]["image"] == good_image
+    messages = restarted_events(kubectl, "roll")
+    assert any("bad/server:crashloop" in m for m in messages), messages
+    assert any("not ready" in m for m in messages), messages
+
+    # A restart request replaces every pod, one at a time, highest ordinal first.
+    kubectl.run("annotate", "eventserver/roll", "eventfleet.io/restart=2026-11-23T18:40:00Z")
+    wait_for(
+        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
+        timeout=120,
+        what="every pod replaced",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
+    messages = [m for m in restarted_events(kubectl, "roll") if "restart requested" in m]
+    order = [m.split("pod roll-")[1][0] for m in messages]
+    assert order == ["2", "1", "0"], messages
+
+
+def test_kubectl_eventfleet_plugin(kubectl, operator, kubelet, tmp_path):
+    """The plugin as kubectl finds it: an executable kubectl-eventfleet on PATH."""
+    shim = tmp_path / "bin" / "kubectl-eventfleet"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eventfleet_operator.plugin "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}"}
+
+    def plugin(*args, check=True):
+        # kubectl refuses flags before a plugin's name: they go after it, to the plugin.
+        cmd = [kubectl.binary, "eventfleet", "--kubeconfig", str(kubectl.kubeconfig)]
+        result = subprocess.run(
+            [*cmd, "-n", kubectl.namespace, *args],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+        )
+        assert result.returncode == 0 or not check, result.stderr
+        return result
+
+    kubectl.apply(eventserver("plug", 2))
+    pods = kubelet("plug")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+    kubectl.run(
+        "wait", "--for=condition=PeersSynced", "eventserver/plug", "--timeout=60s", timeout=70
+    )
+
+    table = plugin("status", "plug").stdout.splitlines()
+    assert table[0] == f"EventServer {kubectl.namespace}/plug: Running"
+    rows = {line.split()[0]: line.split() for line in table if line.startswith("plug-")}
+    assert sorted(rows) == ["plug-0", "plug-1"]
+    assert all(r[2:4] == ["yes", "synced"] for r in rows.values())
+    data = json.loads(plugin("status", "plug", "-o", "json").stdout)
+    assert (data["replicas"], data["readyReplicas"], data["phase"]) == (2, 2, "Running")
+    assert data["updatedReplicas"] == 2 and data["updateRevision"] == data["currentRevision"]
+
+    register(pods, 1, 2)
+    out = plugin("flush", "plug", "--timeout", "60").stdout
+    assert "flushed: all 2 replicas hold each other's events" in out
+    assert kubectl.get("eventserver", "plug")["status"]["lastFlush"]["result"] == "Verified"
+
+    plugin("pause", "plug")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/plug", "--timeout=30s", timeout=40
+    )
+    assert "(paused)" in plugin("status", "plug").stdout.splitlines()[0]
+    plugin("resume", "plug")
+    kubectl.run(
+        "wait",
+        "--for=condition=ReconcilePaused=False",
+        "eventserver/plug",
+        "--timeout=30s",
+        timeout=40,
+    )
+
+    pids = {i: pods.pid(i) for i in (0, 1)}
+    plugin("restart", "plug")
+    wait_for(
+        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
+        timeout=120,
+        what="both pods replaced",
+    )
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+
+    plugin("hibernate", "plug")
+    kubectl.run(
+        "wait", "--for=condition=Hibernated", "eventserver/plug", "--timeout=60s", timeout=70
+    )
+    assert "no replica reports" in plugin("status", "plug").stdout
+    plugin("wake", "plug")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
+
+    missing = plugin("status", "nope", check=False)
+    assert missing.returncode == 1
+    assert f'eventserver "nope" not found in namespace "{kubectl.namespace}"' in missing.stderr
+
+
+def test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy(kubectl, operator):
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "owned-config", "labels": {"app": "someone-else"}},
+        "data": {"config.yaml": "theirs: true\n"},
+    }
+    kubectl.apply(theirs)
+    before = kubectl.get("configmap", "owned-config")
+    kubectl.apply(eventserver("owned", 1))
+
+    def refused():
+        ready = condition(kubectl.get("eventserver", "owned"), "Ready")
+        return ready.get("reason") == "ChildNotOwned" and ready
+
+    ready = wait_for(refused, timeout=30, what="Ready=False/ChildNotOwned")
+    assert "ConfigMap owned-config" in ready["message"]
+    assert kubectl.get("eventserver", "owned")["status"]["phase"] == "Failed"
+    time.sleep(2)  # more passes: still nothing written
+    after = kubectl.get("configmap", "owned-config")
+    assert after["data"] == before["data"] and "ownerReferences" not in after["metadata"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("secret", "owned-token") is None
+    events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=owned")
+    assert any(
+        e["reason"] == "ChildNotOwned" and e["type"] == "Warning" for e in events["items"]
+    ), events
+
+    # Once their object is gone the fleet is built, NetworkPolicy included.
+    kubectl.run("delete", "configmap", "owned-config")
+    wait_for(lambda: kubectl.get("statefulset", "owned"), timeout=30, what="the StatefulSet")
+    policy = wait_for(
+        lambda: kubectl.get("networkpolicy", "owned"), timeout=30, what="the NetworkPolicy"
+    )
+    kubernetes_validate.validate(strip_server_fields(policy), "1.33.0", strict=True)
+    syncer = next(
+        r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 23013}]
+    )
+    assert syncer["from"] == [
+        {"podSelector": {"matchLabels": policy["spec"]["podSelector"]["matchLabels"]}}
+    ]
+
+    # Turning it off deletes it; deleting the EventServer leaves a foreign object alone.
+    kubectl.run(
+        "patch",
+        "eventserver/owned",
+        "--type=merge",
+        "-p",
+        '{"spec":{"networkPolicy":{"enabled":false}}}',
+    )
+    wait_for(lambda: kubectl.get("networkpolicy", "owned") is None, timeout=30, what="no policy")
+    # Paused, so that the operator does not recreate its Service before theirs exists.
+    kubectl.run("annotate", "eventserver/owned", "eventfleet.io/reconcile=paused")
+    kubectl.run(
+        "wait", "--for=condition=ReconcilePaused", "eventserver/owned", "--timeout=30s", timeout=40
+    )
+    kubectl.run("delete", "service", "owned-peers")
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "owned-peers"},
+         "spec": {"ports": [{"port": 1}]}}
+    )  # fmt: skip
+    kubectl.run("delete", "eventserver", "owned", "--timeout=60s", timeout=70)
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("service", "owned-peers") is not None
+
+
+def test_growing_the_volumes_keeps_the_pods_running(kubectl, operator, kubelet):
+    kubectl.apply(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": f"expandable-{kubectl.namespace}"},
+            "provisioner": "example.com/csi",
+            "allowVolumeExpansion": True,
+        }
+    )
+    storage = {"size": "1Gi", "storageClassName": f"expandable-{kubectl.namespace}"}
+    kubectl.apply(eventserver("grow", 2, storage=storage))
+    pods = kubelet("grow")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=90s", timeout=100)
+    pids = {i: pods.pid(i) for i in (0, 1)}
+    sts_uid = kubectl.get("statefulset", "grow")["metadata"]["uid"]
+
+    kubectl.run(
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"3Gi"}}}'
+    )
+
+    def resized():
+        c = condition(kubectl.get("eventserver", "grow"), "StorageResizing")
+        return c.get("reason") == "Resized" and c
+
+    wait_for(resized, timeout=60, what="StorageResizing=False/Resized")
+    for i in (0, 1):
+        claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
+        assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+        assert claim["status"]["capacity"]["storage"] == "3Gi"
+    sts = kubectl.get("statefulset", "grow")
+    assert sts["metadata"]["uid"] != sts_uid  # recreated...
+    template = sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]
+    assert template["storage"] == "3Gi"
+    assert {i: pods.pid(i) for i in (0, 1)} == pids  # ... with its pods orphaned, not restarted
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    reasons = [
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=grow")[
+            "items"
+        ]
+    ]
+    assert "Resizing" in reasons
+
+    # Shrinking is refused (the CRD's CEL rule on a real API server; the operator too).
+    kubectl.run(
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"2Gi"}}}'
+    )
+
+    def refused():
+        c = condition(kubectl.get("eventserver", "grow"), "Ready")
+        return c.get("reason") == "ImmutableFieldChanged" and c
+
+    ready = wait_for(refused, timeout=30, what="the shrink refused")
+    assert ready["message"].startswith("spec.storage.size: volumes only grow")
+    claim = kubectl.get("persistentvolumeclaim", "data-grow-0")
+    assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+
+
+def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
+    """Last in the module: replay every day-2 call (pod deletes, claim patches, storage
+    classes, NetworkPolicies...) against operator/deploy/rbac.yaml."""
+    allowed: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            allowed.add((group, resource, verb))
+    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
+    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
+    # The day-2 paths really ran in this module.
+    assert {
+        ("", "pods", "delete"),
+        ("", "persistentvolumeclaims", "patch"),
+        ("storage.k8s.io", "storageclasses", "get"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
+    } <= made, sorted(made)
+    missing = sorted(made - allowed)
+    assert missing == [], f"RBAC lacks {missing}"

@@ -1,0 +1,272 @@
+"""``kubectl eventfleet``: day-2 commands for EventServers, through the Kubernetes API only.
+
+Installed as the ``kubectl-eventfleet`` console script, which kubectl finds on ``PATH``
+as the plugin ``kubectl eventfleet``. Every command reads or patches the EventServer;
+the operator does the work and reports in the status (no port-forward, no access to
+the replicas needed)::
+
+    kubectl eventfleet status NAME [-o table|json]
+    kubectl eventfleet flush NAME [--timeout S]     # every replica to every other, verified
+    kubectl eventfleet restart NAME                 # managed rollout of every pod
+    kubectl eventfleet pause NAME | resume NAME     # eventfleet.io/reconcile=paused
+    kubectl eventfleet hibernate NAME | wake NAME   # spec.hibernate
+
+Credentials and namespace: ``--kubeconfig``, ``--context``, ``-n/--namespace`` as for
+kubectl; otherwise ``KUBECONFIG`` (or ``~/.kube/config``) and its context's namespace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eventfleet_operator import GROUP, PLURAL, VERSION, naming
+
+
+class PluginError(Exception):
+    """A failed command; the message is printed, the exit code is 1."""
+
+
+class Api:
+    """The few EventServer calls the plugin makes, with the ``kubernetes`` client."""
+
+    def __init__(self, kubeconfig: str | None, context: str | None) -> None:
+        import kubernetes  # heavy; only when a command runs
+
+        self._k = kubernetes
+        try:
+            kubernetes.config.load_kube_config(config_file=kubeconfig, context=context)
+            _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+            if context:
+                contexts, _ = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+                active = next((c for c in contexts if c["name"] == context), active)
+            self.default_namespace = (active.get("context") or {}).get("namespace") or "default"
+        except kubernetes.config.ConfigException:
+            kubernetes.config.load_incluster_config()
+            self.default_namespace = "default"
+        self.custom = kubernetes.client.CustomObjectsApi()
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except self._k.client.ApiException as e:
+            raise PluginError(_api_error(e, namespace, name)) from None
+
+    def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, dict(body)
+            )
+        except self._k.client.ApiException as e:
+            raise PluginError(_api_error(e, namespace, name)) from None
+
+
+def _api_error(e: Any, namespace: str, name: str) -> str:
+    if e.status == 404:
+        return f'eventserver "{name}" not found in namespace "{namespace}"'
+    try:
+        message = json.loads(e.body).get("message", e.reason)
+    except (TypeError, ValueError):
+        message = e.reason
+    return f"eventserver {namespace}/{name}: {e.status} {message}"
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def annotate(value: str | None, key: str) -> dict[str, Any]:
+    """A merge patch setting (or, with None, removing) one annotation."""
+    return {"metadata": {"annotations": {key: value}}}
+
+
+# ---------------------------------------------------------------- status
+
+
+def summary(es: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``status -o json`` prints: the spec's intent next to the observed status."""
+    meta, spec, status = es["metadata"], es.get("spec") or {}, es.get("status") or {}
+    notes = meta.get("annotations") or {}
+    return {
+        "name": meta["name"],
+        "namespace": meta.get("namespace"),
+        "replicas": spec.get("replicas"),
+        "hibernate": bool(spec.get("hibernate")),
+        "paused": notes.get(naming.PAUSE_ANNOTATION) == naming.PAUSED,
+        "updateStrategy": (spec.get("updateStrategy") or {}).get("type", "Managed"),
+        "phase": status.get("phase"),
+        "readyReplicas": status.get("readyReplicas", 0),
+        "statefulSetReplicas": status.get("statefulSetReplicas"),
+        "currentRevision": status.get("currentRevision"),
+        "updateRevision": status.get("updateRevision"),
+        "updatedReplicas": status.get("updatedReplicas"),
+        "observedGeneration": status.get("observedGeneration"),
+        "generation": meta.get("generation"),
+        "conditions": status.get("conditions") or [],
+        "peers": status.get("peers") or [],
+        "lastFlush": status.get("lastFlush"),
+    }
+
+
+def _table(rows: Sequence[Sequence[Any]]) -> list[str]:
+    text = [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(r[i]) for r in text) for i in range(len(text[0]))]
+    return ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip() for r in text]
+
+
+def _event_id(value: Mapping[str, Any] | None) -> str:
+    if not value:
+        return "-"
+    return f"{value.get('server')}/{value.get('session')}/{value.get('instance')}"
+
+
+def render_status(s: Mapping[str, Any]) -> str:
+    """The readable ``status`` view: fleet, conditions, one line per replica."""
+    flags = [f for f, on in (("paused", s["paused"]), ("hibernate", s["hibernate"])) if on]
+    stale = s["observedGeneration"] is not None and s["observedGeneration"] != s["generation"]
+    head = [
+        f"EventServer {s['namespace']}/{s['name']}: {s['phase'] or 'no status yet'}"
+        + (f" ({', '.join(flags)})" if flags else ""),
+        f"Replicas:   {s['readyReplicas']}/{s['replicas']} ready, StatefulSet at "
+        f"{s['statefulSetReplicas'] if s['statefulSetReplicas'] is not None else '-'}",
+        f"Revisions:  {s['updatedReplicas'] if s['updatedReplicas'] is not None else '-'} "
+        f"on {s['updateRevision'] or '-'} (current {s['currentRevision'] or '-'}, "
+        f"strategy {s['updateStrategy']})",
+    ]
+    if stale:
+        head.append(
+            f"Note:       the status is of generation {s['observedGeneration']}, "
+            f"the spec is at {s['generation']}"
+        )
+    if s["lastFlush"]:
+        f = s["lastFlush"]
+        head.append(f"Last flush: {f.get('result')} at {f.get('time')} ({f.get('message')})")
+    out = [*head, ""]
+    conditions = [("CONDITION", "STATUS", "REASON", "MESSAGE")]
+    conditions += [
+        (c.get("type"), c.get("status"), c.get("reason"), (c.get("message") or "")[:100])
+        for c in s["conditions"]
+    ]
+    out += _table(conditions)
+    out.append("")
+    peers = [("REPLICA", "SERVER", "READY", "SYNC", "LAST EVENT", "LAG EVENTS", "LAG S", "EVENTS")]
+    for p in s["peers"]:
+        peers.append(
+            (
+                p.get("name"),
+                p.get("serverId"),
+                "yes" if p.get("ready") else "no",
+                p.get("syncState"),
+                _event_id(p.get("lastEventId")),
+                p.get("lagEvents"),
+                p.get("lagSeconds"),
+                p.get("events"),
+            )
+        )
+    out += _table(peers) if len(peers) > 1 else ["no replica reports (none running)"]
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- commands
+
+
+def cmd_status(api: Api, args: argparse.Namespace) -> str:
+    s = summary(api.get(args.namespace, args.name))
+    return json.dumps(s, indent=2) if args.output == "json" else render_status(s)
+
+
+def cmd_flush(api: Api, args: argparse.Namespace) -> str:
+    token = f"{now()}-{time.monotonic_ns() % 1_000_000}"
+    api.patch(args.namespace, args.name, annotate(token, naming.FLUSH_ANNOTATION))
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        flush = (api.get(args.namespace, args.name).get("status") or {}).get("lastFlush") or {}
+        if flush.get("requested") == token:
+            if flush.get("result") != "Verified":
+                raise PluginError(f"flush failed: {flush.get('result')}: {flush.get('message')}")
+            return f"eventserver/{args.name} flushed: {flush.get('message')}"
+        time.sleep(0.5)
+    raise PluginError(
+        f"no answer from the operator within {args.timeout}s "
+        f"(is it running and watching {args.namespace}? is the fleet paused?)"
+    )
+
+
+def cmd_restart(api: Api, args: argparse.Namespace) -> str:
+    value = now()
+    api.patch(args.namespace, args.name, annotate(value, naming.RESTART_ANNOTATION))
+    return f"eventserver/{args.name} restart requested ({naming.RESTART_ANNOTATION}={value})"
+
+
+def cmd_pause(api: Api, args: argparse.Namespace) -> str:
+    api.patch(args.namespace, args.name, annotate(naming.PAUSED, naming.PAUSE_ANNOTATION))
+    return f"eventserver/{args.name} paused: the operator only updates its status"
+
+
+def cmd_resume(api: Api, args: argparse.Namespace) -> str:
+    api.patch(args.namespace, args.name, annotate(None, naming.PAUSE_ANNOTATION))
+    return f"eventserver/{args.name} resumed"
+
+
+def cmd_hibernate(api: Api, args: argparse.Namespace) -> str:
+    api.patch(args.namespace, args.name, {"spec": {"hibernate": True}})
+    return (
+        f"eventserver/{args.name} hibernating: flush, verify, then 0 replicas (claims kept); "
+        f"kubectl wait --for=condition=Hibernated eventserver/{args.name}"
+    )
+
+
+def cmd_wake(api: Api, args: argparse.Namespace) -> str:
+    api.patch(args.namespace, args.name, {"spec": {"hibernate": False}})
+    return f"eventserver/{args.name} waking up"
+
+
+COMMANDS = {
+    "status": (cmd_status, "replicas, revisions, conditions and per-replica sync state"),
+    "flush": (cmd_flush, "flush every replica to every other one and verify (waits)"),
+    "restart": (cmd_restart, "replace every pod, one at a time (managed rollout)"),
+    "pause": (cmd_pause, "stop reconciling (status only)"),
+    "resume": (cmd_resume, "reconcile again"),
+    "hibernate": (cmd_hibernate, "flush, verify, scale to 0, keep the volumes"),
+    "wake": (cmd_wake, "scale back to spec.replicas"),
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kubectl eventfleet", description="Day-2 commands for eventfleet EventServers."
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
+    p.add_argument("--context", help="kubeconfig context")
+    p.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, (_, help_text) in COMMANDS.items():
+        one = sub.add_parser(name, help=help_text)
+        one.add_argument("name", help="the EventServer")
+        if name == "status":
+            one.add_argument("-o", "--output", choices=("table", "json"), default="table")
+        if name == "flush":
+            one.add_argument("--timeout", type=float, default=120.0, help="seconds (120)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The ``kubectl-eventfleet`` entry point."""
+    args = parser().parse_args(argv)
+    try:
+        api = Api(args.kubeconfig, args.context)
+        args.namespace = args.namespace or api.default_namespace
+        print(COMMANDS[args.command][0](api, args))
+        return 0
+    except PluginError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

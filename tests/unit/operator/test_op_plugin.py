@@ -1,0 +1,139 @@
+"""The kubectl plugin's commands against a recording stand-in for the API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eventfleet_operator import plugin
+
+ES = {
+    "apiVersion": "eventfleet.io/v1",
+    "kind": "EventServer",
+    "metadata": {"name": "demo", "namespace": "ns", "generation": 3, "annotations": {}},
+    "spec": {"replicas": 2},
+    "status": {
+        "observedGeneration": 3,
+        "phase": "Running",
+        "readyReplicas": 2,
+        "statefulSetReplicas": 2,
+        "currentRevision": "abc",
+        "updateRevision": "abc",
+        "updatedReplicas": 2,
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "AllReplicasReady", "message": "2 of 2"},
+            {"type": "PeersSynced", "status": "True", "reason": "AllPeersSynced", "message": ""},
+        ],
+        "peers": [
+            {"name": "demo-0", "serverId": 1, "ready": True, "syncState": "synced",
+             "lastEventId": {"server": 1, "session": 2, "instance": 40}, "lagEvents": 0,
+             "lagSeconds": 0.0, "events": 75},
+            {"name": "demo-1", "serverId": 2, "ready": False, "syncState": "syncing",
+             "lastEventId": None, "lagEvents": 12, "lagSeconds": 1.5, "events": 63},
+        ],
+    },
+}  # fmt: skip
+
+
+class FakeApi:
+    def __init__(self, es):
+        self.es = json.loads(json.dumps(es))
+        self.patches = []
+        self.default_namespace = "ns"
+
+    def get(self, namespace, name):
+        if name != self.es["metadata"]["name"]:
+            raise plugin.PluginError(f'eventserver "{name}" not found in namespace "{namespace}"')
+        return json.loads(json.dumps(self.es))
+
+    def patch(self, namespace, name, body):
+        self.patches.append(body)
+        return self.es
+
+
+def run(api, *argv):
+    args = plugin.parser().parse_args(list(argv))
+    args.namespace = args.namespace or api.default_namespace
+    return plugin.COMMANDS[args.command][0](api, args)
+
+
+def test_status_table_shows_fleet_conditions_and_every_peer():
+    text = run(FakeApi(ES), "status", "demo")
+    lines = text.splitlines()
+    assert lines[0] == "EventServer ns/demo: Running"
+    assert "2/2 ready, StatefulSet at 2" in lines[1]
+    assert "2 on abc (current abc, strategy Managed)" in lines[2]
+    assert any(line.split()[:4] == ["Ready", "True", "AllReplicasReady", "2"] for line in lines)
+    peer = next(line for line in lines if line.startswith("demo-1"))
+    assert peer.split() == ["demo-1", "2", "no", "syncing", "-", "12", "1.5", "63"]
+    assert next(line for line in lines if line.startswith("demo-0")).split()[4] == "1/2/40"
+
+
+def test_status_json_and_flags():
+    es = json.loads(json.dumps(ES))
+    es["metadata"]["annotations"]["eventfleet.io/reconcile"] = "paused"
+    es["spec"]["hibernate"] = True
+    es["metadata"]["generation"] = 4
+    out = json.loads(run(FakeApi(es), "status", "demo", "-o", "json"))
+    assert (out["paused"], out["hibernate"], out["replicas"]) == (True, True, 2)
+    assert [p["name"] for p in out["peers"]] == ["demo-0", "demo-1"]
+    text = run(FakeApi(es), "status", "demo")
+    assert "(paused, hibernate)" in text.splitlines()[0]
+    assert "generation 3, the spec is at 4" in text
+
+
+@pytest.mark.parametrize(
+    ("command", "patch"),
+    [
+        ("pause", {"metadata": {"annotations": {"eventfleet.io/reconcile": "paused"}}}),
+        ("resume", {"metadata": {"annotations": {"eventfleet.io/reconcile": None}}}),
+        ("hibernate", {"spec": {"hibernate": True}}),
+        ("wake", {"spec": {"hibernate": False}}),
+    ],
+)
+def test_commands_patch_the_eventserver_only(command, patch):
+    api = FakeApi(ES)
+    run(api, command, "demo")
+    assert api.patches == [patch]
+
+
+def test_restart_sets_a_new_restart_value():
+    api = FakeApi(ES)
+    run(api, "restart", "demo")
+    (patch,) = api.patches
+    assert patch["metadata"]["annotations"]["eventfleet.io/restart"].endswith("Z")
+
+
+def test_flush_waits_for_the_operators_answer_to_its_own_request():
+    api = FakeApi(ES)
+
+    def patch(namespace, name, body):
+        token = body["metadata"]["annotations"]["eventfleet.io/flush"]
+        api.es["status"]["lastFlush"] = {"requested": token, "result": "Verified", "message": "ok"}
+
+    api.patch = patch
+    assert "flushed: ok" in run(api, "flush", "demo", "--timeout", "5")
+    api.es["status"]["lastFlush"] = {"requested": "x"}
+
+    def failing(namespace, name, body):
+        token = body["metadata"]["annotations"]["eventfleet.io/flush"]
+        api.es["status"]["lastFlush"] = {
+            "requested": token,
+            "result": "FlushFailed",
+            "message": "demo-1 unreachable",
+        }
+
+    api.patch = failing
+    with pytest.raises(plugin.PluginError, match="FlushFailed: demo-1 unreachable"):
+        run(api, "flush", "demo", "--timeout", "5")
+
+
+def test_flush_times_out_without_an_operator():
+    with pytest.raises(plugin.PluginError, match="no answer from the operator"):
+        run(FakeApi(ES), "flush", "demo", "--timeout", "0.6")
+
+
+def test_unknown_eventserver_is_a_clear_error(capsys, monkeypatch):
+    monkeypatch.setattr(plugin, "Api", lambda *a: FakeApi(ES))
+    assert plugin.main(["-n", "ns", "status", "nope"]) == 1
+    assert 'eventserver "nope" not found in namespace "ns"' in capsys.readouterr().err

@@ -1,0 +1,228 @@
+"""Managed rollouts: the pure decision, and passes that replace pods one at a time."""
+
+from __future__ import annotations
+
+import copy
+
+from eventfleet_operator import builders, model, naming, rollout
+from eventfleet_operator.rollout import PodState
+from op_fakes import status_doc
+from op_pass import Harness
+
+NEW, OLD = "new", "old"
+
+
+def pods(*specs):
+    """specs: (revision, ready) per ordinal, or None for a missing pod."""
+    return [
+        PodState(i, exists=False) if s is None else PodState(i, revision=s[0], ready=s[1])
+        for i, s in enumerate(specs)
+    ]
+
+
+def test_nothing_to_do_when_every_pod_is_on_the_new_revision():
+    plan = rollout.plan(pods((NEW, True), (NEW, True)), 2, NEW, synced=True)
+    assert plan.complete and plan.replace is None and plan.updated == 2
+    assert plan.current_revision == NEW
+
+
+def test_highest_stale_ordinal_first_and_only_when_all_ready_and_synced():
+    fleet = pods((OLD, True), (OLD, True), (OLD, True))
+    plan = rollout.plan(fleet, 3, NEW, synced=True)
+    assert (plan.replace, plan.check_first, plan.current_revision) == (2, True, OLD)
+    assert not plan.complete
+    waiting = rollout.plan(fleet, 3, NEW, synced=False)
+    assert waiting.replace is None and "in sync" in waiting.waiting
+
+
+def test_waits_for_the_replaced_pod_to_be_ready():
+    plan = rollout.plan(pods((OLD, True), (OLD, True), (NEW, False)), 3, NEW, synced=False)
+    assert plan.replace is None and "2" in plan.waiting and plan.updated == 1
+    plan = rollout.plan(pods((OLD, True), (OLD, True), None), 3, NEW, synced=True)
+    assert plan.replace is None and "2" in plan.waiting
+
+
+def test_a_pod_stuck_on_a_bad_revision_is_replaced_at_once():
+    # The bad revision B was rolled to ordinal 2, which crash-loops; the spec is then
+    # reverted to A: ordinal 2 is stale and not ready -> replaced without any wait.
+    plan = rollout.plan(pods(("A", True), ("A", True), ("B", False)), 3, "A", synced=False)
+    assert (plan.replace, plan.check_first) == (2, False)
+
+
+def test_pods_above_the_replica_count_are_not_the_rollouts_business():
+    plan = rollout.plan(pods((NEW, True), (OLD, True)), 1, NEW, synced=True)
+    assert plan.complete
+
+
+def test_revision_changes_with_the_template_and_restart_annotation_only():
+    spec = model.parse("demo", "ns", {})
+
+    def revision(s, config_hash="h"):
+        sts = builders.statefulset(s, replicas=3, config_hash=config_hash)
+        return sts["spec"]["template"]["metadata"]["annotations"][naming.REVISION_ANNOTATION]
+
+    base = revision(spec)
+    assert revision(spec) == base
+    assert (
+        builders.statefulset(spec, replicas=5, config_hash="h")["spec"]["template"]["metadata"][
+            "annotations"
+        ][naming.REVISION_ANNOTATION]
+        == base
+    )  # scaling is not a rollout
+    assert revision(spec, "other") != base
+    assert revision(model.parse("demo", "ns", {"image": "x:2"})) != base
+    import dataclasses
+
+    assert revision(dataclasses.replace(spec, restart="1")) != base
+
+
+def test_strategies():
+    managed = builders.statefulset(model.parse("demo", "ns", {}), replicas=1, config_hash="h")
+    assert managed["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    rolling = builders.statefulset(
+        model.parse("demo", "ns", {"updateStrategy": {"type": "RollingUpdate"}}),
+        replicas=1,
+        config_hash="h",
+    )
+    assert rolling["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+def test_restart_reasons():
+    old = PodState(0, revision="a", image="x:1", config_hash="c1")
+    assert "image x:1 -> x:2" in rollout.restart_reason(
+        old, PodState(-1, revision="b", image="x:2", config_hash="c1")
+    )
+    assert "config" in rollout.restart_reason(
+        old, PodState(-1, revision="b", image="x:1", config_hash="c2")
+    )
+    assert "eventfleet.io/restart='now'" in rollout.restart_reason(
+        old, PodState(-1, revision="b", image="x:1", config_hash="c1", restart="now")
+    )
+
+
+class Fleet:
+    """A Harness plus a StatefulSet controller for OnDelete: pods from the template."""
+
+    def __init__(self, replicas=3):
+        self.h = Harness({"replicas": replicas})
+        self.n = replicas
+
+    def make_pods(self):
+        sts = self.h.sts()
+        template = sts["spec"]["template"]
+        for i in range(sts["spec"]["replicas"]):
+            if self.h.kube.obj("Pod", f"demo-{i}") is None:
+                self.h.kube.put(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "metadata": {
+                            "name": f"demo-{i}",
+                            "namespace": "ns",
+                            "labels": dict(template["metadata"]["labels"]),
+                            "annotations": dict(template["metadata"]["annotations"]),
+                        },
+                        "spec": copy.deepcopy(template["spec"]),
+                    }
+                )
+        sts["status"] = {"replicas": self.n, "readyReplicas": self.n}
+        self.h.kube.objects[("StatefulSet", "ns", "demo")]["status"] = sts["status"]
+
+    def all_ready(self, broken=()):
+        held = {i + 1: (1, 5) for i in range(self.n)}
+        peers = [
+            {"name": f"demo-{j}", "server_id": j + 1, "state": "synced", "last_event_id": None,
+             "lag_events": 0, "lag_seconds": 0.0}
+            for j in range(self.n)
+        ]  # fmt: skip
+        self.h.replicas.docs = {
+            i: status_doc(i + 1, held, peers=[p for p in peers if p["server_id"] != i + 1])
+            for i in range(self.n)
+            if i not in broken
+        }
+
+    async def run(self):
+        status = await self.h.run()
+        self.make_pods()
+        return status
+
+
+async def test_managed_rollout_replaces_one_pod_per_step_highest_first_with_events():
+    f = Fleet(3)
+    f.all_ready()
+    await f.run()
+    await f.run()
+    assert f.h.condition("Ready")["status"] == "True"
+    f.h.set_spec({"replicas": 3, "image": "x:2"})
+    replaced = []
+    for _ in range(6):
+        before = {i: f.h.kube.obj("Pod", f"demo-{i}") for i in range(3)}
+        status = await f.h.run()
+        gone = [i for i in range(3) if f.h.kube.obj("Pod", f"demo-{i}") is None and before[i]]
+        assert len(gone) <= 1  # one pod at a time
+        replaced += gone
+        f.make_pods()
+        if status["updatedReplicas"] == 3 and f.h.condition("Progressing")["status"] == "False":
+            break
+    assert replaced == [2, 1, 0]
+    status = await f.h.run()
+    assert status["currentRevision"] == status["updateRevision"]
+    assert f.h.condition("Ready")["status"] == "True"
+    restarts = [m for _, r, m in f.h.events if r == "ReplicaRestarted"]
+    assert len(restarts) == 3 and all("image" in m and "x:2" in m for m in restarts)
+    # Each serving pod was flushed to the two others before its deletion.
+    flushed_from = {c[1] for c in f.h.replicas.calls if c[0] == "flush"}
+    assert flushed_from == {0, 1, 2}
+
+
+async def test_rollout_reports_progress_and_ready_false_while_incomplete():
+    f = Fleet(2)
+    f.all_ready()
+    await f.run()
+    await f.run()
+    f.h.annotate(restart="2026-11-23T18:00:00Z")
+    f.h.replicas.flush_fails.add(1)  # the flush of ordinal 1 fails: hold the step
+    status = await f.h.run()
+    assert f.h.kube.obj("Pod", "demo-1") is not None
+    progressing = f.h.condition("Progressing")
+    assert (progressing["status"], progressing["reason"]) == ("True", "RollingOut")
+    assert "holding the replacement of demo-1" in progressing["message"]
+    ready = f.h.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "RolloutInProgress")
+    assert status["updatedReplicas"] == 0
+    f.h.replicas.flush_fails.clear()
+    await f.h.run()
+    assert f.h.kube.obj("Pod", "demo-1") is None
+    assert any("restart requested" in m for _, r, m in f.h.events if r == "ReplicaRestarted")
+
+
+async def test_a_reverted_bad_revision_unsticks_without_manual_steps():
+    f = Fleet(3)
+    f.all_ready()
+    await f.run()
+    await f.run()
+    good = f.h.sts()["spec"]["template"]["metadata"]["annotations"][naming.REVISION_ANNOTATION]
+    f.h.set_spec({"replicas": 3, "image": "bad:1"})
+    await f.run()  # replaces ordinal 2 -> recreated on the bad revision
+    f.all_ready(broken={2})  # and it never gets ready
+    for _ in range(3):
+        await f.run()
+    assert f.h.kube.obj("Pod", "demo-1")["spec"]["containers"][0]["image"] != "bad:1"
+    # Revert: ordinal 2 is replaced at once, though nothing is ready or in sync.
+    f.h.set_spec({"replicas": 3})
+    await f.h.run()
+    assert f.h.kube.obj("Pod", "demo-2") is None
+    f.make_pods()
+    f.all_ready()
+    status = await f.run()
+    assert status["updateRevision"] == good
+    assert f.h.condition("Progressing")["reason"] == "RolloutComplete"
+    assert f.h.condition("Ready")["status"] == "True"
+    for i in (0, 1):  # never touched
+        assert sum(1 for w in f.h.kube.writes if w == ("delete", "Pod", f"demo-{i}")) == 0
+
+
+async def test_rolling_update_strategy_only_reports():
+    h = Harness({"replicas": 1, "updateStrategy": {"type": "RollingUpdate"}})
+    await h.run()
+    assert h.sts()["spec"]["updateStrategy"]["type"] == "RollingUpdate"
