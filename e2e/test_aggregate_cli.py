@@ -127,5 +127,9 @@ def test_benchmark_smoke(tmp_path):
     assert result["checks"]["registered_once_each"] is True
     assert result["checks"]["warm_run_registered"] == 0
     assert result["checks"]["spark_side_parquet_equal"] is True
-    assert len(result["phases"]) == 6
+    assert result["checks"]["export_parquet_byte_identical"] is True
+    names = [p["phase"] for p in result["phases"]]
+    # both read paths: the Eventer one and the Arrow export (GET /export)
+    assert len(names) == 10, names
+    assert any("GET /export" in n for n in names) and any("Eventer" in n for n in names)
     assert "| Spark job, cold" in proc.stdout

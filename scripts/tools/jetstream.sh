@@ -17,7 +17,7 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 src="$root/scripts/tools/jetstream"
 dest="$root/.tools/jetstream"
 stamp="$dest/.installed"
-want="$(cat "$src/package.json" "$src/bundle-entry.js" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$src/package.json" "$src/bundle-entry.js" "$0" | sha256sum | cut -d' ' -f1)"
 
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -s "$dest/jetstream-client.js" ]; then
     echo "jetstream: already installed ($dest)" >&2
@@ -28,7 +28,11 @@ command -v npm >/dev/null || { echo "jetstream: npm is required (apt-get install
 mkdir -p "$dest"
 cp "$src/package.json" "$src/bundle-entry.js" "$dest/"
 echo "jetstream: npm install into $dest" >&2
-(cd "$dest" && npm install --no-audit --no-fund --no-package-lock --loglevel=error >/dev/null)
+(cd "$dest" && npm install --no-audit --no-fund --no-package-lock --omit=peer --loglevel=error >/dev/null)
+# The reference server's own ws 1.x loads `bufferutil` if it can find one, and the current
+# bufferutil (4.x, an optional peer of ws 8) has another API: the server then crashes on
+# the first masked frame. Without it, ws 1.x uses its JavaScript fallback.
+rm -rf "$dest/node_modules/bufferutil" "$dest/node_modules/utf-8-validate"
 
 echo "jetstream: bundling the reference client with esbuild" >&2
 # Through esbuild's JS API: its bin/ entry is a native binary or a JS shim depending on
