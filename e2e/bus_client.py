@@ -199,14 +199,27 @@ class BusClient:
 
 
 async def wait_live(client: BusClient, publisher: BusClient, topic: str, timeout: float = 10.0):
-    """Publish probes on `topic` until the subscriber receives one (its subscription is
-    live on the server); returns the probes received. Needs a subscription covering
-    `topic`."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    """Publish a probe on `topic` until the subscriber receives that probe: its
+    subscription is live on the server and every PUB `publisher` sent before is
+    broadcast (the collector keeps one client's order). Other messages received while
+    waiting are dropped; returns them. Needs a subscription covering `topic`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    skipped = []
+    markers = set()  # a probe published by an earlier round may arrive late
     while True:
-        await publisher.publish(topic, "probe")
-        try:
-            return [await client.recv(timeout=0.2)]
-        except TimeoutError:
-            if asyncio.get_running_loop().time() > deadline:
-                raise
+        marker = f"probe-{uuidlib.uuid4()}"
+        markers.add(marker)
+        await publisher.publish(topic, marker)
+        # Any message only proves the subscription; the probe proves the order too.
+        probe_deadline = min(loop.time() + 0.5, deadline)
+        while loop.time() < probe_deadline:
+            try:
+                event = await client.recv(timeout=max(probe_deadline - loop.time(), 0.01))
+            except TimeoutError:
+                break
+            if event.topic == topic and event.data in markers:
+                return skipped
+            skipped.append(event)
+        if loop.time() > deadline:
+            raise TimeoutError(f"no probe on {topic!r} within {timeout} s")

@@ -47,10 +47,20 @@ def _bindable(port: int) -> bool:
     return True
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_block(replicas: int) -> int:
-    """A base port whose `replicas` blocks of 10 ports are all free right now."""
+    """A base port whose `replicas` blocks of 10 ports are all free right now. Taken
+    below the kernel's ephemeral range: there an outgoing connection could take a port
+    of the block between this check and the replica's bind."""
+    high = max(_ephemeral_low(), 21_000) - BLOCK * replicas
     for _ in range(200):
-        base = random.randrange(20_000, 60_000 - BLOCK * replicas, BLOCK)
+        base = random.randrange(10_000, high, BLOCK)
         if all(_bindable(base + i) for i in range(BLOCK * replicas)):
             return base
     raise RuntimeError("no free port block found")

@@ -13,7 +13,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from dataclasses import dataclass, field
 from hat.drivers import net
 from hat.event import common as hat_common
 from hat.event import eventer
+
+from e2e.fleet_helpers import free_block, ports_of
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 VENV_BIN = pathlib.Path(sys.executable).parent
@@ -59,9 +60,9 @@ KINDS: dict[str, ServerKind] = {
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """One free port of the fleet layout's range (below the kernel's ephemeral range,
+    where an outgoing connection cannot take it between now and the bind)."""
+    return free_block(1)
 
 
 @dataclass
@@ -134,14 +135,16 @@ class ServerProcess:
         stop_process_group(self.proc)
 
 
-def _eventfleet_config(kind: ServerKind, datadir: pathlib.Path) -> dict:
+def _eventfleet_config(kind: ServerKind, datadir: pathlib.Path, port: int) -> dict:
+    # `port` heads a free block of the fleet layout: the side listeners (the Event BUS
+    # takes three consecutive ports) sit at their layout offsets, all free together.
+    ports = ports_of(port, 1)
     conf: dict = {
         # the reference logs warnings only: same for eventfleet, logging is not measured
         "log": {"level": "WARNING"},
-        # side listeners on free ports, so that nothing collides with other processes
-        "syncer": {"port": free_port()},
-        "bus": {"port": free_port()},
-        "http": {"port": free_port()},
+        "syncer": {"port": ports["syncer"]},
+        "bus": {"port": ports["bus"]},
+        "http": {"port": ports["http"]},
     }
     if kind.synchronous:
         conf["storage"] = {"synchronous": kind.synchronous}
@@ -204,7 +207,7 @@ def start_server(kind: ServerKind, workdir: pathlib.Path, name: str) -> ServerPr
     log_path = base / "server.log"
     if kind.family == "eventfleet":
         conf_path = base / "eventfleet.yaml"
-        conf_path.write_text(json.dumps(_eventfleet_config(kind, datadir), indent=2))
+        conf_path.write_text(json.dumps(_eventfleet_config(kind, datadir, port), indent=2))
         args = [
             "server",
             "--config",
