@@ -130,6 +130,13 @@ class NodeAgent(threading.Thread):
             stoppers = [self._stop_async(p, grace=20) for p in list(self.pods.values())]
         for t in stoppers:
             t.join(timeout=40)
+        # Nothing runs them any more: remove our pods as a kubelet would once they have
+        # stopped, so the namespace's deletion is not left waiting for a node that left.
+        with contextlib.suppress(RuntimeError):
+            listing = self.cluster.get(f"/api/v1/namespaces/{self.namespace}/pods")
+            for pod in (listing or {}).get("items", []):
+                if pod["spec"].get("nodeName") == self.node:
+                    self._delete(pod)
         with contextlib.suppress(RuntimeError):
             self.cluster.request("DELETE", f"/api/v1/nodes/{self.node}")
 

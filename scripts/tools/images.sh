@@ -17,7 +17,7 @@
 # tests use. Each image is tagged with a key of everything it is built from; a second run
 # finds the tags and does nothing. Builds run under `nice -n 19`.
 #
-# Usage: scripts/tools/images.sh [server|operator ...]   (default: both)
+# Usage: scripts/tools/images.sh [server|operator|spark ...]   (default: all three)
 #        env EVENTFLEET_IMAGES_SKIP=1 skips everything.
 set -euo pipefail
 
@@ -82,6 +82,8 @@ runtime = "runc"
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 EOF
+# podman's own temporary state, per checkout too (its default /run/libpod is shared).
+echo "tmp_dir = \"$runroot/libpod-tmp\"" >>"$ctr/containers.conf.tmp"
 cat >"$ctr/registries.conf.tmp" <<'EOF'
 # No registry is reachable: never try one for a short name.
 unqualified-search-registries = []
@@ -148,10 +150,13 @@ debootstrap_image "$python_image" python3,python3-venv,python3-pip,ca-certificat
 # --- 4. The project's images --------------------------------------------------------
 context_key() {
     # Everything a build reads: its Dockerfile and ignore file, the sources the ignore
-    # file lets through, this script and the base image's id.
+    # file lets through, and the base images' ids.
     local name="$1"
     {
-        cat "$root/images/$name.Dockerfile" "$root/images/$name.Dockerfile.dockerignore" "$0"
+        # Bump when the way images are built changes (not for edits of this script that
+        # leave the result alone, which would rebuild everything for nothing).
+        echo "build-recipe 1"
+        cat "$root/images/$name.Dockerfile" "$root/images/$name.Dockerfile.dockerignore"
         (cd "$root" && find pyproject.toml README.md server operator spark -type f \
             -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*' \
             -print0 | sort -z | xargs -0 sha256sum)
@@ -177,8 +182,14 @@ build_image() {
     else
         t0=$(date +%s)
         log "building $name image (nice -n 19) ..."
+        # Builds reach PyPI through this machine's network: its CA certificates and pip
+        # configuration, and for uv (which otherwise trusts only its built-in roots) a
+        # system uv.toml asking for the system's certificates. Build-time mounts only:
+        # nothing of them ends up in an image.
         local mounts=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
         [ -f /etc/pip.conf ] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+        printf 'native-tls = true\n' >"$ctr/uv.toml"
+        mounts+=(-v "$ctr/uv.toml:/etc/uv/uv.toml:ro")
         (cd "$root" && nice -n 19 "$buildah" bud --format docker --network host --layers=false \
             "${mounts[@]}" "${args[@]}" \
             --ignorefile "images/$name.Dockerfile.dockerignore" \
@@ -194,11 +205,110 @@ build_image() {
     echo "$tag" >"$ctr/$name.image"
 }
 
+# --- 5. The Spark image's stand-in bases -----------------------------------------------
+# images/spark.Dockerfile builds FROM the official Apache Spark image and copies uv from
+# ghcr.io/astral-sh/uv; neither registry is reachable. Stand-ins with the same layout:
+#   - uv: the uv binary from its PyPI wheel (same version as the Dockerfile's UV_IMAGE);
+#   - spark: Debian bookworm with OpenJDK 17 and Python 3, and /opt/spark assembled from
+#     the PyPI pyspark sdist of the Spark release the operator schedules (bin, sbin, jars,
+#     python/lib/pyspark.zip and the py4j zip spark-submit puts on PYTHONPATH), the
+#     `spark` user 185 and /opt/spark/work-dir. Not in the stand-in: the official
+#     /opt/entrypoint.sh (driver/executor dispatch for spark-on-k8s), so its ENTRYPOINT
+#     is unset and the tests name spark-submit explicitly.
+#   - The Dockerfile's `uv venv --python 3.11` only accepts a uv-managed Python
+#     (UV_PYTHON_PREFERENCE=only-managed) and python-build-standalone downloads are not
+#     reachable: the stand-in carries Debian's CPython 3.11 laid out as a uv-managed
+#     installation under /opt/eventfleet/python, so uv finds it instead of downloading.
+spark_version="${EVENTFLEET_SPARK_VERSION:-4.0.1}"
+py4j_version="${EVENTFLEET_PY4J_VERSION:-0.10.9.9}"
+uv_version="${EVENTFLEET_UV_VERSION:-0.8.22}"
+pip_python="$root/.venv/bin/python"
+[ -x "$pip_python" ] || pip_python=python3
+downloads="$root/.tools/downloads"
+
+pip_fetch() { # pip_fetch SPEC [pip download options...]: into .tools/downloads, once
+    local spec="$1" stamp
+    shift
+    stamp="$downloads/.got-$(echo "$spec $*" | tr -c 'A-Za-z0-9._=-' _)"
+    [ -f "$stamp" ] && return
+    mkdir -p "$downloads"
+    log "downloading $spec from PyPI"
+    "$pip_python" -m pip download --quiet --disable-pip-version-check --no-deps \
+        --dest "$downloads" "$@" "$spec"
+    touch "$stamp"
+}
+
+uv_image="localhost/eventfleet-base/uv:$uv_version"
+build_uv_base() {
+    image_exists "$uv_image" && { log "base $uv_image present"; return; }
+    pip_fetch "uv==$uv_version" --only-binary=:all:
+    local dir="$ctr/uv.tmp"
+    rm -rf "$dir" && mkdir -p "$dir/out"
+    (cd "$dir" && python3 -m zipfile -e "$downloads"/uv-"$uv_version"-*manylinux*x86_64*.whl wheel)
+    install -m 755 "$dir"/wheel/uv-"$uv_version".data/scripts/uv "$dir/out/uv"
+    tar -C "$dir/out" -c . | "$podman" import - "$uv_image" >/dev/null
+    rm -rf "$dir"
+    log "base $uv_image built"
+}
+
+spark_fixup() {
+    local dir="$1" src="$ctr/spark-src.tmp" py
+    pip_fetch "pyspark==$spark_version" --no-binary=:all:
+    pip_fetch "py4j==$py4j_version" --only-binary=:all:
+    rm -rf "$src" && mkdir -p "$src"
+    tar -C "$src" -xzf "$downloads/pyspark-$spark_version.tar.gz"
+    local s="$src/pyspark-$spark_version" spark="$dir/opt/spark"
+    mkdir -p "$spark/python/lib" "$spark/work-dir"
+    cp -a "$s/deps/bin" "$s/deps/sbin" "$s/deps/jars" "$spark/"
+    (cd "$s" && python3 -m zipfile -c "$spark/python/lib/pyspark.zip" pyspark)
+    mkdir -p "$src/py4j"
+    (cd "$src/py4j" && python3 -m zipfile -e "$downloads"/py4j-"$py4j_version"-*.whl . \
+        && python3 -m zipfile -c "$spark/python/lib/py4j-$py4j_version-src.zip" py4j)
+    rm -rf "$src"
+    chroot "$dir" groupadd --system --gid 185 spark
+    chroot "$dir" useradd --system --uid 185 --gid 185 --home-dir /opt/spark \
+        --no-create-home --shell /usr/sbin/nologin spark
+    chroot "$dir" chown 185:185 /opt/spark/work-dir
+    # Debian's CPython as a uv-managed installation (see above): its own binary, and
+    # the standard library where getpath finds it from that binary's location.
+    py="$(chroot "$dir" python3 -c 'import platform; print(platform.python_version())')"
+    local managed="$dir/opt/eventfleet/python/cpython-$py-linux-x86_64-gnu"
+    mkdir -p "$managed/bin" "$managed/lib"
+    cp -a "$dir/usr/bin/python3.11" "$managed/bin/python3.11"
+    ln -s python3.11 "$managed/bin/python3"
+    ln -s python3.11 "$managed/bin/python"
+    ln -s /usr/lib/python3.11 "$managed/lib/python3.11"
+    python_fixup "$dir"
+}
+
+build_spark() {
+    local recipe key tag
+    recipe="bookworm minbase openjdk-17-jre-headless,python3,python3-venv,procps spark=$spark_version py4j=$py4j_version v1"
+    key="$(echo "$recipe" | sha256sum | cut -c1-12)"
+    tag="localhost/eventfleet-base/spark:$spark_version-$key"
+    build_uv_base
+    if ! image_exists "$tag"; then
+        debootstrap_image "$tag.tmp" openjdk-17-jre-headless,python3,python3-venv,procps,ca-certificates spark_fixup
+        # The official image's environment, on top of the imported root filesystem.
+        local c
+        c="$("$buildah" from "$tag.tmp")"
+        "$buildah" config --env SPARK_HOME=/opt/spark \
+            --env JAVA_HOME=/usr/lib/jvm/java-17-openjdk-amd64 \
+            --env PATH=/opt/spark/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            --workingdir /opt/spark/work-dir --user 185 "$c"
+        "$buildah" commit --quiet "$c" "$tag" >/dev/null
+        "$buildah" rm "$c" >/dev/null
+        "$podman" rmi "$tag.tmp" >/dev/null
+    fi
+    build_image spark SPARK_IMAGE "$tag" UV_IMAGE "$uv_image"
+}
+
 want=("$@")
-[ ${#want[@]} -gt 0 ] || want=(server operator)
+[ ${#want[@]} -gt 0 ] || want=(server operator spark)
 for name in "${want[@]}"; do
     case "$name" in
     server | operator) build_image "$name" PYTHON_IMAGE "$python_image" ;;
+    spark) build_spark ;;
     *) log "unknown image $name"; exit 2 ;;
     esac
 done
