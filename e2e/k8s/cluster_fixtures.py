@@ -52,7 +52,7 @@ def control_plane(
         admin.run("apply", "--server-side", "-f", str(CRD))
         admin.run("wait", "--for=condition=Established", "crd/eventservers.eventfleet.io")
         admin.run("create", "namespace", OPERATOR_SA[0])
-        admin.run("apply", "-f", str(RBAC))
+        Kubectl(kubectl_binary, cluster.kubeconfig, OPERATOR_SA[0]).run("apply", "-f", str(RBAC))
         # The CRD's OpenAPI is published a moment after Established; validating kubectl
         # needs it, so wait until the server describes the kind.
         wait_for(

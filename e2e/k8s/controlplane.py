@@ -36,13 +36,18 @@ BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
 SERVICE_CIDR = "10.0.0.0/24"
 # The controllers the operator's behaviour depends on (and what they need to run).
 CONTROLLERS = (
-    "garbagecollector",
-    "statefulset",
-    "disruption",
-    "namespace",
-    "serviceaccount",
-    "serviceaccount-token",
-    "root-ca-certificate-publisher",
+    "garbage-collector-controller",
+    "statefulset-controller",
+    "disruption-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "clusterrole-aggregation-controller",
+    # Claims carry the kubernetes.io/pvc-protection finalizer (admission adds it).
+    "persistentvolumeclaim-protection-controller",
+    # Pods bound to a Node that is gone (a node agent that stopped) are removed.
+    "pod-garbage-collector-controller",
 )
 
 
@@ -165,18 +170,20 @@ class ControlPlane:
         return path.read_text(errors="replace")[-tail:] if path.exists() else ""
 
     def _wait(self, name: str, check, timeout: float) -> None:
+        """Until ``check()`` is truthy; fails at once if the process exits."""
         t0 = time.monotonic()
-
-        def ready():
-            if self.procs[name].poll() is not None:
-                code = self.procs[name].returncode
-                raise RuntimeError(f"{name} exited ({code}):\n{self.log(name)}")
-            return check()
-
-        try:
-            wait_for(ready, timeout=timeout, interval=0.3, what=f"{name} ready")
-        except TimeoutError as e:
-            raise TimeoutError(f"{e}\n{name} log:\n{self.log(name)}") from None
+        proc = self.procs[name]
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{self.log(name)}")
+            try:
+                if check():
+                    break
+            except Exception:  # not up yet: connection refused, 500 while starting
+                pass
+            if time.monotonic() - t0 > timeout:
+                raise TimeoutError(f"{name} not ready after {timeout} s:\n{self.log(name)}")
+            time.sleep(0.3)
         self.timings[name] = time.monotonic() - t0
 
     def _start_etcd(self, timeout: float) -> None:

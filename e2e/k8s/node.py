@@ -136,7 +136,7 @@ class NodeAgent(threading.Thread):
             listing = self.cluster.get(f"/api/v1/namespaces/{self.namespace}/pods")
             for pod in (listing or {}).get("items", []):
                 if pod["spec"].get("nodeName") == self.node:
-                    self._delete(pod)
+                    self._delete_pod(pod)
         with contextlib.suppress(RuntimeError):
             self.cluster.request("DELETE", f"/api/v1/nodes/{self.node}")
 
@@ -250,7 +250,7 @@ class NodeAgent(threading.Thread):
                         grace = spec.get("terminationGracePeriodSeconds", 30)
                     self._stop_async(running, grace=float(grace), delete=pod)
                 elif running is None:
-                    self._delete(pod)
+                    self._delete_pod(pod)
                 continue
             if running is None:
                 running = self.pods[name] = RunningPod(pod, self.pod_dir(name))
@@ -288,7 +288,7 @@ class NodeAgent(threading.Thread):
                 },
             )
 
-    def _delete(self, pod: dict[str, Any]) -> None:
+    def _delete_pod(self, pod: dict[str, Any]) -> None:
         with contextlib.suppress(RuntimeError):  # already gone, or a new uid
             self.cluster.request(
                 "DELETE",
@@ -591,7 +591,7 @@ class NodeAgent(threading.Thread):
                         )
                     stop_process(running.proc, grace=grace + 5)
                 if delete is not None:
-                    self._delete(delete)
+                    self._delete_pod(delete)
             except Exception as e:  # reported in teardown
                 self.errors.append(f"stopping {running.name}: {type(e).__name__}: {e}")
             finally:

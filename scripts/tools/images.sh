@@ -200,9 +200,19 @@ build_image() {
         }
         log "$name image built in $(elapsed "$t0")"
     fi
-    # The stable name the tests use, always pointing at the newest build.
-    "$podman" tag "$tag" "localhost/eventfleet/$name:test"
+    # The stable name the tests use, always pointing at the newest build; and the name
+    # the chart and the operator refer to by default (eventfleet/<name>:<version>, i.e.
+    # docker.io/...), as if preloaded onto a node, so pods run it with --pull never.
+    "$podman" tag "$tag" "localhost/eventfleet/$name:test" "docker.io/eventfleet/$name:$version"
     echo "$tag" >"$ctr/$name.image"
+    # Older builds of this image are never used again; with vfs each costs its full size.
+    local old
+    for old in $("$podman" images --format '{{.Repository}}:{{.Tag}}'); do
+        case "$old" in
+        "$tag" | "localhost/eventfleet/$name:test") ;;
+        "localhost/eventfleet/$name:"*) "$podman" rmi "$old" >/dev/null 2>&1 || true ;;
+        esac
+    done
 }
 
 # --- 5. The Spark image's stand-in bases -----------------------------------------------
@@ -303,6 +313,7 @@ build_spark() {
     build_image spark SPARK_IMAGE "$tag" UV_IMAGE "$uv_image"
 }
 
+version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -1)"
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(server operator spark)
 for name in "${want[@]}"; do
