@@ -1,7 +1,8 @@
 """Safe scale-down and operator restarts, end to end with real replicas.
 
-The replicas are real processes (``FakeKubelet``) syncing over the real Syncer; the
-operator decides from their ``/status`` and ``POST /flush``, never from canned JSON.
+On the real control plane (real StatefulSet controller, real API server); the replicas
+are real processes or containers run by the node agent, syncing over the real Syncer;
+the operator decides from their ``/status`` and ``POST /flush``, never from canned JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import yaml
 
 from e2e.k8s.harness import wait_for
 
-pytest_plugins = ["e2e.k8s.fixtures"]
+pytest_plugins = ["e2e.k8s.cluster_fixtures"]
 pytestmark = pytest.mark.timeout(180)
 
 
