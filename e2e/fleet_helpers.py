@@ -23,9 +23,9 @@ from collections.abc import Awaitable, Callable
 
 import aiohttp
 import yaml
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventId, QueryServerParams
 from eventfleet_server.config import merge
-from eventfleet_server.eventer import connect
 
 PYTHON = sys.executable
 HOST = "127.0.0.1"

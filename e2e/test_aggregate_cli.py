@@ -30,8 +30,8 @@ BIN = pathlib.Path(sys.executable).parent
 
 
 async def _register_and_count_aggregates(port: int, n: int) -> None:
+    from eventfleet_server.client.eventer import connect
     from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
-    from eventfleet_server.eventer import connect
 
     client = await connect("127.0.0.1", port, "e2e-seed")
     try:
@@ -45,8 +45,8 @@ async def _register_and_count_aggregates(port: int, n: int) -> None:
 
 
 async def _aggregate_events(port: int) -> list:
+    from eventfleet_server.client.eventer import connect
     from eventfleet_server.common.model import Order, QueryTimeseriesParams
-    from eventfleet_server.eventer import connect
 
     client = await connect("127.0.0.1", port, "e2e-check")
     try:

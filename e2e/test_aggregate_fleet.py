@@ -25,6 +25,7 @@ import pytest
 pytest.importorskip("pyspark")
 pa_parquet = pytest.importorskip("pyarrow.parquet")
 
+from eventfleet_server.client.eventer import connect  # noqa: E402
 from eventfleet_server.common.model import (  # noqa: E402
     EventPayloadBinary,
     EventPayloadJson,
@@ -36,7 +37,6 @@ from eventfleet_server.common.model import (  # noqa: E402
     timestamp_from_us,
     timestamp_to_us,
 )
-from eventfleet_server.eventer import connect  # noqa: E402
 from eventfleet_spark import job, reference, timeplan  # noqa: E402
 from eventfleet_spark.options import JobOptions  # noqa: E402
 

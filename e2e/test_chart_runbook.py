@@ -13,8 +13,8 @@ import asyncio
 import shutil
 import sqlite3
 
+from eventfleet_server.client import eventer as client
 from eventfleet_server.common.model import EventPayloadJson, QueryServerParams, RegisterEvent
-from eventfleet_server.eventer import client
 
 from tests.conftest import running_replica
 from tests.unit.chart.chartlib import REPO

@@ -13,8 +13,8 @@ import signal
 import time
 
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
-from eventfleet_server.eventer import connect
 from hat.drivers import net
 from hat.event import common as hat
 from hat.event.eventer import client as hat_client

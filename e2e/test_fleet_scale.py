@@ -8,8 +8,8 @@ import signal
 
 import aiohttp
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
 
 from e2e.fleet_helpers import (
     ReplicaProc,

@@ -17,8 +17,8 @@ import socket
 import aiohttp
 import pytest
 import yaml
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
 
 from e2e.fleet_helpers import FleetProc, free_block
 from tests.conftest import running_replica

@@ -9,8 +9,8 @@ import contextlib
 import shutil
 
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
 
 from e2e.fleet_helpers import (
     PausableProxy,

@@ -77,8 +77,8 @@ def _payload(rng: random.Random, i: int):
 
 async def seed(endpoint: str, events: int, types: int, batch: int, in_flight: int) -> float:
     """Register `events` events, `in_flight` batches at a time; returns the seconds."""
+    from eventfleet_server.client.eventer import connect
     from eventfleet_server.common.model import RegisterEvent
-    from eventfleet_server.eventer import connect
 
     host, port = endpoint.rsplit(":", 1)
     client = await connect(host, int(port), "bench-seed")
@@ -111,8 +111,8 @@ def _check_registered(done) -> None:
 
 async def stored_range(endpoint: str) -> tuple[int, int]:
     """First and last stored timestamp (us): two one-event queries."""
+    from eventfleet_server.client.eventer import connect
     from eventfleet_server.common.model import Order, QueryTimeseriesParams, timestamp_to_us
-    from eventfleet_server.eventer import connect
 
     host, port = endpoint.rsplit(":", 1)
     client = await connect(host, int(port), "bench-range")
@@ -348,6 +348,7 @@ def _read_parquet(root: pathlib.Path) -> dict:
 async def _registered(endpoint: str, span) -> dict:
     """How many aggregate events each (type, bucket) has in the fleet (counted here
     with a plain query, not with the job's own write-back code)."""
+    from eventfleet_server.client.eventer import connect
     from eventfleet_server.common.model import (
         Order,
         OrderBy,
@@ -355,7 +356,6 @@ async def _registered(endpoint: str, span) -> dict:
         timestamp_from_us,
         timestamp_to_us,
     )
-    from eventfleet_server.eventer import connect
 
     host, port = endpoint.rsplit(":", 1)
     client = await connect(host, int(port), "bench-check")

@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import (
     EventId,
     EventPayloadJson,
@@ -42,7 +43,6 @@ from eventfleet_server.common.model import (
     QueryTimeseriesParams,
     RegisterEvent,
 )
-from eventfleet_server.eventer import connect
 
 from e2e.bench.servers import read_proc
 from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers

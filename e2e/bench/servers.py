@@ -42,12 +42,17 @@ class ServerKind:
     label: str
     family: str  # "eventfleet" | "reference"
     synchronous: str | None = None  # eventfleet only: storage.synchronous (None: default)
+    event_loop: str | None = None  # eventfleet only: event_loop (None: default, auto)
 
 
 KINDS: dict[str, ServerKind] = {
     "eventfleet": ServerKind("eventfleet", "eventfleet (default)", "eventfleet"),
     "eventfleet-full": ServerKind(
         "eventfleet-full", "eventfleet (FULL)", "eventfleet", synchronous="FULL"
+    ),
+    # The stock asyncio loop, to show what uvloop (the default where installed) gives.
+    "eventfleet-asyncio": ServerKind(
+        "eventfleet-asyncio", "eventfleet (asyncio loop)", "eventfleet", event_loop="asyncio"
     ),
     "reference": ServerKind("reference", "reference hat-event 0.9.44", "reference"),
 }
@@ -140,6 +145,8 @@ def _eventfleet_config(kind: ServerKind, datadir: pathlib.Path) -> dict:
     }
     if kind.synchronous:
         conf["storage"] = {"synchronous": kind.synchronous}
+    if kind.event_loop:
+        conf["event_loop"] = kind.event_loop
     return conf
 
 

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from eventfleet_operator import naming
+from eventfleet_operator import constants, naming
+from eventfleet_operator.constants import Service
 from eventfleet_operator.model import FleetSpec
 
 # Keys of the replica config that the replica re-reads without a restart. They stay
@@ -58,23 +59,35 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
         "max_age_seconds": spec.retention.max_age_seconds,
         "max_events": spec.retention.max_events,
     }
-    return {
+    config: dict[str, Any] = {
         "host": "0.0.0.0",
         "data_dir": naming.DATA_DIR,
         "token_file": naming.TOKEN_PATH,
         "allow_empty_start": allow_empty_start,
-        "eventer": {"port": spec.ports.eventer},
-        "syncer": {
-            "port": spec.ports.syncer,
-            "subscriptions": [list(s) for s in spec.subscriptions],
-        },
-        # Not implemented in this version: the replica refuses to start with it enabled.
-        "bus": {"port": spec.ports.bus, "enabled": False},
-        "http": {"port": spec.ports.http},
-        "storage": {"synchronous": spec.storage.synchronous, "retention": retention},
-        "log": {"level": spec.log_level, "format": "json"},
-        "peers": peers(spec, peer_count),
     }
+    for entry in constants.PROTOCOL_PORTS:
+        section: dict[str, Any] = {"port": spec.ports[entry.protocol]}
+        if entry.optional:
+            # Off unless enabled and implemented: the replica refuses to start a
+            # protocol it does not implement.
+            section["enabled"] = spec.serves(entry)
+        config[entry.protocol] = section
+    config["syncer"]["subscriptions"] = [list(s) for s in spec.subscriptions]
+    config.update(
+        {
+            "storage": {"synchronous": spec.storage.synchronous, "retention": retention},
+            "log": {"level": spec.log_level, "format": "json"},
+            "peers": peers(spec, peer_count),
+        }
+    )
+    return config
+
+
+def _service_ports(spec: FleetSpec, service: Service) -> list[dict[str, Any]]:
+    return [
+        {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+        for _, name, port in spec.served_ports(service)
+    ]
 
 
 def config_hash(spec: FleetSpec, config: dict[str, Any]) -> str:
@@ -121,25 +134,13 @@ def peer_service(spec: FleetSpec) -> dict[str, Any]:
             # DNS must resolve pods before they are ready, or a new fleet never starts.
             "publishNotReadyAddresses": True,
             "selector": naming.selector_labels(spec.name),
-            "ports": [
-                {
-                    "name": "syncer",
-                    "port": spec.ports.syncer,
-                    "targetPort": "syncer",
-                    "protocol": "TCP",
-                },
-                {"name": "http", "port": spec.ports.http, "targetPort": "http", "protocol": "TCP"},
-            ],
+            "ports": _service_ports(spec, Service.PEERS),
         },
     }
 
 
 def client_service(spec: FleetSpec) -> dict[str, Any]:
     """ClusterIP Service for clients; only serving (not draining) replicas get traffic."""
-    ports = [
-        {"name": "eventer", "port": spec.ports.eventer, "targetPort": "eventer", "protocol": "TCP"}
-    ]
-    ports.append({"name": "http", "port": spec.ports.http, "targetPort": "http", "protocol": "TCP"})
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -147,17 +148,16 @@ def client_service(spec: FleetSpec) -> dict[str, Any]:
         "spec": {
             "type": "ClusterIP",
             "selector": {**naming.selector_labels(spec.name), naming.SERVING_LABEL: "true"},
-            "ports": ports,
+            "ports": _service_ports(spec, Service.CLIENT),
         },
     }
 
 
 def _container(spec: FleetSpec) -> dict[str, Any]:
     ports = [
-        {"name": "eventer", "containerPort": spec.ports.eventer, "protocol": "TCP"},
-        {"name": "syncer", "containerPort": spec.ports.syncer, "protocol": "TCP"},
+        {"name": name, "containerPort": port, "protocol": "TCP"}
+        for _, name, port in spec.served_ports()
     ]
-    ports.append({"name": "http", "containerPort": spec.ports.http, "protocol": "TCP"})
     container: dict[str, Any] = {
         "name": "replica",
         "image": spec.image,

@@ -17,6 +17,7 @@ import kopf
 
 from eventfleet_operator import GROUP, PLURAL, VERSION, kube, metrics, naming
 from eventfleet_operator.config import OperatorConfig
+from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
 from eventfleet_operator.reconcile import Context, cleanup, reconcile
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
 
@@ -108,17 +109,21 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if uid in memo.last_status:
             raw["status"] = memo.last_status[uid]
 
-        def emit(type_: str, reason: str, message: str) -> None:
-            kopf.event(body, type=type_, reason=reason, message=message[:1024])
+        def emit(type_: EventType, reason: str, message: str) -> None:
+            kopf.event(body, type=str(type_), reason=str(reason), message=message[:1024])
 
         started = time.monotonic()
-        result = "error"
+        result = PassResult.ERROR
         try:
             status = await reconcile(memo.ctx, raw, logger, emit)
-            reason = next((c["reason"] for c in status["conditions"] if c["type"] == "Ready"), "")
-            result = {"InvalidSpec": "invalid_spec", "ApplyFailed": "apply_failed"}.get(
-                reason, "ok"
+            reason = next(
+                (c["reason"] for c in status["conditions"] if c["type"] == ConditionType.READY),
+                "",
             )
+            result = {
+                Reason.INVALID_SPEC: PassResult.INVALID_SPEC,
+                Reason.APPLY_FAILED: PassResult.APPLY_FAILED,
+            }.get(reason, PassResult.OK)
             memo.last_status[uid] = status
             meta = raw["metadata"]
             desired = (raw.get("spec") or {}).get("replicas") or 0
@@ -152,8 +157,8 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         if deleted:
             kopf.event(
                 body,
-                type="Normal",
-                reason="Deleted",
+                type=EventType.NORMAL.value,
+                reason=Operation.DELETED.event_reason,
                 message="deleted " + ", ".join(deleted)[:1000],
             )
 

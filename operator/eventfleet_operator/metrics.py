@@ -20,6 +20,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from eventfleet_operator.constants import ConditionStatus, ConditionType
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RECONCILES = Counter(
@@ -66,14 +68,15 @@ CONDITION = Gauge(
 )
 
 _FLEET_GAUGES = (DESIRED, READY, HELD)
-CONDITION_VALUES = {"True": 1, "False": 0, "Unknown": -1}
+CONDITION_VALUES = {ConditionStatus.TRUE: 1, ConditionStatus.FALSE: 0, ConditionStatus.UNKNOWN: -1}
 
 
 def observe_status(namespace: str, name: str, desired: int, status: Mapping[str, Any]) -> None:
     DESIRED.labels(namespace, name).set(desired)
     READY.labels(namespace, name).set(int(status.get("readyReplicas") or 0))
     conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
-    HELD.labels(namespace, name).set(1 if conditions.get("ScaleDownHeld") == "True" else 0)
+    held = conditions.get(ConditionType.SCALE_DOWN_HELD) == ConditionStatus.TRUE
+    HELD.labels(namespace, name).set(1 if held else 0)
     for type_, value in conditions.items():
         CONDITION.labels(namespace, name, type_).set(CONDITION_VALUES.get(value, -1))
 
@@ -85,15 +88,9 @@ def forget(namespace: str, name: str) -> None:
             gauge.remove(namespace, name)
         except KeyError:
             pass
-    for type_ in (
-        "Ready",
-        "PeersSynced",
-        "ScaleDownHeld",
-        "AggregationScheduled",
-        "MonitoringConfigured",
-    ):
+    for type_ in ConditionType:
         try:
-            CONDITION.remove(namespace, name, type_)
+            CONDITION.remove(namespace, name, type_.value)
         except KeyError:
             pass
 

@@ -14,7 +14,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import __version__
+from eventfleet_operator import __version__, constants
+from eventfleet_operator.constants import MIN_PORT, ProtocolPort, Service
 
 DEFAULT_SERVER_IMAGE = f"eventfleet/server:{__version__}"
 DEFAULT_SPARK_IMAGE = f"eventfleet/spark:{__version__}"
@@ -54,10 +55,30 @@ class SpecError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Ports:
-    eventer: int = 23012
-    syncer: int = 23013
-    bus: int = 23030  # reserved for the Event BUS (bus, bus+1, bus+2); not implemented yet
-    http: int = 23080
+    """``spec.ports``: the base port of every :data:`PROTOCOL_PORTS` entry.
+
+    Read as ``ports["eventer"]`` or ``ports.eventer``; a protocol missing from
+    ``bases`` has its table default.
+    """
+
+    bases: tuple[tuple[str, int], ...] = ()
+
+    def __getitem__(self, protocol: str) -> int:
+        for name, port in self.bases:
+            if name == protocol:
+                return port
+        for entry in constants.PROTOCOL_PORTS:
+            if entry.protocol == protocol:
+                return entry.default
+        raise KeyError(f"no protocol port entry {protocol!r}")
+
+    def __getattr__(self, protocol: str) -> int:
+        if protocol.startswith("_") or protocol == "bases":
+            raise AttributeError(protocol)  # copy/pickle probe dunders before fields exist
+        try:
+            return self[protocol]
+        except KeyError as e:
+            raise AttributeError(protocol) from e
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,6 +158,9 @@ class FleetSpec:
     storage: Storage = Storage()
     ports: Ports = Ports()
     token: TokenRef | None = None
+    # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
+    # and implemented: served, their ports rendered.
+    enabled_protocols: tuple[str, ...] = ()
     # Fields that enable a protocol this version does not implement (e.g.
     # "spec.protocols.bus.enabled"): reported as Ready=False/ProtocolNotImplemented,
     # never served, their ports never rendered.
@@ -158,6 +182,22 @@ class FleetSpec:
     @property
     def token_ref(self) -> TokenRef:
         return self.token or TokenRef(secret_name=f"{self.name}-token")
+
+    def serves(self, entry: ProtocolPort) -> bool:
+        """Does a replica of this fleet listen on ``entry``'s ports?"""
+        return not entry.optional or entry.protocol in self.enabled_protocols
+
+    def served_ports(self, service: Service | None = None) -> list[tuple[ProtocolPort, str, int]]:
+        """``(entry, port name, port)`` of every served port, in table order.
+
+        With ``service``, only the ports that Service exposes.
+        """
+        return [
+            (entry, name, port)
+            for entry in constants.PROTOCOL_PORTS
+            if self.serves(entry) and (service is None or service in entry.services)
+            for name, port in entry.ports(self.ports[entry.protocol])
+        ]
 
 
 def _get(spec: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...]) -> Any:
@@ -266,23 +306,24 @@ def validate_cron(schedule: str, field: str) -> None:
 
 
 def _validate_ports(ports: Ports) -> None:
-    used: dict[int, str] = {}
-    claims = [
-        ("eventer", ports.eventer),
-        ("syncer", ports.syncer),
-        ("http", ports.http),
-        ("bus", ports.bus),
-        ("bus", ports.bus + 1),
-        ("bus", ports.bus + 2),
-    ]
-    for name, port in claims:
-        if port in used and used[port] != name:
-            raise SpecError(
-                f"spec.ports.{name}",
-                f"port {port} collides with spec.ports.{used[port]} "
-                "(the Event BUS uses bus, bus+1, bus+2)",
-            )
-        used[port] = name
+    """No two ports of the table may overlap, served or not (a disabled protocol keeps
+    its block reserved, so enabling it later never collides)."""
+    used: dict[int, ProtocolPort] = {}
+    for entry in constants.PROTOCOL_PORTS:
+        for _, port in entry.ports(ports[entry.protocol]):
+            other = used.get(port)
+            if other is not None:
+                blocks = [
+                    f"spec.ports.{e.protocol} is a block of {e.width} ports"
+                    for e in (other, entry)
+                    if e.width > 1
+                ]
+                raise SpecError(
+                    f"spec.ports.{entry.protocol}",
+                    f"port {port} collides with spec.ports.{other.protocol}"
+                    + (f" ({'; '.join(blocks)})" if blocks else ""),
+                )
+            used[port] = entry
 
 
 def _parse_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -327,10 +368,13 @@ def _parse_storage(spec: Mapping[str, Any]) -> Storage:
 def _parse_ports(spec: Mapping[str, Any]) -> Ports:
     ports = _obj(spec, "ports", "spec")
     parsed = Ports(
-        eventer=_int(ports, "eventer", "spec.ports", 23012, 1024, 65535),
-        syncer=_int(ports, "syncer", "spec.ports", 23013, 1024, 65535),
-        bus=_int(ports, "bus", "spec.ports", 23030, 1024, 65533),
-        http=_int(ports, "http", "spec.ports", 23080, 1024, 65535),
+        tuple(
+            (
+                entry.protocol,
+                _int(ports, entry.protocol, "spec.ports", entry.default, MIN_PORT, entry.max_base),
+            )
+            for entry in constants.PROTOCOL_PORTS
+        )
     )
     _validate_ports(parsed)
     return parsed
@@ -425,18 +469,25 @@ def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
     return parsed
 
 
-# Protocols the CRD accepts (so manifests written for later versions stay valid) but this
-# version does not implement; enabling one is reported, not served.
-UNIMPLEMENTED_PROTOCOLS = ("bus",)
+def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(enabled optional protocols, fields enabling unimplemented ones).
 
-
-def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[str, ...]:
-    enabled = []
-    for name in UNIMPLEMENTED_PROTOCOLS:
-        section = _obj(protocols, name, "spec.protocols")
-        if _bool(section, "enabled", f"spec.protocols.{name}", False):
-            enabled.append(f"spec.protocols.{name}.enabled")
-    return tuple(enabled)
+    The CRD accepts protocols this version does not implement, so manifests written for
+    later versions stay valid; enabling one is reported, not served.
+    """
+    enabled, not_implemented = [], []
+    for entry in constants.PROTOCOL_PORTS:
+        if not entry.optional:
+            continue
+        path = f"spec.protocols.{entry.protocol}"
+        section = _obj(protocols, entry.protocol, "spec.protocols")
+        if not _bool(section, "enabled", path, False):
+            continue
+        if entry.implemented:
+            enabled.append(entry.protocol)
+        else:
+            not_implemented.append(f"{path}.enabled")
+    return tuple(enabled), tuple(not_implemented)
 
 
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
@@ -461,6 +512,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
     retention = _obj(spec, "retention", "spec")
     protocols = _obj(spec, "protocols", "spec")
     affinity = _get(spec, "affinity", "spec", dict)
+    enabled_protocols, not_implemented = _parse_protocols(protocols)
     return FleetSpec(
         name=name,
         namespace=namespace,
@@ -473,7 +525,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         storage=_parse_storage(spec),
         ports=_parse_ports(spec),
         token=_parse_token(spec),
-        not_implemented=_parse_protocols(protocols),
+        enabled_protocols=enabled_protocols,
+        not_implemented=not_implemented,
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
             max_events=_int(retention, "maxEvents", "spec.retention", None, 1),

@@ -103,10 +103,6 @@ def labels(name: str, component: str) -> dict[str, str]:
     }
 
 
-def instance_selector(name: str) -> str:
-    return f"app.kubernetes.io/instance={name},app.kubernetes.io/managed-by={MANAGER}"
-
-
 def owner_reference(name: str, uid: str) -> dict[str, object]:
     return {
         "apiVersion": f"{GROUP}/{VERSION}",

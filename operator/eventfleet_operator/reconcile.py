@@ -21,9 +21,18 @@ from typing import Any
 from eventfleet_operator import builders, kube, metrics, model, naming, scaling
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
+from eventfleet_operator.constants import (
+    OPTIONAL_CHILD_PROBLEMS,
+    READY_PROBLEMS,
+    ConditionStatus,
+    ConditionType,
+    EventType,
+    Operation,
+    Reason,
+)
 from eventfleet_operator.replicas import Endpoints, ReplicaClient, ReplicaUnreachable
 
-Emit = Callable[[str, str, str], None]  # (type: Normal|Warning, reason, message)
+Emit = Callable[[EventType, str, str], None]  # (type, reason, message)
 
 
 @dataclasses.dataclass
@@ -63,8 +72,10 @@ def is_subset(desired: Any, live: Any) -> bool:
     return desired == live
 
 
-async def ensure(ctx: Context, manifest: Mapping[str, Any], log: logging.Logger) -> str | None:
-    """Create or repair one child; returns "created", "updated" or None (no change)."""
+async def ensure(
+    ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
+) -> Operation | None:
+    """Create or repair one child; returns what it did, or None (no change)."""
     resource = kube.resource_of(manifest)
     meta = manifest["metadata"]
     live = await ctx.kube.get(resource, meta["namespace"], meta["name"])
@@ -73,15 +84,15 @@ async def ensure(ctx: Context, manifest: Mapping[str, Any], log: logging.Logger)
     result = await ctx.kube.apply(manifest)
     if live is None:
         log.info("created %s %s", manifest["kind"], meta["name"])
-        metrics.CHILD_WRITES.labels(manifest["kind"], "created").inc()
-        return "created"
+        metrics.CHILD_WRITES.labels(manifest["kind"], Operation.CREATED).inc()
+        return Operation.CREATED
     if result.get("metadata", {}).get("resourceVersion") == live.get("metadata", {}).get(
         "resourceVersion"
     ):
         return None  # the server found nothing to change (e.g. a normalised quantity)
     log.info("updated %s %s (it differed from the desired state)", manifest["kind"], meta["name"])
-    metrics.CHILD_WRITES.labels(manifest["kind"], "updated").inc()
-    return "updated"
+    metrics.CHILD_WRITES.labels(manifest["kind"], Operation.UPDATED).inc()
+    return Operation.UPDATED
 
 
 async def _token(
@@ -177,15 +188,19 @@ async def _optional(
         # Turned off in the spec: level-based means the child goes away too.
         if await ctx.kube.delete(resource, spec.namespace, name):
             log.info("deleted %s %s (disabled in the spec)", resource.kind, name)
-            metrics.CHILD_WRITES.labels(resource.kind, "deleted").inc()
-            emit("Normal", "Deleted", f"deleted {resource.kind} {name} (disabled in the spec)")
+            metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
+            emit(
+                EventType.NORMAL,
+                Operation.DELETED.event_reason,
+                f"deleted {resource.kind} {name} (disabled in the spec)",
+            )
         return status_mod.OptionalChild(enabled=False)
     try:
         change = await ensure(ctx, build(), log)
     except kube.ApiError as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
     if change:
-        emit("Normal", change.capitalize(), f"{change} {resource.kind} {name}")
+        emit(EventType.NORMAL, change.event_reason, f"{change} {resource.kind} {name}")
     return status_mod.OptionalChild(enabled=True, applied=True)
 
 
@@ -206,33 +221,28 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
     before = {c.get("type"): c for c in (old or {}).get("conditions") or []}
     for c in status_mod.transitions(old, new):
         kind, state, reason, message = (
-            c["type"],
-            c["status"],
-            c["reason"],
+            ConditionType(c["type"]),
+            ConditionStatus(c["status"]),
+            Reason(c["reason"]),
             c["message"] or c["reason"],
         )
-        was_true = (before.get(kind) or {}).get("status") == "True"
-        if kind == "Ready":
-            if state == "True":
-                emit("Normal", reason, message)
-            elif was_true or reason in (
-                "InvalidSpec",
-                "ApplyFailed",
-                "TokenSecretNotFound",
-                "ImmutableFieldChanged",
-                "ProtocolNotImplemented",
-            ):
-                emit("Warning", reason, message)
-        elif kind == "ScaleDownHeld":
-            if state == "True":
-                emit("Warning", "ScaleDownHeld", message)
-            elif reason in ("ScaleDownVerified", "ScaleDownForced"):
-                emit("Normal", reason, message)
-        elif kind in ("AggregationScheduled", "MonitoringConfigured"):
-            if reason.endswith("NotInstalled") or reason == "ApplyFailed":
-                emit("Warning", reason, message)
-        elif kind == "PeersSynced" and (state == "True" or was_true):
-            emit("Normal" if state == "True" else "Warning", reason, message)
+        was_true = (before.get(kind) or {}).get("status") == ConditionStatus.TRUE
+        is_true = state is ConditionStatus.TRUE
+        if kind is ConditionType.READY:
+            if is_true:
+                emit(EventType.NORMAL, reason, message)
+            elif was_true or reason in READY_PROBLEMS:
+                emit(EventType.WARNING, reason, message)
+        elif kind is ConditionType.SCALE_DOWN_HELD:
+            if is_true:
+                emit(EventType.WARNING, Reason.SCALE_DOWN_HELD, message)
+            elif reason in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED):
+                emit(EventType.NORMAL, reason, message)
+        elif kind in (ConditionType.AGGREGATION_SCHEDULED, ConditionType.MONITORING_CONFIGURED):
+            if reason in OPTIONAL_CHILD_PROBLEMS:
+                emit(EventType.WARNING, reason, message)
+        elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
+            emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
 
 
 async def reconcile(
@@ -340,8 +350,8 @@ async def _apply_children(
         change = await ensure(ctx, manifest, log)
         if change:
             emit(
-                "Normal",
-                change.capitalize(),
+                EventType.NORMAL,
+                change.event_reason,
                 f"{change} {manifest['kind']} {manifest['metadata']['name']}",
             )
     if current is not None and decision.target != current:
@@ -413,7 +423,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         for resource, child in targets:
             if await ctx.kube.delete(resource, namespace, child):
                 deleted.append(f"{resource.kind}/{child}")
-                metrics.CHILD_WRITES.labels(resource.kind, "deleted").inc()
+                metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
         if when_deleted == "Delete":
             claims = await ctx.kube.list(
                 kube.PVCS, namespace, label_selector=naming.selector_string(name)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -29,8 +28,6 @@ import aiohttp
 import yaml
 
 from eventfleet_operator import naming
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_URL_TEMPLATE = "http://{pod}.{service}.{namespace}.svc:{port}"
 SUPPORTED_STATUS_VERSION = 1

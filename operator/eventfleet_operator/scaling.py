@@ -20,16 +20,14 @@ anything). The ``eventfleet.io/force-scale-down: "true"`` annotation skips the c
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Awaitable, Callable
 
 from eventfleet_operator import GROUP, naming
+from eventfleet_operator.constants import Reason
 from eventfleet_operator.model import FleetSpec
 from eventfleet_operator.replicas import Endpoints, ReplicaClient, ReplicaStatus, ReplicaUnreachable
 
 FORCE_ANNOTATION = f"{GROUP}/force-scale-down"
-
-logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,13 +36,13 @@ class Decision:
 
     target: int
     held: bool = False
-    reason: str = "NotScalingDown"
+    reason: Reason = Reason.NOT_SCALING_DOWN
     message: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
 class Problem:
-    reason: str
+    reason: Reason
     message: str
 
 
@@ -65,10 +63,10 @@ async def check_leaving(
     except ReplicaUnreachable as e:
         if not await claim_exists(ordinal):
             return None  # no volume: the replica never stored an event
-        return Problem("ReplicaUnreachable", f"cannot verify leaving replica {pod}: {e}")
+        return Problem(Reason.REPLICA_UNREACHABLE, f"cannot verify leaving replica {pod}: {e}")
     if own_status.server_id != server_id:
         return Problem(
-            "WrongReplica",
+            Reason.WRONG_REPLICA,
             f"{url} answers as server {own_status.server_id}, expected {pod} (server {server_id})",
         )
     own = own_status.own_last_id()
@@ -80,17 +78,17 @@ async def check_leaving(
         try:
             await client.flush(url, peer)
         except ReplicaUnreachable as e:
-            return Problem("FlushFailed", f"{pod} could not flush its events to {peer}: {e}")
+            return Problem(Reason.FLUSH_FAILED, f"{pod} could not flush its events to {peer}: {e}")
         peer_url = endpoints.url(spec.namespace, spec.name, remaining, spec.ports.http)
         try:
             peer_status: ReplicaStatus = await client.status(peer_url)
         except ReplicaUnreachable as e:
-            return Problem("ReplicaUnreachable", f"cannot read remaining replica {peer}: {e}")
+            return Problem(Reason.REPLICA_UNREACHABLE, f"cannot read remaining replica {peer}: {e}")
         held = peer_status.last_ids.get(server_id)
         if held is None or not held.covers(own):
             upto = f"instance {held.instance} (session {held.session})" if held else "nothing"
             return Problem(
-                "EventsNotReplicated",
+                Reason.EVENTS_NOT_REPLICATED,
                 f"{peer} holds events of server {server_id} up to {upto}, "
                 f"but leaving replica {pod} has up to instance {own.instance} "
                 f"(session {own.session})",
@@ -114,7 +112,7 @@ async def plan(
     if force:
         return Decision(
             target=desired,
-            reason="ScaleDownForced",
+            reason=Reason.SCALE_DOWN_FORCED,
             message=f"{FORCE_ANNOTATION} is set: scaled {current} -> {desired} without checks",
         )
     target = current
@@ -133,7 +131,7 @@ async def plan(
         target = ordinal
     return Decision(
         target=desired,
-        reason="ScaleDownVerified",
+        reason=Reason.SCALE_DOWN_VERIFIED,
         message=f"remaining replicas hold every event of replicas {desired}..{current - 1}; "
         f"scaled to {desired}",
     )

@@ -19,6 +19,12 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from eventfleet_operator.constants import (
+    ConditionStatus,
+    ConditionType,
+    Phase,
+    Reason,
+)
 from eventfleet_operator.replicas import ReplicaStatus
 from eventfleet_operator.scaling import Decision
 
@@ -69,10 +75,14 @@ def now_iso() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# (status, reason, message) of one condition, before it gets its transition time.
+Verdict = tuple[ConditionStatus, Reason, str]
+
+
 def condition(
-    type_: str,
-    status: str,
-    reason: str,
+    type_: ConditionType,
+    status: ConditionStatus,
+    reason: Reason,
     message: str,
     generation: int,
     previous: Sequence[Mapping[str, Any]],
@@ -82,9 +92,10 @@ def condition(
     old = next((c for c in previous if c.get("type") == type_), None)
     since = old.get("lastTransitionTime") if old and old.get("status") == status else None
     return {
-        "type": type_,
-        "status": status,
-        "reason": reason,
+        # Plain strings: the status is also YAML-dumped, which refuses str subclasses.
+        "type": str(type_),
+        "status": str(status),
+        "reason": str(reason),
         "message": message,
         "lastTransitionTime": since or now,
         "observedGeneration": generation,
@@ -124,31 +135,34 @@ def peer_entry(report: PeerReport, expected: Sequence[int]) -> dict[str, Any]:
     return entry
 
 
-def _peers_condition(entries: Sequence[Mapping[str, Any]]) -> tuple[str, str, str]:
+T, F, U = ConditionStatus.TRUE, ConditionStatus.FALSE, ConditionStatus.UNKNOWN
+
+
+def _peers_condition(entries: Sequence[Mapping[str, Any]]) -> Verdict:
     if not entries:
-        return "Unknown", "NoReplicas", "no replica is running"
+        return U, Reason.NO_REPLICAS, "no replica is running"
     unreachable = [e["name"] for e in entries if not e.get("reachable")]
     if unreachable:
-        return "Unknown", "StatusUnavailable", "cannot read /status of " + ", ".join(unreachable)
+        return U, Reason.STATUS_UNAVAILABLE, "cannot read /status of " + ", ".join(unreachable)
     behind = [f"{e['name']} ({e['syncState']})" for e in entries if e.get("syncState") != "synced"]
     if behind:
-        return "False", "PeersSyncing", "not in sync: " + ", ".join(behind)
-    return "True", "AllPeersSynced", f"all {len(entries)} replicas are in sync with each other"
+        return F, Reason.PEERS_SYNCING, "not in sync: " + ", ".join(behind)
+    return T, Reason.ALL_PEERS_SYNCED, f"all {len(entries)} replicas are in sync with each other"
 
 
 def _optional_condition(
-    kind: str, opt: OptionalChild, missing_reason: str, missing_what: str
-) -> tuple[str, str, str]:
+    kind: str, opt: OptionalChild, missing_reason: Reason, missing_what: str
+) -> Verdict:
     if not opt.enabled:
-        return "False", "Disabled", f"{kind} is disabled in the spec"
+        return F, Reason.DISABLED, f"{kind} is disabled in the spec"
     if not opt.available:
-        return "False", missing_reason, f"{missing_what} is not installed: no {kind} can be created"
+        return F, missing_reason, f"{missing_what} is not installed: no {kind} can be created"
     if opt.error:
-        return "False", "ApplyFailed", opt.error[:300]
+        return F, Reason.APPLY_FAILED, opt.error[:300]
     return (
-        ("True", "Applied", f"{kind} is in place")
+        (T, Reason.APPLIED, f"{kind} is in place")
         if opt.applied
-        else ("False", "Pending", f"{kind} not yet applied")
+        else (F, Reason.PENDING, f"{kind} not yet applied")
     )
 
 
@@ -168,87 +182,88 @@ def build(
     entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
 
     # Ready: the first problem found is the reason, the most fundamental first.
+    ready_c: Verdict
     if obs.spec_error:
         field, message = obs.spec_error
-        ready_c = ("False", "InvalidSpec", f"{field}: {message}")
+        ready_c = (F, Reason.INVALID_SPEC, f"{field}: {message}")
     elif obs.apply_error:
-        ready_c = ("False", "ApplyFailed", obs.apply_error[:300])
+        ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
-        ready_c = ("False", "TokenSecretNotFound", obs.token_error)
+        ready_c = (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
     elif obs.immutable_error:
-        ready_c = ("False", "ImmutableFieldChanged", obs.immutable_error[:500])
+        ready_c = (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
     elif obs.not_implemented:
         ready_c = (
-            "False",
-            "ProtocolNotImplemented",
+            F,
+            Reason.PROTOCOL_NOT_IMPLEMENTED,
             f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
             "version; it is not served and its ports are not exposed (set it to false)",
         )
     elif obs.decision.held:
-        ready_c = ("False", "ScaleDownHeld", obs.decision.message)
+        ready_c = (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
     elif sts_replicas != obs.desired:
         ready_c = (
-            "False",
-            "Scaling",
+            F,
+            Reason.SCALING,
             f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
         )
     elif ready < obs.desired:
-        ready_c = ("False", "ReplicasNotReady", f"{ready} of {obs.desired} replicas ready")
+        ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
-        ready_c = ("True", "AllReplicasReady", f"{ready} of {obs.desired} replicas ready")
+        ready_c = (T, Reason.ALL_REPLICAS_READY, f"{ready} of {obs.desired} replicas ready")
 
     if obs.spec_error:
-        peers_c = ("Unknown", "InvalidSpec", "the spec is invalid")
+        peers_c: Verdict = (U, Reason.INVALID_SPEC, "the spec is invalid")
     else:
         peers_c = _peers_condition(entries)
-    held_c = (
-        ("True", obs.decision.reason, obs.decision.message)
+    held_c: Verdict = (
+        (T, obs.decision.reason, obs.decision.message)
         if obs.decision.held
-        else ("False", obs.decision.reason, obs.decision.message or "no scale-down is waiting")
+        else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
     )
     agg_c = _optional_condition(
         "ScheduledSparkApplication",
         obs.aggregation,
-        "SparkOperatorNotInstalled",
+        Reason.SPARK_OPERATOR_NOT_INSTALLED,
         "spark-operator (sparkoperator.k8s.io/v1beta2)",
     )
     mon_c = _optional_condition(
         "ServiceMonitor",
         obs.monitoring,
-        "PrometheusOperatorNotInstalled",
+        Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
         "prometheus-operator (monitoring.coreos.com/v1)",
     )
 
     conditions = [
         condition(t, *c, obs.generation, prev_conditions, now)
         for t, c in (
-            ("Ready", ready_c),
-            ("PeersSynced", peers_c),
-            ("ScaleDownHeld", held_c),
-            ("AggregationScheduled", agg_c),
-            ("MonitoringConfigured", mon_c),
+            (ConditionType.READY, ready_c),
+            (ConditionType.PEERS_SYNCED, peers_c),
+            (ConditionType.SCALE_DOWN_HELD, held_c),
+            (ConditionType.AGGREGATION_SCHEDULED, agg_c),
+            (ConditionType.MONITORING_CONFIGURED, mon_c),
         )
     ]
 
     if obs.spec_error:
-        phase = "Failed"
-    elif ready_c[0] == "True":
-        phase = "Running"
+        phase = Phase.FAILED
+    elif ready_c[0] is T:
+        phase = Phase.RUNNING
     elif sts_replicas is not None and sts_replicas != obs.desired:
-        phase = "Scaling"
+        phase = Phase.SCALING
     elif ready > 0:
-        phase = "Degraded"
+        phase = Phase.DEGRADED
     else:
-        phase = "Pending"
+        phase = Phase.PENDING
 
-    initialized = bool(previous.get("initialized")) or (ready_c[0] == "True")
+    initialized = bool(previous.get("initialized")) or (ready_c[0] is T)
     status: dict[str, Any] = {
         "observedGeneration": obs.generation,
         "replicas": replicas,
         "readyReplicas": ready,
         "statefulSetReplicas": int(sts_replicas or 0),
         "selector": obs.selector,
-        "phase": phase,
+        "phase": str(phase),
         "initialized": initialized,
         "conditions": conditions,
         "peers": entries,

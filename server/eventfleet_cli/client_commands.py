@@ -77,7 +77,7 @@ def add_parsers(sub) -> None:
 
 
 def _run(coro) -> int:
-    from eventfleet_server.eventer import EventerInitError
+    from eventfleet_server.client.eventer import EventerInitError
 
     try:
         return asyncio.run(coro)
@@ -97,7 +97,7 @@ def _token(args) -> str | None:
 
 
 async def _connect(args, **kwargs):
-    from eventfleet_server.eventer import connect
+    from eventfleet_server.client.eventer import connect
 
     host, port = args.eventer
     return await connect(host, port, args.name, client_token=_token(args), **kwargs)

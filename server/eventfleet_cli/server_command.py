@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import pathlib
 import sys
 
@@ -44,7 +43,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from eventfleet_server import config, logs, main
+    from eventfleet_server import config, eventloop, logs, main
 
     try:
         conf = config.load(args.config, overrides=overrides_from_args(args))
@@ -53,5 +52,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"eventfleet server: {e}", file=sys.stderr)
         return 2
     logs.setup(conf["log"]["level"], conf["log"]["format"], {"server_id": conf["server_id"]})
-    asyncio.run(main.run(conf, token, args.config))
-    return 0
+    try:
+        return eventloop.run(main.run(conf, token, args.config), conf["event_loop"])
+    except eventloop.EventLoopError as e:
+        print(f"eventfleet server: {e}", file=sys.stderr)
+        return 2

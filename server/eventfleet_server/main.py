@@ -1,4 +1,13 @@
-"""The replica process: wires storage, engine and protocols, and handles signals."""
+"""The replica process: wires storage, engine and protocols, and handles signals.
+
+Protocols are plug-ins (`eventfleet_server.plugin`): `PROTOCOLS` lists them in start
+order, each a module with ``CONFIG`` (its typed section) and ``create(config, ctx)``.
+Start: HTTP (probes answer from the first second), storage, engine; every protocol's
+optional ``prepare`` (the Syncer serves our store and learns our last id from peers
+before any id is created); the engine; then each protocol's ``start``. Stop: the engine
+stops accepting and commits what is pending, then protocols close in reverse order
+(the Syncer asks peers to confirm they hold our events), then storage, then HTTP.
+"""
 
 from __future__ import annotations
 
@@ -9,107 +18,163 @@ import os
 import pathlib
 import signal
 from collections.abc import Mapping
+from types import ModuleType
 
+from eventfleet_server.config import ReplicaConfig, build
 from eventfleet_server.engine import Engine
-from eventfleet_server.eventer import EventerLimits, EventerServer
+from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
+from eventfleet_server.listener import Tasks
+from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import Retention, Storage
-from eventfleet_server.syncer import Syncer
+from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
 
+# name (= configuration section = package) -> plug-in module, in start order.
+PROTOCOLS: dict[str, ModuleType] = {
+    "eventer": eventer_plugin,
+    "syncer": syncer_plugin,
+}
+
 
 class Replica:
-    """One replica built from a validated configuration mapping.
+    """One replica built from a validated, default-filled configuration mapping.
 
-    `config_path` (optional) is the file the peer list is reloaded from.
+    `config_path` (optional) is the file the peer list is reloaded from. `failed` is
+    set (with the reason) when a critical background task stops: `run` then stops the
+    replica and exits non-zero.
     """
 
     def __init__(self, conf: Mapping, token: str | None, config_path: pathlib.Path | None = None):
         self.conf = conf
+        self.core = ReplicaConfig.from_mapping(conf)
         self.token = token
         self.config_path = config_path
-        # Exists from construction so that /readyz can report "initial sync not done".
-        self.syncer = Syncer(conf, token)
+        self.tasks = Tasks("replica", self._on_fatal)
+        self.failure: str | None = None
+        self.failed = asyncio.Event()
         self.storage: Storage | None = None
         self.engine: Engine | None = None
-        self.eventer: EventerServer | None = None
         self.http: HttpServer | None = None
-        self._retention_task: asyncio.Task | None = None
+        # Started protocols by name, in start order (metrics, /status, /readyz read it).
+        self.protocols: dict[str, ProtocolServer] = {}
+        self._created: list[ProtocolServer] = []
+
+    # Named access for the protocols that other parts of the replica talk to directly
+    # (HTTP's /flush and the Syncer metrics; tests).
+    @property
+    def eventer(self):
+        return self._protocol("eventer")
+
+    @property
+    def syncer(self):
+        return self._protocol("syncer")
+
+    @property
+    def all_protocols(self) -> list[ProtocolServer]:
+        """Every protocol created from the configuration (started or not yet)."""
+        return list(self._created)
+
+    def _protocol(self, name: str):
+        return self.protocols.get(name) or next((p for p in self._created if p.name == name), None)
+
+    def _on_fatal(self, reason: str) -> None:
+        if self.failure is None:
+            self.failure = reason
+            log.critical("replica failing: %s", reason)
+        self.failed.set()
 
     async def start(self) -> None:
-        conf = self.conf
-        data_dir = pathlib.Path(conf["data_dir"])
+        core = self.core
+        data_dir = pathlib.Path(core.data_dir)
         # HTTP first: probes answer ("alive, not ready") during the whole start-up.
-        self.http = HttpServer(self, conf["host"], conf["http"]["port"])
+        self.http = HttpServer(self, core.host, core.http.port)
         await self.http.start()
-        retention_conf = conf["storage"]["retention"]
+        retention = core.storage.retention
         self.storage = await Storage.open(
             data_dir / "events.sqlite",
-            synchronous=conf["storage"]["synchronous"],
+            synchronous=core.storage.synchronous,
             retention=Retention(
-                max_age_seconds=retention_conf.get("max_age_seconds"),
-                max_events=retention_conf.get("max_events"),
+                max_age_seconds=retention.max_age_seconds, max_events=retention.max_events
             ),
         )
-        ev = conf["eventer"]
         self.engine = Engine(
             self.storage,
-            conf["server_id"],
-            max_uncommitted=conf["storage"]["max_uncommitted"],
-            max_results_cap=ev["max_results_cap"],
+            core.server_id,
+            max_uncommitted=core.storage.max_uncommitted,
+            # A query limit, configured with the query protocol it is visible in.
+            max_results_cap=self.conf["eventer"]["max_results_cap"],
+            tasks=self.tasks,
         )
         self.http.metrics.instrument(self.engine)
-        # Serve our store to peers first (peers booting at the same time learn from us),
-        # then learn our own highest id from them before the engine creates any event.
-        await self.syncer.start_server(self.engine)
-        await self.engine.start(continue_after=await self.syncer.bootstrap())
-        self.eventer = EventerServer(
-            self.engine,
-            conf["host"],
-            ev["port"],
+        ctx = ProtocolContext(
+            engine=self.engine,
+            host=core.host,
+            server_id=core.server_id,
+            data_dir=data_dir,
             token=self.token,
-            limits=EventerLimits(
-                max_msg_size=ev["max_msg_size"],
-                max_queued_events=ev["max_queued_events"],
-                ack_every=ev["ack_every"],
-                ack_window=ev["ack_window"],
-            ),
+            tasks=self.tasks,
+            mount=self.http.mount,
+            peers=lambda: list(self.conf.get("peers", [])),
+            core=core,
+            config_path=self.config_path,
         )
-        await self.eventer.start()
-        if retention_conf.get("max_age_seconds") or retention_conf.get("max_events"):
-            self._retention_task = asyncio.get_running_loop().create_task(
-                self._retention_loop(retention_conf["check_interval_seconds"])
-            )
+        for name, module in PROTOCOLS.items():
+            section = self.conf.get(name, {})
+            if not section.get("enabled", True):
+                log.info("protocol %s disabled by configuration", name)
+                continue
+            self._created.append(module.create(build(module.CONFIG, section), ctx))
+        # Before any id exists: protocols may learn our highest own id (Syncer bootstrap).
+        continue_after = None
+        for proto in self._created:
+            prepare = getattr(proto, "prepare", None)
+            if prepare is not None:
+                learned = await prepare(self.engine)
+                if learned is not None and (
+                    continue_after is None or learned.instance > continue_after.instance
+                ):
+                    continue_after = learned
+        await self.engine.start(continue_after=continue_after)
         self.engine.set_operational()
-        self.syncer.start_mesh(self.config_path)
+        for proto in self._created:
+            await proto.start()
+            self.protocols[proto.name] = proto
+        if retention.enabled:
+            self.tasks.spawn("retention", self._retention_loop(retention.check_interval_seconds))
         log.info(
-            "replica server_id=%s operational: eventer=%s:%s syncer=%s:%s peers=%s data=%s",
-            conf["server_id"],
-            conf["host"],
-            self.eventer.port,
-            conf["host"],
-            self.syncer.port,
-            [p.name for p in self.syncer.peers],
+            "replica server_id=%s operational: %s peers=%s data=%s",
+            core.server_id,
+            " ".join(f"{p.name}={core.host}:{p.describe().get('port')}" for p in self._created),
+            [p["name"] for p in self.conf.get("peers", [])],
             data_dir,
         )
 
     async def stop(self) -> None:
-        """Graceful: status stopping (clients are told), commit, close listeners and storage."""
-        if self._retention_task:
-            self._retention_task.cancel()
+        """Graceful: status stopping (clients are told), commit, close protocols (in
+        reverse start order), storage, then HTTP."""
         if self.engine:
             await self.engine.stop()
-        # After the last commit: peers confirm they hold our events (MsgFlushReq/Res).
-        await self.syncer.stop()
-        if self.eventer:
-            await self.eventer.stop()
+        for proto in reversed(self._created):
+            try:
+                await proto.stop()
+            except Exception:
+                log.exception("protocol %s did not stop cleanly", proto.name)
+        await self.tasks.close(timeout=5)
         if self.storage:
             await self.storage.close()
         if self.http:
             # Last: /readyz reports "stopping" and /healthz stays alive while we drain.
             await self.http.stop()
         log.info("replica stopped")
+
+    def reload(self, reason: str = "SIGHUP") -> None:
+        """Re-read what can change without a restart (the peer list)."""
+        for proto in self._created:
+            reload = getattr(proto, "reload", None)
+            if reload is not None:
+                reload(reason)
 
     async def _retention_loop(self, interval: float) -> None:
         while True:
@@ -122,8 +187,12 @@ class Replica:
                 log.exception("retention pass failed")
 
 
-async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None = None) -> None:
-    """Run a replica until SIGTERM/SIGINT, then stop gracefully; SIGHUP reloads peers."""
+async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None = None) -> int:
+    """Run a replica until SIGTERM/SIGINT, then stop gracefully; SIGHUP reloads peers.
+
+    Returns the exit code: 0 after a requested stop, 1 when a critical background task
+    stopped (the reason is logged) or the start failed.
+    """
     replica = Replica(conf, token, config_path)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -131,23 +200,29 @@ async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
     with contextlib.suppress(NotImplementedError):
-        loop.add_signal_handler(signal.SIGHUP, replica.syncer.reload)
+        loop.add_signal_handler(signal.SIGHUP, replica.reload)
     try:
         # Start-up can wait for peers (identity safety): a stop request must still win.
-        starting = loop.create_task(replica.start())
-        stopping = loop.create_task(stop.wait())
-        await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-        if starting.done():
+        starting = loop.create_task(replica.start(), name="replica/start")
+        stopping = loop.create_task(stop.wait(), name="replica/stop-signal")
+        failing = loop.create_task(replica.failed.wait(), name="replica/failure")
+        await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        if starting.done() and not failing.done():
             starting.result()
-            await stopping
-        log.info("stop requested")
+            await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
+        if failing.done():
+            log.error("stopping: %s", replica.failure)
+        else:
+            log.info("stop requested")
         _arm_stop_deadline(loop)
-        if not starting.done():
-            starting.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await starting
+        for task in (starting, stopping, failing):
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
     finally:
         await replica.stop()
+    return 1 if replica.failure else 0
 
 
 STOP_DEADLINE = 25.0

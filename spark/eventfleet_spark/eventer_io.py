@@ -1,6 +1,6 @@
 """Paged ``timeseries`` reads over Eventer, for Spark's Python workers.
 
-Why not `eventfleet_server.eventer.Client`: the job reads millions of events, and
+Why not `eventfleet_server.client.eventer.Client`: the job reads millions of events, and
 turning every SBS record into model objects (``Event``, ``EventId``, ``Timestamp``)
 costs about as much client CPU as decoding the SBS itself. This module speaks the same
 protocol over the project's chatter transport and hands out the decoded SBS records

@@ -81,7 +81,3 @@ def slices(span: Span, count: int, align_us: int = 1) -> list[Span]:
             bounds.append(b)
     bounds.append(span.end)
     return [Span(a, b) for a, b in itertools.pairwise(bounds)]
-
-
-def bucket_start(t_us: int, bucket_us: int) -> int:
-    return floor_to(t_us, bucket_us)

@@ -115,7 +115,7 @@ async def write_back(
     timeout: float = 30.0,
 ) -> WriteBackResult:
     """Register the missing or changed `aggregates` of `span` (see the module doc)."""
-    from eventfleet_server.eventer.client import connect
+    from eventfleet_server.client.eventer import connect
 
     client = await connect(
         endpoint.host, endpoint.port, client_name, client_token=token, timeout=timeout

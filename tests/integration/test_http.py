@@ -11,10 +11,12 @@ import asyncio
 import json
 import pathlib
 import re
+import typing
 
 import aiohttp
 import pytest
 from aiohttp import web
+from eventfleet_server.client.eventer import EventerInitError, connect
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -23,7 +25,6 @@ from eventfleet_server.common.model import (
     Status,
     Timestamp,
 )
-from eventfleet_server.eventer import EventerInitError, connect
 from eventfleet_server.http.health import readiness
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -38,17 +39,29 @@ STATUS_KEYS = {
     "last_ids",
     "peers",
     "storage",
+    "protocols",
 }
 
 
 class FakeSyncer:
-    """The Syncer's contract as the HTTP layer reads it."""
+    """The Syncer's contract as the HTTP layer reads it: the protocol plug-in interface
+    plus `state()`, `initial_sync_done` and `flush_peer`."""
+
+    name = "syncer"
+    connection_count = 0
+    rejected: typing.ClassVar[dict] = {}
 
     def __init__(self, peers=(), *, initial_sync_done=True, flush_result=True):
         self.peers = list(peers)
         self.initial_sync_done = initial_sync_done
         self.flush_result = flush_result
         self.flushed: list[tuple[str, float]] = []
+
+    def health(self):
+        return None if self.initial_sync_done else "initial sync with the peers is not done"
+
+    def describe(self):
+        return {"port": None}
 
     def state(self):
         return [dict(p) for p in self.peers]
@@ -66,11 +79,16 @@ def use_syncer(replica, monkeypatch):
     the replica's own Syncer (if it runs one) is the one that gets stopped.
     """
 
-    def install(syncer):
-        monkeypatch.setattr(replica, "syncer", syncer, raising=False)
-        return syncer
+    return lambda syncer: install_syncer(replica, monkeypatch, syncer)
 
-    return install
+
+def install_syncer(replica, monkeypatch, syncer):
+    """Replace the replica's Syncer protocol by `syncer` (None: no Syncer) for one test."""
+    others = [p for p in replica.all_protocols if p.name != "syncer"]
+    created = [*others, syncer] if syncer is not None else others
+    monkeypatch.setattr(replica, "_created", created)
+    monkeypatch.setattr(replica, "protocols", {p.name: p for p in created})
+    return syncer
 
 
 def peer(name, server_id, state="synced", **extra):
@@ -209,7 +227,8 @@ def test_readiness_rules():
     class Stub:
         def __init__(self, status, syncer=None):
             self.engine = type("E", (), {"status": status})() if status else None
-            self.syncer = syncer
+            self.all_protocols = [syncer] if syncer else []
+            self.protocols = {"syncer": syncer} if syncer else {}
 
     assert readiness(Stub(None)) == (False, "starting: the store is being opened")
     assert readiness(Stub(Status.STARTING))[0] is False
@@ -219,6 +238,10 @@ def test_readiness_rules():
     # Lost peers after the initial sync do not make a replica unready: it still serves.
     lost = FakeSyncer([peer("r2", 2, "disconnected")], initial_sync_done=True)
     assert readiness(Stub(Status.OPERATIONAL, lost)) == (True, None)
+    # A created protocol that has not started yet holds readiness back.
+    starting = Stub(Status.OPERATIONAL, FakeSyncer())
+    starting.protocols = {}
+    assert readiness(starting) == (False, "protocol syncer is starting")
 
 
 async def test_healthz_does_not_touch_the_disk(replica, monkeypatch):

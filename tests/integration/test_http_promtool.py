@@ -11,10 +11,11 @@ import threading
 
 import aiohttp
 import pytest
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
+from eventfleet_server.listener import RejectReason
 
-from tests.integration.test_http import FakeSyncer, peer
+from tests.integration.test_http import FakeSyncer, install_syncer, peer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 _install_lock = threading.Lock()
@@ -50,13 +51,13 @@ async def test_promtool_accepts_the_exposition_of_a_live_replica(replica, monkey
     fake = FakeSyncer(
         [peer("r2", 2, events_received=4), peer("r3", 3, "disconnected", lag_events=None)]
     )
-    monkeypatch.setattr(replica, "syncer", fake, raising=False)
+    install_syncer(replica, monkeypatch, fake)
     client = await connect("127.0.0.1", replica.eventer.port, "test/promtool")
     try:
         await client.register([RegisterEvent(("p", "1"), None, None)] * 3, with_response=True)
     finally:
         await client.close()
-    replica.eventer.rejected["bad_token"] = 1
+    replica.eventer.rejections.reject(RejectReason.BAD_TOKEN, "a refusal for the exposition")
 
     async with (
         aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as s,

@@ -11,8 +11,8 @@ import socket
 import aiohttp
 import pytest
 from eventfleet_server import config
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
-from eventfleet_server.eventer import connect
 from eventfleet_server.main import Replica
 from prometheus_client.parser import text_string_to_metric_families
 

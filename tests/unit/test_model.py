@@ -168,3 +168,20 @@ def test_register_event_round_trip(event):
 def test_query_params_round_trip(params):
     data = codec.repo.encode("HatEventer.QueryParams", codec.query_params_to_sbs(params))
     assert codec.query_params_from_sbs(codec.repo.decode("HatEventer.QueryParams", data)) == params
+
+
+def _ev(server, session, instance):
+    return Event(EventId(server, session, instance), ("a",), Timestamp(1, 0), None, None)
+
+
+def test_split_sessions_keeps_order_and_splits_runs():
+    from eventfleet_server.common.model import split_sessions
+
+    a1, a2 = _ev(1, 1, 1), _ev(1, 1, 2)
+    b = _ev(1, 3, 3)
+    other_server = _ev(2, 3, 1)  # same session number, another server: another run
+    a3 = _ev(1, 1, 4)  # session 1 again after others: a run of its own, order kept
+    events = [a1, a2, b, other_server, a3]
+    assert split_sessions(events) == [[a1, a2], [b], [other_server], [a3]]
+    assert split_sessions([]) == []
+    assert split_sessions(iter([a1, a2])) == [[a1, a2]]

@@ -72,11 +72,6 @@ def test_init_res():
     assert protocol.decode_init_res(protocol.encode_init_res("no")) == "no"
 
 
-def test_split_sessions_keeps_order():
-    events = [ev(session=1, instance=1), ev(session=1, instance=2), ev(session=3, instance=3)]
-    assert protocol.split_sessions(events) == [events[:2], events[2:]]
-
-
 def test_parse_peers_skips_self_and_names_duplicates():
     raw = [
         {"name": "a", "host": "h", "port": 1, "server_id": 1},

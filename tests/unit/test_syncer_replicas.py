@@ -13,8 +13,8 @@ import socket
 import pytest
 import yaml
 from eventfleet_server import chatter, config
+from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventId, RegisterEvent, Status
-from eventfleet_server.eventer import connect
 from eventfleet_server.main import Replica
 from eventfleet_server.syncer import protocol
 

@@ -14,9 +14,28 @@ from eventfleet_server.chatter.connection import (
     Connection,
     Conversation,
     FrameError,
+    FrameTooLarge,
     Msg,
     connect,
     serve,
 )
+from eventfleet_server.chatter.listener import (
+    ChatterListener,
+    InitRejected,
+    messages,
+    refuse,
+)
 
-__all__ = ["Connection", "Conversation", "FrameError", "Msg", "connect", "serve"]
+__all__ = [
+    "ChatterListener",
+    "Connection",
+    "Conversation",
+    "FrameError",
+    "FrameTooLarge",
+    "InitRejected",
+    "Msg",
+    "connect",
+    "messages",
+    "refuse",
+    "serve",
+]

@@ -21,6 +21,10 @@ class FrameError(Exception):
     """The peer sent something that is not a valid chatter frame (message names why)."""
 
 
+class FrameTooLarge(FrameError):
+    """A frame announced a size above the connection's limit (its body was not read)."""
+
+
 class Conversation(NamedTuple):
     owner: bool
     first_id: int
@@ -76,6 +80,14 @@ class Connection:
     def write_buffer_size(self) -> int:
         return self._transport.get_write_buffer_size()
 
+    @property
+    def max_msg_size(self) -> int:
+        return self._max_msg_size
+
+    def set_max_msg_size(self, size: int) -> None:
+        """Change the frame size limit (raised once a session is initialised)."""
+        self._max_msg_size = size
+
     async def receive(self) -> Msg:
         """Next application message; `ConnectionError` once closed, `FrameError` on garbage."""
         while True:
@@ -122,17 +134,24 @@ class Connection:
     async def drain(self) -> None:
         await self._writer.drain()
 
-    def close(self, reason: str | None = None) -> None:
-        """Close now; `reason` (if any) is logged once and kept in `close_reason`."""
+    def close(self, reason: str | None = None, *, quiet: bool = False) -> None:
+        """Close once what is queued is sent; `reason` is kept in `close_reason` and
+        logged unless `quiet` (a refusal already logged, rate-limited, by the listener)."""
         if self.is_closed:
             return
         self._close_reason = reason
-        if reason:
+        if reason and not quiet:
             log.warning("closing chatter connection %s: %s", self.peer, reason)
         self._closed.set_result(None)
         if self._ping_task:
             self._ping_task.cancel()
         self._writer.close()
+
+    def abort(self, reason: str | None = None, *, quiet: bool = False) -> None:
+        """Close now, dropping unsent data: for a peer that stopped reading (a plain close
+        would keep the socket until the peer reads what is queued) or sent garbage."""
+        self.close(reason, quiet=quiet)
+        self._transport.abort()
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
@@ -154,7 +173,8 @@ class Connection:
                 raise FrameError(f"invalid length-of-length byte {n}")
             size = int.from_bytes(await self._reader.readexactly(n), "big")
             if size > self._max_msg_size:
-                raise FrameError(
+                self.abort()
+                raise FrameTooLarge(
                     f"message of {size} bytes exceeds the limit of {self._max_msg_size}"
                 )
             body = await self._reader.readexactly(size)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Iterable
 from typing import NamedTuple
 
 EventType = tuple[str, ...]
@@ -133,3 +134,19 @@ def natural_key(event: Event) -> tuple[int, int, int, int]:
     """
     t = event.timestamp
     return (t.s * _US + t.us, event.id.server, event.id.session, event.id.instance)
+
+
+def split_sessions(events: Iterable[Event]) -> list[list[Event]]:
+    """Consecutive runs of one ``(server, session)``, in order.
+
+    A session is one engine batch: the unit the engine fans out and the unit of one
+    Syncer ``MsgEvents``. Runs are consecutive, not grouped: the same session split by
+    another one stays two runs, so the order of ``events`` is never changed.
+    """
+    groups: list[list[Event]] = []
+    for e in events:
+        if groups and groups[-1][0].id[:2] == e.id[:2]:
+            groups[-1].append(e)
+        else:
+            groups.append([e])
+    return groups

@@ -14,47 +14,54 @@ from typing import Any
 import jsonschema
 import yaml
 
-SCHEMA = json.loads((importlib.resources.files(__package__) / "schema.json").read_text())
 
-DEFAULTS: dict[str, Any] = {
-    "server_id": 1,
-    "host": "127.0.0.1",
-    "data_dir": "./data",
-    "token_file": None,
-    "allow_empty_start": True,
-    "eventer": {
-        "port": 23012,
-        "max_msg_size": 16 * 1024 * 1024,
-        "max_queued_events": 100_000,
-        "max_results_cap": 10_000,
-        "ack_every": 32,
-        "ack_window": 4,
-    },
-    "syncer": {
-        "port": 23013,
-        "subscriptions": [["*"]],
-        "client_name": None,
-        "bootstrap_timeout": 10.0,
-        "bootstrap_grace": 1.0,
-        "reconnect_min_delay": 0.5,
-        "reconnect_max_delay": 30.0,
-        "reload_interval": 2.0,
-        "max_msg_size": 64 * 1024 * 1024,
-        "max_queued_events": 100_000,
-        "shutdown_flush_timeout": 5.0,
-    },
-    # The Event BUS is not implemented in this version: the keys are accepted so configs
-    # written for a later version stay valid, but enabling it is refused (see load()).
-    "bus": {"port": 23030, "enabled": False},
-    "http": {"port": 23080},
-    "storage": {
-        "synchronous": "NORMAL",
-        "max_uncommitted": 100_000,
-        "retention": {"max_age_seconds": None, "max_events": None, "check_interval_seconds": 60},
-    },
-    "peers": [],
-    "log": {"level": "INFO", "format": "text"},
-}
+def _compose_schema() -> dict:
+    """The core schema plus one section per package that ships a ``schema.json``.
+
+    Each protocol package owns the schema of its section (`eventfleet_server/<name>/
+    schema.json`, section name = package name), defaults included: adding a protocol
+    adds its section without touching this module. The fragments are read as package
+    data, without importing the protocol packages (this layer sits below them).
+    """
+    root = importlib.resources.files("eventfleet_server")
+    schema = json.loads((root / "config" / "schema.json").read_text())
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        fragment = entry / "schema.json"
+        if entry.name == "config" or not entry.is_dir() or not fragment.is_file():
+            continue
+        if entry.name in schema["properties"]:
+            raise RuntimeError(f"config section {entry.name!r} is defined twice")
+        section = json.loads(fragment.read_text())
+        section.pop("$schema", None)
+        schema["properties"][entry.name] = section
+    return schema
+
+
+SCHEMA = _compose_schema()
+
+
+def fill_defaults(schema: Mapping, data: Any) -> Any:
+    """`data` with every missing key that has a schema ``default`` filled in, recursively.
+
+    The schema's ``default`` values are the only copy of the defaults: the typed
+    configuration dataclasses have none.
+    """
+    if not isinstance(data, dict) or schema.get("type") != "object":
+        if isinstance(data, list) and isinstance(schema.get("items"), Mapping):
+            return [fill_defaults(schema["items"], item) for item in data]
+        return data
+    out = dict(data)
+    for key, sub in schema.get("properties", {}).items():
+        if key not in out and "default" in sub:
+            out[key] = copy.deepcopy(sub["default"])
+        if key in out:
+            out[key] = fill_defaults(sub, out[key])
+    return out
+
+
+def defaults() -> dict:
+    """The complete default configuration."""
+    return fill_defaults(SCHEMA, {})
 
 
 class ConfigError(Exception):
@@ -145,12 +152,14 @@ def load(
     environ: Mapping[str, str] | None = None,
 ) -> dict:
     """Defaults < file < environment < `overrides` (flags), validated as a whole."""
-    conf = copy.deepcopy(DEFAULTS)
+    conf: dict = {}
     if path is not None:
-        conf = merge(conf, load_file(path))
+        conf = load_file(path)
     conf = merge(conf, env_overrides(os.environ if environ is None else environ))
     if overrides:
         conf = merge(conf, overrides)
+    validate(conf)
+    conf = fill_defaults(SCHEMA, conf)
     validate(conf)
     check_implemented(conf)
     check_peers(conf.get("peers", []))

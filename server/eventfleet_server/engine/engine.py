@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,9 +18,11 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Status,
     Timestamp,
+    split_sessions,
     timestamp_from_us,
     timestamp_to_us,
 )
+from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Storage
 
 log = logging.getLogger(__name__)
@@ -34,6 +35,11 @@ to their own bounded per-connection queues.
 """
 
 StatusListener = Callable[[Status], None]
+
+SequenceListener = Callable[[list[tuple[int, Event]]], None]
+"""Called after every commit (own registrations and merges) with ``(seq, event)`` of the
+inserted events: `seq` is the replica's local storage sequence number, strictly
+increasing in commit order and never reused (the Event BUS sequence, Replication usn)."""
 
 _OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
 
@@ -68,6 +74,7 @@ class Engine:
         *,
         max_uncommitted: int = 100_000,
         max_results_cap: int = 10_000,
+        tasks: Tasks | None = None,
     ):
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -88,7 +95,11 @@ class Engine:
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
+        # The writer is critical: if it ever stops, nothing is committed any more, so its
+        # exit stops the replica (through the owner's on_fatal).
+        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("engine")
         self._writer_task: asyncio.Task | None = None
+        self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
@@ -143,7 +154,7 @@ class Engine:
             session + 1,
             instance + 1,
         )
-        self._writer_task = asyncio.get_running_loop().create_task(self._writer_loop())
+        self._writer_task = self._tasks.spawn("writer", self._writer_loop())
 
     def set_operational(self) -> None:
         self._set_status(Status.OPERATIONAL)
@@ -152,11 +163,8 @@ class Engine:
         """Status ``stopping``, commit what is pending, stop the writer."""
         self._set_status(Status.STOPPING)
         await self.flush()
-        if self._writer_task:
-            self._writer_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer_task
-            self._writer_task = None
+        await self._tasks.close()
+        self._writer_task = None
 
     async def flush(self) -> None:
         """Wait until everything registered so far is committed."""
@@ -181,6 +189,20 @@ class Engine:
     def add_status_listener(self, listener: StatusListener) -> Callable[[], None]:
         self._status_listeners.append(listener)
         return lambda: self._status_listeners.remove(listener)
+
+    def add_sequence_listener(self, listener: SequenceListener) -> Callable[[], None]:
+        """Called after each commit with ``(local seq, event)`` pairs (see `SequenceListener`)."""
+        self._sequence_listeners.append(listener)
+        return lambda: self._sequence_listeners.remove(listener)
+
+    def _fan_out_sequenced(self, inserted: list[tuple[int, Event]]) -> None:
+        if not inserted:
+            return
+        for listener in self._sequence_listeners:
+            try:
+                listener(inserted)
+            except Exception:
+                log.exception("sequence listener %r failed", listener)
 
     def add_commit_listener(self, listener: Callable[[int, float], None]) -> Callable[[], None]:
         """Called after each commit with (event count, commit seconds); for metrics."""
@@ -258,10 +280,12 @@ class Engine:
         Every listener is told after the commit, once with ``persisted=False`` and once
         with ``True``, one session at a time.
         """
-        inserted = [e for _, e in await self._storage.write(events)]
-        for group in _sessions(inserted):
+        pairs = await self._storage.write(events)
+        inserted = [e for _, e in pairs]
+        for group in split_sessions(inserted):
             self._fan_out(group, False)
             self._fan_out(group, True)
+        self._fan_out_sequenced(pairs)
         return inserted
 
     async def _writer_loop(self) -> None:
@@ -277,7 +301,7 @@ class Engine:
             meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
             started = time.perf_counter()
             try:
-                await self._storage.write(batch, meta)
+                pairs = await self._storage.write(batch, meta)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
                 for fut in futures:
@@ -292,6 +316,7 @@ class Engine:
                     fut.set_result(None)
             for start, end in sessions:
                 self._fan_out(batch[start:end], True)
+            self._fan_out_sequenced(pairs)
             for cb in self._commit_listeners:
                 cb(len(batch), elapsed)
 
@@ -329,16 +354,6 @@ class Engine:
             room = max(limit - len(result.events), 0)
             result = QueryResult(result.events + extra[:room], len(extra) > room)
         return result
-
-
-def _sessions(events: list[Event]) -> list[list[Event]]:
-    groups: list[list[Event]] = []
-    for e in events:
-        if groups and groups[-1][0].id[:2] == e.id[:2]:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    return groups
 
 
 def _validate_register_event(i: int, e: RegisterEvent) -> None:

@@ -1,6 +1,9 @@
-"""Eventer: the Hat client protocol (server side and the project's own client)."""
+"""Eventer: the Hat client protocol, server side.
 
-from eventfleet_server.eventer.client import Client, EventerInitError, connect
+The project's Eventer client is `eventfleet_server.client.eventer` (outside this package,
+so that importing it does not import the server, the engine and storage).
+"""
+
 from eventfleet_server.eventer.server import EventerLimits, EventerServer
 
-__all__ = ["Client", "EventerInitError", "EventerLimits", "EventerServer", "connect"]
+__all__ = ["EventerLimits", "EventerServer"]

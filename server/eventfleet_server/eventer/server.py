@@ -4,16 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from collections import deque
 from dataclasses import dataclass
 
 from eventfleet_server import chatter
+from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import Event, QueryTimeseriesParams, Status
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
+from eventfleet_server.listener import (
+    AdmissionLimits,
+    Rejections,
+    RejectReason,
+    Tasks,
+    TokenPolicy,
+)
 
 log = logging.getLogger(__name__)
 
@@ -22,11 +29,12 @@ _P = "HatEventer."
 
 @dataclass(frozen=True)
 class EventerLimits:
-    """Per-connection bounds; see docs/eventer.md for the slow-subscriber policy."""
+    """Per-session bounds; see docs/eventer.md for the slow-subscriber policy.
 
-    max_msg_size: int = 16 * 1024 * 1024
-    init_timeout: float = 10.0
-    init_error_close_timeout: float = 2.0
+    Connection-level bounds (caps, message sizes, init timeout) are the listener's
+    `AdmissionLimits`.
+    """
+
     # A notify with last=false (asking for MsgEventsAck) every `ack_every` notifies;
     # at most `ack_window` of those unanswered before notifies are queued instead.
     ack_every: int = 32
@@ -39,7 +47,10 @@ class EventerLimits:
 
 
 class EventerServer:
-    """Serves Eventer on host:port for one engine."""
+    """Serves Eventer on host:port for one engine: an adapter between the chatter
+    listener (admission, init sequence) and the engine (register, query, fan-out)."""
+
+    name = "eventer"
 
     def __init__(
         self,
@@ -47,57 +58,65 @@ class EventerServer:
         host: str,
         port: int,
         *,
-        token: str | None = None,
+        tokens: TokenPolicy | None = None,
         limits: EventerLimits = EventerLimits(),
+        admission: AdmissionLimits = AdmissionLimits(),
     ):
         self._engine = engine
-        self._host = host
-        self._port = port
-        self._token = token
+        # Hat clients may send no token (hat-gateway has no setting for one): admitted;
+        # a token that does not match, or one sent to a server without any, is refused.
+        self._tokens = tokens or TokenPolicy(allow_missing=True, refuse_unexpected=True)
         self._limits = limits
-        self._sessions: set[_Session] = set()
-        self._server: asyncio.Server | None = None
+        self.rejections = Rejections("eventer")
+        self._listener = ChatterListener(
+            "eventer",
+            host,
+            port,
+            init_type=_P + "MsgInitReq",
+            initialize=self._initialize,
+            limits=admission,
+            rejections=self.rejections,
+            ping_delay=limits.ping_delay,
+            ping_timeout=limits.ping_timeout,
+        )
         self._unsubscribe = []
-        self.rejected: dict[str, int] = {}
 
     @property
     def port(self) -> int:
         """The bound port (useful when configured as 0)."""
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        return self._listener.port
 
     @property
     def connection_count(self) -> int:
-        return len(self._sessions)
+        return len(self._listener.sessions)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return self.rejections.counts
+
+    def health(self) -> str | None:
+        return None
+
+    def describe(self) -> dict:
+        return {"port": self.port, "connections": self.connection_count}
+
+    @property
+    def _sessions(self) -> set[_Session]:
+        return self._listener.sessions
 
     async def start(self) -> None:
         self._unsubscribe = [
             self._engine.add_listener(self._on_events),
             self._engine.add_status_listener(self._on_status),
         ]
-        self._server = await chatter.serve(
-            self._on_connection,
-            self._host,
-            self._port,
-            max_msg_size=self._limits.max_msg_size,
-            ping_delay=self._limits.ping_delay,
-            ping_timeout=self._limits.ping_timeout,
-        )
-        log.info("eventer listening on %s:%s", self._host, self.port)
+        await self._listener.start()
+        log.info("eventer listening on port %s", self.port)
 
     async def stop(self) -> None:
         for unsubscribe in self._unsubscribe:
             unsubscribe()
-        if self._server:
-            self._server.close()
-        for session in list(self._sessions):
-            session.conn.close()
-        if self._server:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 5)
-
-    def _count_rejection(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        self._unsubscribe = []
+        await self._listener.stop()
 
     # -- fan-out -----------------------------------------------------------------------------
 
@@ -124,61 +143,23 @@ class EventerServer:
             with contextlib.suppress(ConnectionError):
                 session.conn.send(_P + "MsgStatusNotify", data)
 
-    # -- connections -------------------------------------------------------------------------
+    # -- init ----------------------------------------------------------------------------------
 
-    async def _on_connection(self, conn: chatter.Connection) -> None:
-        session = await self._initialize(conn)
-        if session is None:
-            return
-        self._sessions.add(session)
-        try:
-            await session.run()
-        finally:
-            self._sessions.discard(session)
-            log.info(
-                "eventer client %r (%s) disconnected%s",
-                session.name,
-                conn.peer,
-                f": {conn.close_reason}" if conn.close_reason else "",
-            )
-
-    async def _initialize(self, conn: chatter.Connection) -> _Session | None:
-        try:
-            msg = await asyncio.wait_for(conn.receive(), self._limits.init_timeout)
-        except TimeoutError:
-            self._count_rejection("init_timeout")
-            conn.close(f"no MsgInitReq within {self._limits.init_timeout} s")
-            return None
-        except chatter.FrameError as e:
-            self._count_rejection("bad_frame")
-            conn.close(f"before init: {e}")
-            return None
-        except ConnectionError:
-            return None
-        if msg.type != _P + "MsgInitReq":
-            self._count_rejection("not_initialized")
-            conn.close(f"first message is {msg.type!r}, expected HatEventer.MsgInitReq")
-            return None
+    async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
         try:
             req = codec.repo.decode(msg.type, msg.data)
         except Exception as e:
-            self._count_rejection("bad_message")
-            await self._init_error(conn, msg, f"MsgInitReq does not decode: {e}")
-            return None
+            raise _init_error(RejectReason.BAD_MESSAGE, f"MsgInitReq does not decode: {e}") from e
         name = req["clientName"]
         token = req["clientToken"][1] if req["clientToken"][0] == "value" else None
-        if token is not None and (
-            self._token is None or not hmac.compare_digest(token.encode(), self._token.encode())
-        ):
-            self._count_rejection("bad_token")
-            await self._init_error(conn, msg, "invalid client token", name)
-            return None
+        error = self._tokens.check(token)
+        if error is not None:
+            # The text is what Hat clients show; it never says which token was expected.
+            raise _init_error(RejectReason.BAD_TOKEN, "invalid client token", name)
         try:
             subscription = Subscription(req["subscriptions"])
         except InvalidSubscriptionError as e:
-            self._count_rejection("bad_subscription")
-            await self._init_error(conn, msg, str(e), name)
-            return None
+            raise _init_error(RejectReason.BAD_SUBSCRIPTION, str(e), name) from e
         server_id = req["serverId"][1] if req["serverId"][0] == "value" else None
         res = codec.repo.encode(
             _P + "MsgInitRes", ("success", codec.status_to_sbs(self._engine.status))
@@ -194,15 +175,10 @@ class EventerServer:
         )
         return _Session(self, conn, name, subscription, server_id, req["persisted"])
 
-    async def _init_error(self, conn, msg, error: str, name: str | None = None) -> None:
-        log.warning("eventer init of %r from %s rejected: %s", name, conn.peer, error)
-        with contextlib.suppress(ConnectionError):
-            conn.send(
-                _P + "MsgInitRes",
-                codec.repo.encode(_P + "MsgInitRes", ("error", error)),
-                conv=msg.conv,
-            )
-        await conn.close_after_flush(self._limits.init_error_close_timeout)
+
+def _init_error(reason: RejectReason, error: str, name: str | None = None) -> InitRejected:
+    reply = (_P + "MsgInitRes", codec.repo.encode(_P + "MsgInitRes", ("error", error)))
+    return InitRejected(reason, error, reply, name)
 
 
 def _encode_events(events: list[Event]) -> bytes:
@@ -226,7 +202,8 @@ class _Session:
         self._queue: deque[tuple[bytes, int]] = deque()
         self._queued_events = 0
         self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
-        self._tasks: set[asyncio.Task] = set()
+        # Per-session group: queries still running when the client leaves are cancelled.
+        self._tasks = Tasks(f"eventer/{conn.peer}")
 
     def select(self, events: list[Event]) -> list[Event]:
         if self.subscription.is_empty:
@@ -245,11 +222,12 @@ class _Session:
             self._queue.append((data, count))
             self._queued_events += count
             if self._queued_events > self._limits.max_queued_events:
-                self.server._count_rejection("slow_subscriber")
-                self.conn.close(
+                self._refuse(
+                    RejectReason.SLOW_SUBSCRIBER,
                     f"subscriber too slow: {self._queued_events} events queued, "
                     f"{self._outstanding_acks} MsgEventsAck outstanding "
-                    f"(limit {self._limits.max_queued_events})"
+                    f"(limit {self._limits.max_queued_events})",
+                    abort=True,
                 )
             return
         self._send_notify(data)
@@ -276,35 +254,35 @@ class _Session:
 
     # -- requests --------------------------------------------------------------------------
 
+    def _refuse(self, reason: RejectReason, detail: str, *, abort: bool = False) -> None:
+        chatter.refuse(
+            self.conn,
+            self.server.rejections,
+            reason,
+            f"client {self.name!r}: {detail}",
+            abort=abort,
+        )
+
     async def run(self) -> None:
-        conn = self.conn
         try:
-            while True:
-                try:
-                    msg = await conn.receive()
-                except chatter.FrameError as e:
-                    self.server._count_rejection("bad_frame")
-                    conn.close(f"client {self.name!r}: {e}")
-                    return
-                except ConnectionError:
-                    return
-                t = msg.type
-                if t == _P + "MsgRegisterReq":
-                    self._on_register(msg)
-                elif t == _P + "MsgEventsAck":
-                    self._on_ack()
-                elif t == _P + "MsgQueryReq":
-                    await self._queries.acquire()
-                    task = asyncio.get_running_loop().create_task(self._on_query(msg))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                else:
-                    self.server._count_rejection("unexpected_message")
-                    conn.close(f"client {self.name!r}: unexpected message type {t!r}")
-                    return
+            await self._read_loop()
         finally:
-            for task in list(self._tasks):
-                task.cancel()
+            await self._tasks.close()
+
+    async def _read_loop(self) -> None:
+        label = f"eventer client {self.name!r}"
+        async for msg in chatter.messages(self.conn, self.server.rejections, label):
+            t = msg.type
+            if t == _P + "MsgRegisterReq":
+                self._on_register(msg)
+            elif t == _P + "MsgEventsAck":
+                self._on_ack()
+            elif t == _P + "MsgQueryReq":
+                await self._queries.acquire()
+                self._tasks.spawn("query", self._on_query(msg), critical=False)
+            else:
+                self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
+                return
 
     def _on_register(self, msg: chatter.Msg) -> None:
         conn = self.conn
@@ -313,14 +291,16 @@ class _Session:
             data = codec.repo.decode(msg.type, msg.data)
             events = [codec.register_event_from_sbs(e) for e in data]
         except Exception as e:
-            self.server._count_rejection("bad_message")
-            conn.close(f"client {self.name!r}: MsgRegisterReq does not decode: {e}")
+            self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
             return
         try:
             created, fut = self._engine.register(events)
         except EngineError as e:
-            self.server._count_rejection("register_failed")
-            log.warning("register of %d events by %r failed: %s", len(events), self.name, e)
+            self.server.rejections.reject(
+                RejectReason.REGISTER_FAILED,
+                f"register of {len(events)} events by {self.name!r} failed: {e}",
+                conn.peer,
+            )
             if wants_response:
                 self._respond_register(msg, None)
             return
@@ -348,8 +328,7 @@ class _Session:
                 params = codec.query_params_from_sbs(codec.repo.decode(msg.type, msg.data))
                 _check_query(params)
             except Exception as e:
-                self.server._count_rejection("bad_query")
-                self.conn.close(f"client {self.name!r}: invalid MsgQueryReq: {e}")
+                self._refuse(RejectReason.BAD_QUERY, f"invalid MsgQueryReq: {e}")
                 return
             try:
                 result = await self._engine.query(params)

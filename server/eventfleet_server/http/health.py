@@ -18,14 +18,23 @@ from eventfleet_server.common.model import Status
 
 
 def readiness(replica: Any) -> tuple[bool, str | None]:
-    """(ready, reason when not ready) from the replica's engine status and syncer."""
+    """(ready, reason when not ready) from the engine status and every protocol's health.
+
+    Each protocol the replica created (`replica.all_protocols`) must be started and say
+    nothing against readiness (the Syncer holds it back until the initial sync is done).
+    """
     engine = getattr(replica, "engine", None)
     if engine is None:
         return False, "starting: the store is being opened"
     if engine.status != Status.OPERATIONAL:
         return False, f"engine status is {engine.status.value}"
-    if not initial_sync_done(replica):
-        return False, "initial sync with the peers is not done"
+    started = getattr(replica, "protocols", {})
+    for proto in getattr(replica, "all_protocols", ()):
+        reason = proto.health()
+        if reason:
+            return False, reason
+        if proto.name not in started:
+            return False, f"protocol {proto.name} is starting"
     return True, None
 
 

@@ -41,11 +41,6 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 
-# Objects on the replica that may carry `connection_count` and `rejected`; a protocol that
-# lands later shows up in `eventfleet_connections` / `eventfleet_rejected_total` just by
-# being a replica attribute of this name with those two members.
-PROTOCOLS = ("eventer", "syncer", "bus", "replication", "jetstream")
-
 # Syncer peer states (the syncer's `state()` contract) that mean "a connection is up".
 _CONNECTED_STATES = frozenset({"connected", "syncing", "synced"})
 
@@ -262,15 +257,11 @@ def _protocol_metrics(replica: Any) -> Iterator[Metric]:
         "slow subscriber, ...).",
         labels=["protocol", "reason"],
     )
-    for protocol in PROTOCOLS:
-        obj = getattr(replica, protocol, None)
-        if obj is None:
-            continue
-        count = getattr(obj, "connection_count", None)
-        if count is not None:
-            connections.add_metric([protocol], count)
-        for reason, n in dict(getattr(obj, "rejected", None) or {}).items():
-            rejected.add_metric([protocol, reason], n)
+    # Every protocol the replica started (the plug-in interface), whatever its name.
+    for name, proto in dict(getattr(replica, "protocols", None) or {}).items():
+        connections.add_metric([name], proto.connection_count)
+        for reason, n in dict(proto.rejected).items():
+            rejected.add_metric([name, reason], n)
     yield connections
     yield rejected
 

@@ -32,6 +32,10 @@ async def status_document(replica: Any) -> dict:
         "session": engine.last_id.session if engine is not None else None,
         "last_ids": last_ids(storage),
         "peers": peers(getattr(replica, "syncer", None)),
+        "protocols": {
+            name: proto.describe()
+            for name, proto in dict(getattr(replica, "protocols", None) or {}).items()
+        },
         "storage": {
             "events": stats.events if stats else None,
             "db_bytes": stats.db_bytes if stats else None,

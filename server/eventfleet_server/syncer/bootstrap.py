@@ -61,10 +61,6 @@ class IdentityDecision:
         }
 
 
-class IdentityRefusedError(Exception):
-    """Not allowed to start: empty store, no peer reachable, allow_empty_start false."""
-
-
 async def bootstrap_identity(
     *,
     server_id: int,

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from eventfleet_server.common.model import Event
 from eventfleet_server.engine import Engine
+from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import StorageError
 
 log = logging.getLogger(__name__)
@@ -74,9 +75,12 @@ class Merger:
     def queued_events(self) -> int:
         return self._queued_events
 
-    def start(self) -> None:
+    def start(self, tasks: Tasks | None = None) -> None:
+        """Start the merge task (critical: if it ever stops, peers' events stop being
+        committed, so its exit stops the replica through `tasks`' owner)."""
         if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+            self._tasks = (tasks if tasks is not None else Tasks("syncer")).child("merger")
+            self._task = self._tasks.spawn("merge", self._run())
 
     async def stop(self) -> None:
         """Commit what is queued, then stop."""
@@ -84,9 +88,7 @@ class Merger:
             return
         with contextlib.suppress(Exception):
             await self.barrier(MergeOwner("stop"))
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await self._tasks.close()
         self._task = None
         for item in self._queue:
             if item.future is not None and not item.future.done():

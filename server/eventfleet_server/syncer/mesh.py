@@ -19,7 +19,7 @@ replica with a wiped store learns about servers that are gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
 import logging
 import random
 import time
@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from eventfleet_server.common.model import Event, EventType, QueryLatestParams
 from eventfleet_server.engine import Engine
+from eventfleet_server.listener import Tasks
 from eventfleet_server.syncer.client import (
     InitRefusedError,
     Peer,
@@ -58,6 +59,16 @@ def ids_named_by(event_type: EventType) -> tuple[int, ...]:
         ids = (int(event_type[1]), int(event_type[3]))
         return tuple(i for i in ids if 1 <= i <= MAX_ID)
     return ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+    """How one Syncer connection ended: ``error`` is None when it ended normally;
+    ``refused`` when the peer answered the init with an error (it holds none of the
+    requested server's events), which callers treat as an answer, not a failure."""
+
+    error: str | None = None
+    refused: bool = False
 
 
 class Backoff:
@@ -96,34 +107,32 @@ class PeerLink:
         self.direct = mesh.make_stream(peer, peer.server_id, self._on_direct_change)
         self.streams: dict[int, SyncStream] = {peer.server_id: self.direct}
         self._tasks: dict[int, asyncio.Task] = {}
+        self._group = mesh.tasks.group(f"peer:{peer.name}")
 
     # -- lifecycle ----------------------------------------------------------------------
 
     def start(self) -> None:
-        self._spawn(self.peer.server_id, self._direct_loop())
-        self._spawn(self.mesh.own_server_id, self._own_loop())
+        # The direct and own-id loops run as long as the link: their exit is fatal. A
+        # relay ends by itself when the relayed server id is not needed through this peer.
+        self._spawn(self.peer.server_id, self._direct_loop(), "direct", critical=True)
+        self._spawn(self.mesh.own_server_id, self._own_loop(), "own", critical=True)
         self.ensure(self.mesh.known_server_ids())
 
     def ensure(self, server_ids: set[int]) -> None:
         """Start relay streams for server ids not pulled from this peer yet."""
         for server_id in server_ids:
             if server_id not in self._tasks:
-                self._spawn(server_id, self._relay_loop(server_id))
+                self._spawn(server_id, self._relay_loop(server_id), f"relay:{server_id}")
 
-    def _spawn(self, server_id: int, coro) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks[server_id] = task
+    def _spawn(self, server_id: int, coro, name: str, *, critical: bool = False) -> None:
+        self._tasks[server_id] = self._group.spawn(name, coro, critical=critical)
 
     async def stop(self) -> None:
         self.stopping = True
         self.mesh.notify()
         for stream in self.streams.values():
             stream.close()
-        for task in self._tasks.values():
-            task.cancel()
-        for task in self._tasks.values():
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await self._group.close()
         self._tasks.clear()
         self._set_state("disconnected")
 
@@ -174,29 +183,29 @@ class PeerLink:
 
     # -- streams ------------------------------------------------------------------------
 
-    async def _attempt(self, stream: SyncStream, **kwargs) -> str | None:
-        """Run one connection; None if it ended normally, else the error text."""
+    async def _attempt(self, stream: SyncStream, **kwargs) -> Attempt:
+        """Run one connection; how it ended (``error`` is None if it ended normally)."""
         try:
             await stream.run(**kwargs)
-            return None
+            return Attempt()
         except asyncio.CancelledError:
             raise
         except InitRefusedError as e:
-            return f"refused by the peer: {e}"
+            return Attempt(f"refused by the peer: {e}", refused=True)
         except ProtocolError as e:
-            return f"protocol error: {e}"
+            return Attempt(f"protocol error: {e}")
         except (ConnectionError, OSError, TimeoutError) as e:
-            return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+            return Attempt(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
         except Exception as e:
             log.exception("syncer %s failed", stream.label)
-            return repr(e)
+            return Attempt(repr(e))
 
     async def _direct_loop(self) -> None:
         mesh = self.mesh
         backoff = Backoff(mesh.reconnect_min_delay, mesh.reconnect_max_delay)
         while not self.stopping:
             self.attempts += 1
-            error = await self._attempt(self.direct)
+            error = (await self._attempt(self.direct)).error
             if error is None:
                 backoff.reset()  # a synced connection ended: reconnect quickly
             delay = backoff.next()
@@ -230,12 +239,14 @@ class PeerLink:
             if self.stopping:
                 return  # belt and braces: a lost cancellation must not keep us looping
             epoch = self.epoch
-            error = await self._attempt(stream, until_synced=True)
-            if error is None or error.startswith("refused"):
+            attempt = await self._attempt(stream, until_synced=True)
+            if attempt.error is None or attempt.refused:
                 done_epoch = epoch  # refused: the peer holds none of our events
                 backoff.reset()
-                if error:
-                    log.info("syncer peer=%s: own events not held (%s)", self.peer.name, error)
+                if attempt.refused:
+                    log.info(
+                        "syncer peer=%s: own events not held (%s)", self.peer.name, attempt.error
+                    )
                 continue
             await asyncio.sleep(backoff.next())
 
@@ -261,18 +272,18 @@ class PeerLink:
             if self.stopping:
                 return
             epoch = self.epoch
-            error = await self._attempt(stream, stop_when=lambda: mesh.direct_synced(server_id))
-            if error is None:
+            attempt = await self._attempt(stream, stop_when=lambda: mesh.direct_synced(server_id))
+            if attempt.error is None:
                 done_epoch = epoch
                 backoff.reset()
                 continue
-            if error.startswith("refused"):
+            if attempt.refused:
                 done_epoch = epoch
                 log.info(
                     "syncer peer=%s: no relay of server_id=%s (%s)",
                     self.peer.name,
                     server_id,
-                    error,
+                    attempt.error,
                 )
             await asyncio.sleep(backoff.next())
 
@@ -292,9 +303,11 @@ class Mesh:
         reconnect_min_delay: float = 0.5,
         reconnect_max_delay: float = 30.0,
         state_cb: StateCb | None = None,
+        tasks: Tasks | None = None,
     ):
         self.engine = engine
         self.merger = merger
+        self.tasks = tasks if tasks is not None else Tasks("syncer")
         self.own_server_id = engine.server_id
         self.client_name = client_name
         self.token = token
@@ -345,9 +358,6 @@ class Mesh:
         ids = {self.own_server_id, *self.engine.storage.last_ids, *self._seen}
         ids.update(p.server_id for p in self.peers)
         return ids
-
-    def peer_server_ids(self) -> set[int]:
-        return {p.server_id for p in self.peers}
 
     def on_committed(self, events: list[Event]) -> None:
         """Merger callback: start relays for server ids seen for the first time."""

@@ -8,13 +8,13 @@ becomes the ``clientName`` this replica uses towards its peers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
 
 from eventfleet_server.config import ConfigError, load_file
+from eventfleet_server.listener import Tasks
 from eventfleet_server.syncer.client import Peer
 
 log = logging.getLogger(__name__)
@@ -66,14 +66,14 @@ class PeerFileWatcher:
         except OSError:
             return None
 
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+    def start(self, tasks: Tasks | None = None) -> None:
+        self._tasks = (tasks if tasks is not None else Tasks("syncer")).child("peer-watcher")
+        self._task = self._tasks.spawn("poll", self._loop())
 
     async def stop(self) -> None:
         if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await self._tasks.close()
+            self._task = None
 
     def reload(self, reason: str) -> None:
         """Read the file now (SIGHUP, or a change seen by polling)."""

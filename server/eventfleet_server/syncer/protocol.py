@@ -170,14 +170,3 @@ def _check_timestamp(i: int, eid: EventId, t: Timestamp) -> None:
             timestamp_to_us(t)
         except ValueError as err:
             raise ProtocolError(f"event {i} {tuple(eid)}: {err}") from err
-
-
-def split_sessions(events: list[Event]) -> list[list[Event]]:
-    """Consecutive runs of one (server, session): the unit of one MsgEvents."""
-    groups: list[list[Event]] = []
-    for e in events:
-        if groups and groups[-1][0].id[:2] == e.id[:2]:
-            groups[-1].append(e)
-        else:
-            groups.append([e])
-    return groups

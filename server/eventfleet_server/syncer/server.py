@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import time
 from collections import deque
@@ -19,8 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from eventfleet_server import chatter
+from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common.model import Event, EventId, Status
 from eventfleet_server.engine import Engine
+from eventfleet_server.listener import (
+    AdmissionLimits,
+    Rejections,
+    RejectReason,
+    Tasks,
+    TokenPolicy,
+)
 from eventfleet_server.syncer import protocol
 from eventfleet_server.syncer.protocol import InitReq, ProtocolError
 
@@ -29,15 +36,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SyncerServerLimits:
-    """Per-connection bounds of the Syncer server."""
+    """Per-session bounds of the Syncer server (connection bounds: `AdmissionLimits`)."""
 
-    max_msg_size: int = 64 * 1024 * 1024
-    init_timeout: float = 10.0
-    init_error_close_timeout: float = 2.0
     history_page: int = 5_000
     # Events committed while a connection is still sending history are buffered; more
     # than this and the peer is dropped as too slow (it reconnects and resumes).
-    max_queued_events: int = 200_000
+    max_buffered_events: int = 200_000
     # Unsent bytes to a live peer before it is dropped as not reading.
     max_write_buffer: int = 64 * 1024 * 1024
     # A history write that cannot drain for this long: the peer stopped reading.
@@ -62,23 +66,37 @@ class SyncerServer:
         token: str | None = None,
         known_server_ids: Callable[[], set[int]] = set,
         limits: SyncerServerLimits = SyncerServerLimits(),
+        admission: AdmissionLimits = AdmissionLimits(max_msg_size=64 * 1024 * 1024),
     ):
         self._engine = engine
-        self._host = host
-        self._port = port
-        self._token = token
+        # Peers must be configured alike: a token is required when we have one and
+        # refused when we have none (the seed's "configuration synchronization").
+        self._tokens = TokenPolicy.of(token, refuse_unexpected=True)
         self._known = known_server_ids
         self._limits = limits
-        self._server: asyncio.Server | None = None
+        self.rejections = Rejections("syncer")
+        self._listener = ChatterListener(
+            "syncer",
+            host,
+            port,
+            init_type=protocol.INIT_REQ,
+            initialize=self._initialize,
+            limits=admission,
+            rejections=self.rejections,
+            ping_delay=limits.ping_delay,
+            ping_timeout=limits.ping_timeout,
+        )
         self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
         self._unsubscribe: Callable[[], None] | None = None
-        self.rejected: dict[str, int] = {}
 
     @property
     def port(self) -> int:
         """The bound port (useful when configured as 0)."""
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        return self._listener.port
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return self.rejections.counts
 
     def sessions(self) -> list[_Session]:
         return [s for group in self._sessions.values() for s in group]
@@ -89,15 +107,8 @@ class SyncerServer:
 
     async def start(self) -> None:
         self._unsubscribe = self._engine.add_listener(self._on_events)
-        self._server = await chatter.serve(
-            self._on_connection,
-            self._host,
-            self._port,
-            max_msg_size=self._limits.max_msg_size,
-            ping_delay=self._limits.ping_delay,
-            ping_timeout=self._limits.ping_timeout,
-        )
-        log.info("syncer listening on %s:%s", self._host, self.port)
+        await self._listener.start()
+        log.info("syncer listening on port %s", self.port)
 
     async def flush_all(self, timeout: float) -> dict[str, bool]:
         """Ask every connected client to confirm it committed what it was sent.
@@ -132,17 +143,7 @@ class SyncerServer:
         if self._unsubscribe:
             self._unsubscribe()
             self._unsubscribe = None
-        if self._server:
-            self._server.close()
-        for session in self.sessions():
-            session.conn.close()
-        if self._server:
-            with contextlib.suppress(Exception):
-                async with asyncio.timeout(5):
-                    await self._server.wait_closed()
-
-    def _reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+        await self._listener.stop()
 
     # -- fan-out of committed events ---------------------------------------------------------
 
@@ -169,57 +170,14 @@ class SyncerServer:
 
     # -- connections -------------------------------------------------------------------------
 
-    async def _on_connection(self, conn: chatter.Connection) -> None:
-        req = await self._initialize(conn)
-        if req is None:
-            return
-        session = _Session(self, conn, req)
-        group = self._sessions.setdefault(req.last_event_id.server, set())
-        # Registered before history is read: whatever commits from now on is buffered.
-        group.add(session)
-        try:
-            await session.run()
-        finally:
-            group.discard(session)
-            if not group:
-                self._sessions.pop(req.last_event_id.server, None)
-            log.info(
-                "syncer client %s disconnected: sent=%d%s",
-                session.label,
-                session.sent_events,
-                f" reason={conn.close_reason}" if conn.close_reason else "",
-            )
-
-    async def _initialize(self, conn: chatter.Connection) -> InitReq | None:
-        limits = self._limits
-        try:
-            async with asyncio.timeout(limits.init_timeout):
-                msg = await conn.receive()
-        except TimeoutError:
-            self._reject("init_timeout")
-            conn.close(f"syncer: no MsgInitReq within {limits.init_timeout} s")
-            return None
-        except chatter.FrameError as e:
-            self._reject("bad_frame")
-            conn.close(f"syncer: before init: {e}")
-            return None
-        except ConnectionError:
-            return None
-        if msg.type != protocol.INIT_REQ:
-            self._reject("not_initialized")
-            conn.close(f"syncer: first message is {msg.type!r}, expected {protocol.INIT_REQ}")
-            return None
+    async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
         try:
             req = protocol.decode_init_req(msg.data)
         except ProtocolError as e:
-            self._reject("bad_message")
-            await self._init_error(conn, msg, str(e), None)
-            return None
+            raise _init_error(RejectReason.BAD_MESSAGE, str(e), None) from e
         error, reason = self._check(req)
         if error:
-            self._reject(reason)
-            await self._init_error(conn, msg, error, req.client_name)
-            return None
+            raise _init_error(reason, error, req.client_name)
         conn.send(protocol.INIT_RES, protocol.encode_init_res(None), conv=msg.conv)
         log.info(
             "syncer client %r connected from %s: server_id=%s after=%s subscriptions=%s",
@@ -229,17 +187,29 @@ class SyncerServer:
             tuple(req.last_event_id),
             [list(p) for p in req.subscription.patterns],
         )
-        return req
+        return _Session(self, conn, req)
 
-    def _check(self, req: InitReq) -> tuple[str | None, str]:
-        """(error text, rejection reason) or (None, '')."""
-        # Tokens must be configured alike on both sides (the seed's "configuration
-        # synchronization" check): a token is required when we have one, refused if not.
-        if (req.client_token is None) != (self._token is None) or (
-            req.client_token is not None
-            and not hmac.compare_digest(req.client_token.encode(), self._token.encode())
-        ):
-            return "invalid client token", "bad_token"
+    def _register(self, session: _Session) -> None:
+        # Registered before history is read: whatever commits from now on is buffered.
+        self._sessions.setdefault(session.server_id, set()).add(session)
+
+    def _unregister(self, session: _Session) -> None:
+        group = self._sessions.get(session.server_id)
+        if group is not None:
+            group.discard(session)
+            if not group:
+                self._sessions.pop(session.server_id, None)
+        log.info(
+            "syncer client %s disconnected: sent=%d%s",
+            session.label,
+            session.sent_events,
+            f" reason={session.conn.close_reason}" if session.conn.close_reason else "",
+        )
+
+    def _check(self, req: InitReq) -> tuple[str | None, RejectReason | None]:
+        """(error text, rejection reason) or (None, None)."""
+        if self._tokens.check(req.client_token) is not None:
+            return "invalid client token", RejectReason.BAD_TOKEN
         server_id = req.last_event_id.server
         own = self._engine.server_id
         held = self._engine.storage.last_ids
@@ -247,7 +217,7 @@ class SyncerServer:
             return (
                 f"server id {server_id} is unknown here: not this replica's ({own}), "
                 "not a peer's, and no event of it is held",
-                "unknown_server",
+                RejectReason.UNKNOWN_SERVER,
             )
         if server_id == own and self._engine.status != Status.STANDBY:
             last = self._engine.last_id
@@ -256,15 +226,13 @@ class SyncerServer:
                 return (
                     f"lastEventId {tuple(after)} is from the future: this server's last "
                     f"id is {tuple(last)}",
-                    "future_id",
+                    RejectReason.FUTURE_ID,
                 )
-        return None, ""
+        return None, None
 
-    async def _init_error(self, conn, msg, error: str, name: str | None) -> None:
-        log.warning("syncer init of %r from %s rejected: %s", name, conn.peer, error)
-        with contextlib.suppress(ConnectionError):
-            conn.send(protocol.INIT_RES, protocol.encode_init_res(error), conv=msg.conv)
-        await conn.close_after_flush(self._limits.init_error_close_timeout, f"syncer: {error}")
+
+def _init_error(reason: RejectReason, error: str, name: str | None) -> InitRejected:
+    return InitRejected(reason, error, (protocol.INIT_RES, protocol.encode_init_res(error)), name)
 
 
 class _Session:
@@ -321,10 +289,10 @@ class _Session:
         if not self.live:
             self._buffer.append(events)
             self._buffered += len(events)
-            if self._buffered > self._limits.max_queued_events:
+            if self._buffered > self._limits.max_buffered_events:
                 self._drop(
                     f"too slow, {self._buffered} events buffered during history "
-                    f"(limit {self._limits.max_queued_events})"
+                    f"(limit {self._limits.max_buffered_events})"
                 )
             return
         self._send(events, encoded)
@@ -335,14 +303,16 @@ class _Session:
             )
 
     def _drop(self, why: str) -> None:
-        """Close a peer that does not keep up, without waiting for it to read."""
-        self.server._reject("slow_peer")
-        self.conn.close(f"syncer client {self.label}: {why}")
-        # A plain close would keep the socket until the unsent bytes are read, which a
-        # peer that stopped reading never does: abort drops them. (The chatter
-        # Connection has no public abort; its writer's transport is the stream's.)
-        with contextlib.suppress(Exception):
-            self.conn._writer.transport.abort()
+        """Close a peer that does not keep up, without waiting for it to read (a plain
+        close would keep the socket until the unsent bytes are read, which a peer that
+        stopped reading never does)."""
+        chatter.refuse(
+            self.conn,
+            self.server.rejections,
+            RejectReason.SLOW_PEER,
+            f"syncer client {self.label}: {why}",
+            abort=True,
+        )
 
     def _send(self, events: list[Event], encoded: bytes | None = None) -> None:
         data = encoded if encoded is not None else protocol.encode_events(events)
@@ -374,9 +344,17 @@ class _Session:
     # -- the connection ----------------------------------------------------------------------
 
     async def run(self) -> None:
-        reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self.server._register(self)
         try:
-            history = asyncio.get_running_loop().create_task(self._send_history())
+            await self._run()
+        finally:
+            self.server._unregister(self)
+
+    async def _run(self) -> None:
+        tasks = Tasks(f"syncer/{self.conn.peer}")
+        reader = tasks.spawn("reader", self._read_loop(), critical=False)
+        try:
+            history = tasks.spawn("history", self._send_history(), critical=False)
             done, _ = await asyncio.wait({reader, history}, return_when=asyncio.FIRST_COMPLETED)
             if history in done and history.exception() is None:
                 await reader  # live from here on: events go out from `on_live`
@@ -390,9 +368,7 @@ class _Session:
                         log.error("syncer client %s: history failed: %r", self.label, err)
                     self.conn.close(f"syncer client {self.label}: history failed: {err}")
         finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
+            await tasks.close()
             self.conn.close()
             for fut in self._flushes.values():
                 if not fut.done():
@@ -461,20 +437,17 @@ class _Session:
 
     async def _read_loop(self) -> None:
         """The client only ever sends MsgFlushRes after the init."""
-        while True:
-            try:
-                msg = await self.conn.receive()
-            except chatter.FrameError as e:
-                self.server._reject("bad_frame")
-                self.conn.close(f"syncer client {self.label}: {e}")
-                return
-            except ConnectionError:
-                return
+        label = f"syncer client {self.label}"
+        async for msg in chatter.messages(self.conn, self.server.rejections, label):
             if msg.type == protocol.FLUSH_RES:
                 fut = self._flushes.get(msg.conv)
                 if fut is not None and not fut.done():
                     fut.set_result(None)
                 continue
-            self.server._reject("unexpected_message")
-            self.conn.close(f"syncer client {self.label}: unexpected message {msg.type!r}")
+            chatter.refuse(
+                self.conn,
+                self.server.rejections,
+                RejectReason.UNEXPECTED_MESSAGE,
+                f"{label}: unexpected message {msg.type!r}",
+            )
             return

@@ -12,13 +12,14 @@ import asyncio
 import logging
 import pathlib
 import time
-from collections.abc import Mapping
 
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ConfigError
 from eventfleet_server.engine import Engine
+from eventfleet_server.listener import Tasks
 from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
 from eventfleet_server.syncer.client import Peer, SyncerClientLimits
+from eventfleet_server.syncer.config import SyncerConfig
 from eventfleet_server.syncer.merger import Merger
 from eventfleet_server.syncer.mesh import Mesh
 from eventfleet_server.syncer.peers import PeerFileWatcher, parse_peers
@@ -41,16 +42,30 @@ class Syncer:
       every event this replica has sent it (scale-down safety).
     """
 
-    def __init__(self, conf: Mapping, token: str | None):
-        self._conf = conf
-        self._sconf = conf["syncer"]
+    name = "syncer"
+
+    def __init__(
+        self,
+        config: SyncerConfig,
+        *,
+        server_id: int,
+        host: str,
+        token: str | None,
+        peers: list[dict],
+        allow_empty_start: bool,
+        config_path: pathlib.Path | None = None,
+        tasks: Tasks | None = None,
+    ):
+        self._config = config
+        self._host = host
         self._token = token
-        self.server_id: int = conf["server_id"]
-        peers, own_name = parse_peers(conf.get("peers", []), self.server_id)
-        self._peers: list[Peer] = peers
-        self.client_name: str = (
-            self._sconf.get("client_name") or own_name or f"server-{self.server_id}"
-        )
+        self._allow_empty_start = allow_empty_start
+        self._config_path = config_path
+        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("syncer")
+        self.server_id: int = server_id
+        parsed, own_name = parse_peers(peers, self.server_id)
+        self._peers: list[Peer] = parsed
+        self.client_name: str = config.client_name or own_name or f"server-{self.server_id}"
         self.initial_sync_done = False
         self.identity: dict | None = None
         self.engine: Engine | None = None
@@ -79,15 +94,37 @@ class Syncer:
         """Refused connections/messages of the Syncer server by reason, for metrics."""
         return dict(self.server.rejected) if self.server else {}
 
+    def health(self) -> str | None:
+        """Readiness: a replica that starts empty must catch up before serving."""
+        return None if self.initial_sync_done else "initial sync with the peers is not done"
+
+    def describe(self) -> dict:
+        return {
+            "port": self.server.port if self.server else None,
+            "connections": self.connection_count,
+            "client_name": self.client_name,
+        }
+
+    # -- the plug-in lifecycle ------------------------------------------------------------
+
+    async def prepare(self, engine: Engine) -> EventId | None:
+        """Before the engine creates ids: serve our store, then learn our own last id."""
+        await self.start_server(engine)
+        return await self.bootstrap()
+
+    async def start(self) -> None:
+        """Once the engine is operational: the client mesh and the peer-list watcher."""
+        self.start_mesh(self._config_path)
+
     # -- start-up -----------------------------------------------------------------------
 
     async def start_server(self, engine: Engine) -> None:
         """Serve this replica's store to peers (before the engine starts)."""
-        s = self._sconf
+        s = self._config
         self.engine = engine
         self.merger = Merger(
             engine,
-            max_queued_events=s["max_queued_events"],
+            max_queued_events=s.max_queued_events,
             committed_cb=lambda events: self.mesh.on_committed(events),
         )
         self.mesh = Mesh(
@@ -95,24 +132,24 @@ class Syncer:
             self.merger,
             client_name=self.client_name,
             token=self._token,
-            subscriptions=[tuple(p) for p in s["subscriptions"]],
-            limits=SyncerClientLimits(max_msg_size=s["max_msg_size"]),
-            reconnect_min_delay=s["reconnect_min_delay"],
-            reconnect_max_delay=s["reconnect_max_delay"],
+            subscriptions=[tuple(p) for p in s.subscriptions],
+            limits=SyncerClientLimits(max_msg_size=s.max_msg_size),
+            reconnect_min_delay=s.reconnect_min_delay,
+            reconnect_max_delay=s.reconnect_max_delay,
             state_cb=SyncStateRecorder(engine),
+            tasks=self._tasks,
         )
         self.mesh.peers = list(self._peers)
         await self.mesh.load_named_ids()
-        self.merger.start()
+        self.merger.start(self._tasks)
         self.server = SyncerServer(
             engine,
-            self._conf["host"],
-            s["port"],
+            self._host,
+            s.port,
             token=self._token,
             known_server_ids=self.mesh.known_server_ids,
-            limits=SyncerServerLimits(
-                max_msg_size=s["max_msg_size"], max_queued_events=s["max_queued_events"]
-            ),
+            limits=SyncerServerLimits(max_buffered_events=s.max_buffered_events),
+            admission=s.admission.limits(s.max_msg_size),
         )
         await self.server.start()
 
@@ -128,9 +165,9 @@ class Syncer:
             storage=self.engine.storage,
             peers=lambda: list(self._peers),
             make_stream=lambda peer, sid: mesh.make_stream(peer, sid, None),
-            timeout=self._sconf["bootstrap_timeout"],
-            grace=self._sconf["bootstrap_grace"],
-            allow_empty_start=self._conf["allow_empty_start"],
+            timeout=self._config.bootstrap_timeout,
+            grace=self._config.bootstrap_grace,
+            allow_empty_start=self._allow_empty_start,
         )
         self.identity = decision.as_dict()
         return decision.learned_last
@@ -139,12 +176,12 @@ class Syncer:
         """Start a client per peer; watch `config_path` for peer list changes."""
         assert self.mesh is not None
         self.mesh.start()
-        self._initial_task = asyncio.get_running_loop().create_task(self._initial_sync())
+        self._initial_task = self._tasks.spawn("initial-sync", self._initial_sync(), critical=False)
         if config_path is not None:
             self._watcher = PeerFileWatcher(
-                config_path, self._sconf["reload_interval"], self.set_peers
+                config_path, self._config.reload_interval, self.set_peers
             )
-            self._watcher.start()
+            self._watcher.start(self._tasks)
 
     async def _initial_sync(self) -> None:
         mesh = self.mesh
@@ -178,7 +215,7 @@ class Syncer:
         except ConfigError as e:
             log.error("peer list ignored, keeping the current peers: %s", e)
             return
-        if own_name and own_name != self.client_name and not self._sconf.get("client_name"):
+        if own_name and own_name != self.client_name and not self._config.client_name:
             log.warning(
                 "own peer entry is now named %r; this process keeps the name %r until restart",
                 own_name,
@@ -263,7 +300,7 @@ class Syncer:
 
     async def stop(self, flush_timeout: float | None = None) -> None:
         """Ask connected peers to confirm they hold what we sent, then close everything."""
-        timeout = self._sconf["shutdown_flush_timeout"] if flush_timeout is None else flush_timeout
+        timeout = self._config.shutdown_flush_timeout if flush_timeout is None else flush_timeout
         if self._watcher:
             await self._watcher.stop()
         if self._initial_task:
@@ -285,3 +322,4 @@ class Syncer:
             await self.mesh.stop()
         if self.merger is not None:
             await self.merger.stop()
+        await self._tasks.close()

@@ -1,4 +1,8 @@
-"""The project's async Eventer client (used by the CLI, Syncer tests and the Spark job)."""
+"""The project's async Eventer client (used by the CLI, tests and the Spark job).
+
+It lives outside the `eventer` protocol package on purpose: that package imports the
+server side (engine, storage, aiosqlite), which a client process must not need.
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,214 @@
+"""A chatter listener with admission: what every chatter protocol server shares.
+
+The protocol supplies one coroutine, ``initialize(conn, first_msg) -> session`` (or it
+raises `InitRejected`), and sessions with a ``run()`` coroutine. This module does the
+rest, identically for every protocol: connection caps (total and per address), the
+small frame limit until init and the configured one after, the init timeout, the
+init-error-then-close sequence with a bounded wait, counted and rate-limited refusals,
+and closing every session on stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, Protocol
+
+from eventfleet_server.chatter.connection import Connection, FrameError, FrameTooLarge, Msg
+from eventfleet_server.listener import Admission, AdmissionLimits, Rejections, RejectReason
+
+log = logging.getLogger(__name__)
+
+
+class Session(Protocol):
+    conn: Connection
+
+    async def run(self) -> None: ...
+
+
+class InitRejected(Exception):
+    """Raised by a protocol's ``initialize``: refuse the session.
+
+    `reply` (message type, encoded body) is sent on the init conversation before the
+    connection is closed; `client` names the client in the log when known.
+    """
+
+    def __init__(
+        self,
+        reason: RejectReason,
+        error: str,
+        reply: tuple[str, bytes] | None = None,
+        client: str | None = None,
+    ):
+        super().__init__(error)
+        self.reason = reason
+        self.error = error
+        self.reply = reply
+        self.client = client
+
+
+Initialize = Callable[[Connection, Msg], Awaitable[Session]]
+
+
+def frame_error_reason(error: FrameError) -> RejectReason:
+    return (
+        RejectReason.MESSAGE_TOO_LARGE
+        if isinstance(error, FrameTooLarge)
+        else RejectReason.BAD_FRAME
+    )
+
+
+class ChatterListener:
+    """Listens on host:port for one chatter protocol named `protocol`."""
+
+    def __init__(
+        self,
+        protocol: str,
+        host: str,
+        port: int,
+        *,
+        init_type: str,
+        initialize: Initialize,
+        limits: AdmissionLimits,
+        rejections: Rejections,
+        ping_delay: float | None = 20.0,
+        ping_timeout: float = 20.0,
+    ):
+        self.protocol = protocol
+        self._host = host
+        self._port = port
+        self._init_type = init_type
+        self._initialize_cb = initialize
+        self.limits = limits
+        self.rejections = rejections
+        self.admission = Admission(limits, rejections)
+        self._ping = (ping_delay, ping_timeout)
+        self._server: asyncio.Server | None = None
+        self._conns: set[Connection] = set()
+        self.sessions: set[Any] = set()
+
+    @property
+    def port(self) -> int:
+        """The bound port (useful when configured as 0)."""
+        assert self._server is not None
+        return self._server.sockets[0].getsockname()[1]
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(
+            self._on_client, self._host, self._port, limit=1 << 20
+        )
+
+    async def stop(self) -> None:
+        if self._server:
+            self._server.close()
+        for conn in list(self._conns):
+            conn.close()
+        if self._server:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(5):
+                    await self._server.wait_closed()
+        self.rejections.flush()
+
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        peer = writer.get_extra_info("peername")
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
+        ticket = self.admission.admit(address)
+        if ticket is None:
+            writer.transport.abort()
+            return
+        with ticket:
+            delay, timeout = self._ping
+            conn = Connection(
+                reader,
+                writer,
+                max_msg_size=self.limits.pre_init_max_msg_size,
+                ping_delay=delay,
+                ping_timeout=timeout,
+            )
+            self._conns.add(conn)
+            try:
+                session = await self._initialize(conn)
+                if session is None:
+                    return
+                conn.set_max_msg_size(self.limits.max_msg_size)
+                self.sessions.add(session)
+                try:
+                    await session.run()
+                finally:
+                    self.sessions.discard(session)
+            except Exception:
+                log.exception("%s connection %s: handler failed", self.protocol, conn.peer)
+            finally:
+                self._conns.discard(conn)
+                conn.close()
+
+    async def _initialize(self, conn: Connection) -> Session | None:
+        limits = self.limits
+        try:
+            async with asyncio.timeout(limits.init_timeout):
+                msg = await conn.receive()
+        except TimeoutError:
+            self._refuse(conn, RejectReason.INIT_TIMEOUT, f"no init within {limits.init_timeout} s")
+            return None
+        except FrameError as e:
+            self._refuse(conn, frame_error_reason(e), f"before init: {e}", abort=True)
+            return None
+        except ConnectionError:
+            return None
+        if msg.type != self._init_type:
+            self._refuse(
+                conn,
+                RejectReason.NOT_INITIALIZED,
+                f"first message is {msg.type!r}, expected {self._init_type}",
+            )
+            return None
+        try:
+            return await self._initialize_cb(conn, msg)
+        except InitRejected as e:
+            client = f" client {e.client!r}" if e.client else ""
+            self.rejections.reject(e.reason, f"init of{client} rejected: {e.error}", conn.peer)
+            if e.reply is not None:
+                with contextlib.suppress(ConnectionError):
+                    conn.send(e.reply[0], e.reply[1], conv=msg.conv)
+            await conn.close_after_flush(
+                limits.init_error_close_timeout, f"{self.protocol}: {e.error}"
+            )
+            return None
+
+    def _refuse(self, conn: Connection, reason: RejectReason, detail: str, *, abort=False):
+        self.rejections.reject(reason, detail, conn.peer)
+        if abort:
+            conn.abort(f"{self.protocol}: {detail}", quiet=True)
+        else:
+            conn.close(f"{self.protocol}: {detail}", quiet=True)
+
+
+async def messages(conn: Connection, rejections: Rejections, label: str) -> AsyncIterator[Msg]:
+    """The application messages of an initialised connection until it closes.
+
+    A bad or oversize frame is a counted refusal and aborts the connection; a closed
+    connection simply ends the iteration.
+    """
+    while True:
+        try:
+            msg = await conn.receive()
+        except FrameError as e:
+            rejections.reject(frame_error_reason(e), f"{label}: {e}", conn.peer)
+            conn.abort(f"{label}: {e}", quiet=True)
+            return
+        except ConnectionError:
+            return
+        yield msg
+
+
+def refuse(
+    conn: Connection, rejections: Rejections, reason: RejectReason, detail: str, *, abort=False
+) -> None:
+    """Count, log (rate-limited) and close a session for `reason`."""
+    rejections.reject(reason, detail, conn.peer)
+    if abort:
+        conn.abort(detail, quiet=True)
+    else:
+        conn.close(detail, quiet=True)

@@ -1,0 +1,79 @@
+"""Typed configuration of the replica's core sections (protocol sections live in their
+own packages, next to their schema fragment)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eventfleet_server.config.typed import build
+from eventfleet_server.listener import AdmissionLimits
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    """The ``admission`` sub-section every listening protocol has (see the listener)."""
+
+    max_connections: int
+    max_connections_per_address: int
+    pre_init_max_msg_size: int
+    init_timeout: float
+
+    def limits(self, max_msg_size: int) -> AdmissionLimits:
+        """The listener's limits: these plus the section's size limit after init."""
+        return AdmissionLimits(
+            max_connections=self.max_connections,
+            max_connections_per_address=self.max_connections_per_address,
+            pre_init_max_msg_size=min(self.pre_init_max_msg_size, max_msg_size),
+            max_msg_size=max_msg_size,
+            init_timeout=self.init_timeout,
+        )
+
+
+@dataclass(frozen=True)
+class RetentionConfig:
+    max_age_seconds: float | None
+    max_events: int | None
+    check_interval_seconds: float
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.max_age_seconds or self.max_events)
+
+
+@dataclass(frozen=True)
+class StorageConfig:
+    synchronous: str
+    max_uncommitted: int
+    retention: RetentionConfig
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    port: int
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    level: str
+    format: str
+
+
+@dataclass(frozen=True)
+class ReplicaConfig:
+    """The core of a replica's configuration; protocol sections stay in `sections`."""
+
+    server_id: int
+    host: str
+    data_dir: str
+    token_file: str | None
+    allow_empty_start: bool
+    event_loop: str
+    storage: StorageConfig
+    http: HttpConfig
+    log: LogConfig
+
+    @classmethod
+    def from_mapping(cls, conf: Mapping[str, Any]) -> ReplicaConfig:
+        return build(cls, conf)

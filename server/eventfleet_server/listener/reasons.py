@@ -1,0 +1,34 @@
+"""The one vocabulary of rejection reasons, shared by every protocol and the metrics."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RejectReason(StrEnum):
+    """Why a connection or a message was refused.
+
+    The value is the ``reason`` label of ``eventfleet_rejected_total``: renaming a member
+    breaks dashboards and alerts, so members are only ever added.
+    """
+
+    # admission (any transport)
+    TOO_MANY_CONNECTIONS = "too_many_connections"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    INIT_TIMEOUT = "init_timeout"
+    BAD_FRAME = "bad_frame"
+    NOT_INITIALIZED = "not_initialized"
+    BAD_MESSAGE = "bad_message"
+    BAD_TOKEN = "bad_token"
+    LOGIN_FAILED = "login_failed"
+    UNEXPECTED_MESSAGE = "unexpected_message"
+    BAD_COMMAND = "bad_command"
+    # Eventer
+    BAD_SUBSCRIPTION = "bad_subscription"
+    REGISTER_FAILED = "register_failed"
+    BAD_QUERY = "bad_query"
+    SLOW_SUBSCRIBER = "slow_subscriber"
+    # Syncer
+    SLOW_PEER = "slow_peer"
+    UNKNOWN_SERVER = "unknown_server"
+    FUTURE_ID = "future_id"

@@ -1,0 +1,31 @@
+"""Typed configuration of the Syncer section (schema and defaults: schema.json)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from eventfleet_server.config.model import AdmissionConfig
+from eventfleet_server.config.typed import build
+
+
+@dataclass(frozen=True)
+class SyncerConfig:
+    port: int
+    subscriptions: tuple[tuple[str, ...], ...]
+    client_name: str | None
+    bootstrap_timeout: float
+    bootstrap_grace: float
+    reconnect_min_delay: float
+    reconnect_max_delay: float
+    reload_interval: float
+    max_msg_size: int
+    max_queued_events: int
+    max_buffered_events: int
+    shutdown_flush_timeout: float
+    admission: AdmissionConfig
+
+    @classmethod
+    def from_mapping(cls, section: Mapping[str, Any]) -> SyncerConfig:
+        return build(cls, section)

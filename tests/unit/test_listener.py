@@ -1,0 +1,133 @@
+"""The shared listener layer: rejection logging, admission caps, token policy, tasks."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+from eventfleet_server.listener import (
+    Admission,
+    AdmissionLimits,
+    Rejections,
+    RejectReason,
+    Tasks,
+    TokenPolicy,
+)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_rejections_are_counted_and_a_flood_is_logged_in_a_few_lines(caplog):
+    clock = Clock()
+    rejections = Rejections("eventer", log_interval=10.0, clock=clock)
+    with caplog.at_level(logging.WARNING):
+        for i in range(1000):
+            clock.now = i * 0.005  # 1,000 refusals within 5 s
+            rejections.reject(RejectReason.BAD_TOKEN, f"attempt {i}", "10.0.0.1:1")
+        rejections.reject(RejectReason.BAD_FRAME, "garbage", "10.0.0.2:1")
+        clock.now = 20.0
+        rejections.reject(RejectReason.BAD_TOKEN, "one more", "10.0.0.1:1")
+    assert rejections.counts == {"bad_token": 1001, "bad_frame": 1}
+    lines = [r.getMessage() for r in caplog.records]
+    # first bad_token, first bad_frame, the summary of the 999 suppressed, the new window
+    assert len(lines) == 4, lines
+    assert "attempt 0" in lines[0]
+    assert "999 more (bad_token)" in lines[2] and "total 1001" in lines[2]
+    assert "one more" in lines[3]
+
+
+def test_rejection_flush_logs_the_pending_summary(caplog):
+    rejections = Rejections("syncer", clock=Clock())
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            rejections.reject(RejectReason.INIT_TIMEOUT, "slow")
+        rejections.flush()
+    assert "2 more (init_timeout)" in caplog.records[-1].getMessage()
+
+
+def test_admission_caps_total_and_per_address():
+    rejections = Rejections("x")
+    admission = Admission(
+        AdmissionLimits(max_connections=3, max_connections_per_address=2), rejections
+    )
+    a1 = admission.admit("10.0.0.1")
+    a2 = admission.admit("10.0.0.1")
+    assert a1 and a2
+    assert admission.admit("10.0.0.1") is None  # third from one address
+    b1 = admission.admit("10.0.0.2")
+    assert b1 is not None
+    assert admission.admit("10.0.0.3") is None  # fourth in total
+    assert rejections.counts == {"too_many_connections": 2}
+    a1.release()
+    a1.release()  # idempotent: frees one place only
+    assert admission.open_connections == 2
+    assert admission.admit("10.0.0.1") is not None
+    assert admission.admit("10.0.0.3") is None
+
+
+@pytest.mark.parametrize(
+    ("policy", "presented", "accepted"),
+    [
+        (TokenPolicy.open(), None, True),
+        (TokenPolicy.open(), "x", True),
+        (TokenPolicy.of(None, refuse_unexpected=True), "x", False),
+        (TokenPolicy.of("s3cret"), None, False),
+        (TokenPolicy.of("s3cret", allow_missing=True), None, True),
+        (TokenPolicy.of("s3cret", allow_missing=True), "wrong", False),
+        (TokenPolicy(("old", "new")), "old", True),
+        (TokenPolicy(("old", "new")), "new", True),
+        (TokenPolicy(("old", "new")), "older", False),
+    ],
+)
+def test_token_policy(policy, presented, accepted):
+    error = policy.check(presented)
+    assert (error is None) is accepted
+    if error is not None and presented:
+        assert presented not in error  # never echo what was sent
+
+
+async def test_a_critical_task_that_exits_is_fatal_with_its_name(caplog):
+    reasons: list[str] = []
+    tasks = Tasks("replica", reasons.append)
+    child = tasks.child("engine")
+
+    async def writer():
+        await asyncio.sleep(0)
+        raise RuntimeError("disk gone")
+
+    with caplog.at_level(logging.CRITICAL):
+        child.spawn("writer", writer())
+        await asyncio.sleep(0.05)
+    assert len(reasons) == 1 and reasons[0].startswith("replica/engine/writer failed")
+    assert "disk gone" in reasons[0]
+    assert "replica/engine/writer" in caplog.text
+    await tasks.close()
+
+
+async def test_closing_cancels_without_being_fatal_and_non_critical_tasks_may_end():
+    reasons: list[str] = []
+    tasks = Tasks("replica", reasons.append)
+    forever = tasks.spawn("loop", asyncio.sleep(3600))
+    tasks.spawn("one-shot", asyncio.sleep(0), critical=False)
+    await asyncio.sleep(0.01)
+    assert tasks.names == ["replica/loop"]
+    await tasks.close()
+    assert forever.cancelled()
+    assert reasons == []
+    with pytest.raises(Exception, match="stopping"):
+        tasks.spawn("late", asyncio.sleep(0))
+
+
+async def test_a_critical_task_that_returns_is_fatal():
+    reasons: list[str] = []
+    tasks = Tasks("replica", reasons.append)
+    tasks.spawn("merge", asyncio.sleep(0))
+    await asyncio.sleep(0.01)
+    assert reasons == ["replica/merge exited while its owner is running"]
