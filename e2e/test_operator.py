@@ -24,7 +24,7 @@ from e2e.k8s.harness import ROOT, wait_for
 
 pytest_plugins = ["e2e.k8s.cluster_fixtures"]
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 EXTERNAL_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
 CHILDREN = (
@@ -120,9 +120,9 @@ def test_apply_gives_valid_wired_children_and_truthful_status(kubectl, operator,
     assert len(base64.b64decode(token)) >= 32
 
     kubelet("demo")  # real replicas start from that ConfigMap and Secret
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/demo", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/demo", "--timeout=120s", timeout=130)
     kubectl.run(
-        "wait", "--for=condition=PeersSynced", "eventserver/demo", "--timeout=60s", timeout=70
+        "wait", "--for=condition=PeersSynced", "eventserver/demo", "--timeout=120s", timeout=130
     )
     es = kubectl.get("eventserver", "demo")
     status = es["status"]
@@ -163,7 +163,7 @@ def test_apply_gives_valid_wired_children_and_truthful_status(kubectl, operator,
 def test_scale_up_rewrites_peers_without_restarting_replicas(kubectl, operator, kubelet):
     kubectl.apply(eventserver("grow", 2))
     pods = kubelet("grow")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=120s", timeout=130)
     before_hash = config_hash(kubectl, "grow")
     pids = [pods.pid(0), pods.pid(1)]
 
@@ -176,9 +176,9 @@ def test_scale_up_rewrites_peers_without_restarting_replicas(kubectl, operator, 
         timeout=20,
         what="sts 4",
     )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=120s", timeout=130)
     kubectl.run(
-        "wait", "--for=condition=PeersSynced", "eventserver/grow", "--timeout=60s", timeout=70
+        "wait", "--for=condition=PeersSynced", "eventserver/grow", "--timeout=120s", timeout=130
     )
     # Peers are hot-reloaded: no new config hash, the first two replicas never restarted.
     assert config_hash(kubectl, "grow") == before_hash
@@ -192,7 +192,7 @@ def test_spec_edit_updates_children_and_restarts_only_for_restart_settings(
 ):
     kubectl.apply(eventserver("edit", 2))
     pods = kubelet("edit")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=120s", timeout=130)
     hash_before, pids = config_hash(kubectl, "edit"), [pods.pid(0), pods.pid(1)]
 
     kubectl.run(
@@ -228,7 +228,7 @@ def test_spec_edit_updates_children_and_restarts_only_for_restart_settings(
         timeout=60,
         what="rolled pods",
     )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/edit", "--timeout=120s", timeout=130)
     es = kubectl.get("eventserver", "edit")
     assert es["status"]["observedGeneration"] == es["metadata"]["generation"] == 2
 
@@ -438,7 +438,7 @@ def test_optional_crds_missing_gives_a_condition_then_children_appear(kubectl, o
 def test_delete_cleans_up_children_and_claims(kubectl, operator, kubelet):
     kubectl.apply(eventserver("gone", 2, storage={"retentionPolicy": {"whenDeleted": "Delete"}}))
     pods = kubelet("gone")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/gone", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/gone", "--timeout=120s", timeout=130)
     assert len(kubectl.json("get", "pvc")["items"]) == 2  # made by the StatefulSet controller
     kubectl.run("delete", "eventserver", "gone", "--timeout=30s", timeout=40)
     for child in CHILDREN:
@@ -457,7 +457,9 @@ def test_garbage_collector_removes_children_of_an_eventserver_deleted_without_op
     """Children carry ownerReferences: with the operator gone, the real GC still cleans up."""
     kubectl.apply(eventserver("orphan", 1))
     pods = kubelet("orphan")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/orphan", "--timeout=60s", timeout=70)
+    kubectl.run(
+        "wait", "--for=condition=Ready", "eventserver/orphan", "--timeout=120s", timeout=130
+    )
     operator.stop()
     # The operator is uninstalled: nobody will run its cleanup, so its finalizer is dropped
     # by hand (what `kubectl patch` users do) and only ownerReferences remain.
@@ -485,7 +487,7 @@ def test_every_api_call_of_the_operator_is_allowed_by_its_rbac(
     ns = kubectl.namespace
     kubectl.apply(eventserver("rbac", 2, monitoring={"serviceMonitor": {"enabled": True}}))
     kubelet("rbac")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/rbac", "--timeout=60s", timeout=70)
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/rbac", "--timeout=120s", timeout=130)
     kubectl.run("scale", "eventserver/rbac", "--replicas=1")
     wait_for(
         lambda: kubectl.get("statefulset", "rbac")["spec"]["replicas"] == 1,

@@ -48,6 +48,9 @@ CONTROLLERS = (
     "persistentvolumeclaim-protection-controller",
     # Pods bound to a Node that is gone (a node agent that stopped) are removed.
     "pod-garbage-collector-controller",
+    # The chart's Deployment (the operator's own pod).
+    "deployment-controller",
+    "replicaset-controller",
 )
 
 

@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -409,6 +410,8 @@ class NodeAgent(threading.Thread):
                     changed |= self._write_file(running, vdir / item["path"], text, mode)
                     if "secret" in volume and "fsGroup" in security:
                         os.chown(vdir / item["path"], 0, security["fsGroup"])
+            elif "projected" in volume:
+                changed |= self._write_projected(pod, running, volume, vdir)
             elif "persistentVolumeClaim" in volume:
                 claim = volume["persistentVolumeClaim"]["claimName"]
                 cdir = self.workdir / "claims" / claim
@@ -424,6 +427,63 @@ class NodeAgent(threading.Thread):
                 vdir.mkdir(parents=True, exist_ok=True)
                 vdir.chmod(0o1777)
         return changed
+
+    def _write_projected(
+        self, pod: dict[str, Any], running: RunningPod, volume: dict[str, Any], vdir: pathlib.Path
+    ) -> bool:
+        """The service-account volume admission adds: token, CA bundle, namespace."""
+        changed = False
+        mode = volume["projected"].get("defaultMode", 0o644)
+        for source in volume["projected"]["sources"]:
+            if "serviceAccountToken" in source:
+                path = vdir / source["serviceAccountToken"]["path"]
+                if str(path) in running.files:
+                    continue  # one token per pod incarnation (valid for an hour)
+                account = pod["spec"].get("serviceAccountName", "default")
+                answer = self.cluster.request(
+                    "POST",
+                    f"/api/v1/namespaces/{self.namespace}/serviceaccounts/{account}/token",
+                    {
+                        "apiVersion": "authentication.k8s.io/v1",
+                        "kind": "TokenRequest",
+                        "spec": {
+                            "expirationSeconds": source["serviceAccountToken"].get(
+                                "expirationSeconds", 3607
+                            ),
+                            # Bound to the pod, as the kubelet's: void once it is deleted.
+                            "boundObjectRef": {
+                                "apiVersion": "v1",
+                                "kind": "Pod",
+                                "name": running.name,
+                                "uid": running.uid,
+                            },
+                        },
+                    },
+                )
+                changed |= self._write_file(running, path, answer["status"]["token"], mode)
+            elif "configMap" in source:
+                name = source["configMap"]["name"]
+                cm = self.cluster.get(f"/api/v1/namespaces/{self.namespace}/configmaps/{name}")
+                if cm is None:
+                    raise RuntimeError(f"pod {running.name}: configMap {name} not found yet")
+                for item in source["configMap"].get("items") or [
+                    {"key": k, "path": k} for k in cm.get("data", {})
+                ]:
+                    text = cm["data"][item["key"]]
+                    changed |= self._write_file(running, vdir / item["path"], text, mode)
+            elif "downwardAPI" in source:
+                fields = {"metadata.namespace": self.namespace, "metadata.name": running.name}
+                for item in source["downwardAPI"]["items"]:
+                    text = fields[item["fieldRef"]["fieldPath"]]
+                    changed |= self._write_file(running, vdir / item["path"], text, mode)
+        return changed
+
+    def _loopback(self, pod_name: str, value: str) -> str:
+        """``0.0.0.0:<container port>`` -> ``127.0.0.1:<the pod's host port>``: a pod's
+        all-interfaces listener would be every interface of the test machine here."""
+        for container_port, host_port in self.ports.get(pod_name, {}).items():
+            value = value.replace(f"0.0.0.0:{container_port}", f"127.0.0.1:{host_port}")
+        return value
 
     def _localise(self, pod_name: str, pod: dict[str, Any], text: str) -> str:
         """The replica configuration with every port and peer on 127.0.0.1."""
@@ -480,11 +540,16 @@ class NodeAgent(threading.Thread):
                     name = pod["metadata"]["name"]
                     raise RuntimeError(f"pod {name}: fieldRef {path} is not supported here")
                 env[item["name"]] = fields[path]
-        return env
+        # What the kubelet gives every pod: where the API server is (in-cluster config).
+        api = urllib.parse.urlsplit(self.cluster.url)
+        env.setdefault("KUBERNETES_SERVICE_HOST", api.hostname or "127.0.0.1")
+        env.setdefault("KUBERNETES_SERVICE_PORT", str(api.port))
+        return {k: self._loopback(pod["metadata"]["name"], v) for k, v in env.items()}
 
     def _start(self, pod: dict[str, Any], running: RunningPod) -> None:
         (container,) = pod["spec"]["containers"]
         command = [*container.get("command", []), *container.get("args", [])]
+        command = [self._loopback(running.name, arg) for arg in command]
         running.directory.mkdir(parents=True, exist_ok=True)
         log = open(running.directory / "container.log", "a")  # lives with the process
         log.write(f"--- start {now()} (restarts {running.restarts}) ---\n")
