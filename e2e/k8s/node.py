@@ -48,6 +48,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 import urllib.request
 from typing import Any
@@ -85,6 +86,7 @@ class RunningPod:
         self.stopping = False
         self.files: dict[str, str] = {}  # written volume files: path -> content
         self.reported: Any = None
+        self.next_start = 0.0  # monotonic time before which a crashed container stays down
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -261,9 +263,11 @@ class NodeAgent(threading.Thread):
             if running.alive():
                 if changed:
                     self._signal(running, signal.SIGHUP)  # the mount changed; reload now
-            elif name not in self.paused:
+            elif name not in self.paused and time.monotonic() >= running.next_start:
                 if running.proc is not None:
                     running.restarts += 1
+                    # Back off like the kubelet's CrashLoopBackOff (capped lower here).
+                    running.next_start = time.monotonic() + min(10.0, 0.5 * 2**running.restarts)
                 self._start(pod, running)
             self._report(pod, running)
         for name in list(self.pods):
