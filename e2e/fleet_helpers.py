@@ -114,7 +114,14 @@ def tail(path: pathlib.Path, n: int = 40) -> str:
 class FleetProc:
     """``eventfleet fleet --json`` as a process; collects its JSON lines."""
 
-    def __init__(self, data_dir: pathlib.Path, replicas: int, base_port: int | None = None):
+    def __init__(
+        self,
+        data_dir: pathlib.Path,
+        replicas: int,
+        base_port: int | None = None,
+        extra_args: list[str] | None = None,
+    ):
+        self.extra_args = list(extra_args or [])
         self.data_dir = data_dir
         self.replicas = replicas
         self.base_port = base_port
@@ -137,6 +144,7 @@ class FleetProc:
         ]
         if self.base_port is not None:
             argv += ["--base-port", str(self.base_port)]
+        argv += self.extra_args
         self.lines = []
         self.proc = _spawn(argv, self.log_path, stdout=subprocess.PIPE)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()

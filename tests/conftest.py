@@ -28,10 +28,12 @@ async def running_replica(data_dir, *, server_id=1, token=None, **overrides):
         ),
     )
     replica = Replica(conf, token)
-    await replica.start()
     try:
+        await replica.start()
         yield replica
     finally:
+        # Also after a failed start: whatever did start is stopped (the engine's writer
+        # among it), as `eventfleet_server.main.run` does.
         await replica.stop()
 
 

@@ -73,6 +73,12 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             section["enabled"] = spec.serves(entry)
         config[entry.protocol] = section
     config["syncer"]["subscriptions"] = [list(s) for s in spec.subscriptions]
+    # Jetstream rides on the HTTP port (websocket at `path`): a section, no ports.
+    config["jetstream"] = {
+        "enabled": spec.jetstream.enabled,
+        "path": spec.jetstream.path,
+        "type_prefix": list(spec.jetstream.type_prefix),
+    }
     config.update(
         {
             "storage": {"synchronous": spec.storage.synchronous, "retention": retention},
@@ -80,6 +86,8 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             "peers": peers(spec, peer_count),
         }
     )
+    if spec.replication.enabled:
+        config["replication"] = replication_config(spec)
     return config
 
 
@@ -88,6 +96,20 @@ def _service_ports(spec: FleetSpec, service: Service) -> list[dict[str, Any]]:
         {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
         for _, name, port in spec.served_ports(service)
     ]
+
+
+def replication_config(spec: FleetSpec) -> dict[str, Any]:
+    """The replica's ``replication`` section: the websocket on the HTTP port; passwords
+    from the user-list Secret (mounted) or else the fleet token."""
+    repl = spec.replication
+    section: dict[str, Any] = {
+        "enabled": True,
+        "type_prefix": list(repl.type_prefix),
+        "tables": [dict(t) for t in repl.tables],
+    }
+    if repl.users_secret:
+        section["users_file"] = naming.REPLICATION_USERS_PATH
+    return section
 
 
 def config_hash(spec: FleetSpec, config: dict[str, Any]) -> str:
@@ -213,6 +235,14 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    if spec.replication.enabled and spec.replication.users_secret:
+        container["volumeMounts"].append(
+            {
+                "name": "replication-users",
+                "mountPath": naming.REPLICATION_USERS_DIR,
+                "readOnly": True,
+            }
+        )
     if spec.resources:
         container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
     return container
@@ -273,6 +303,18 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
             {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}},
         ],
     }
+    repl = spec.replication
+    if repl.enabled and repl.users_secret:
+        pod_spec["volumes"].append(
+            {
+                "name": "replication-users",
+                "secret": {
+                    "secretName": repl.users_secret,
+                    "items": [{"key": repl.users_key, "path": "users.yaml"}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:

@@ -106,6 +106,15 @@ class Retention:
 
 
 @dataclasses.dataclass(frozen=True)
+class JetstreamSpec:
+    """``spec.protocols.jetstream``: served on the HTTP port (websocket), so no ports."""
+
+    enabled: bool = True
+    path: str = "/jetstream"
+    type_prefix: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
 class ServiceMonitorSpec:
     enabled: bool = False
     interval: str = "30s"
@@ -144,6 +153,18 @@ class SecurityContext:
 
 
 @dataclasses.dataclass(frozen=True)
+class ReplicationSpec:
+    """``spec.protocols.replication``: tables published over Replication (HTTP port)."""
+
+    enabled: bool = False
+    type_prefix: tuple[str, ...] = ("replication",)
+    # Each: {"name", "key", "columns" (or None), "add", "delete"}, in the replica's terms.
+    tables: tuple[Mapping[str, Any], ...] = ()
+    users_secret: str | None = None
+    users_key: str = "users.yaml"
+
+
+@dataclasses.dataclass(frozen=True)
 class FleetSpec:
     """Everything the builders need, immutable, with every default applied."""
 
@@ -165,6 +186,8 @@ class FleetSpec:
     # "spec.protocols.bus.enabled"): reported as Ready=False/ProtocolNotImplemented,
     # never served, their ports never rendered.
     not_implemented: tuple[str, ...] = ()
+    replication: ReplicationSpec = ReplicationSpec()
+    jetstream: JetstreamSpec = JetstreamSpec()
     retention: Retention = Retention()
     subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
     service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
@@ -490,6 +513,78 @@ def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tup
     return tuple(enabled), tuple(not_implemented)
 
 
+def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
+    path = "spec.protocols.replication"
+    section = _obj(protocols, "replication", "spec.protocols")
+    prefix = _get(section, "typePrefix", path, list)
+    if prefix is None:
+        prefix = ["replication"]
+    if not prefix or not all(isinstance(p, str) and p for p in prefix):
+        raise SpecError(
+            f"{path}.typePrefix", f"must be a list of non-empty strings, got {prefix!r}"
+        )
+    tables = []
+    seen: set[str] = set()
+    for i, table in enumerate(_get(section, "tables", path, list) or []):
+        where = f"{path}.tables[{i}]"
+        if not isinstance(table, dict):
+            raise SpecError(where, "must be an object")
+        name = _str(table, "name", where)
+        if not name or "?" in name or "*" in name:
+            raise SpecError(f"{where}.name", f"must be a non-empty name without ?/*, got {name!r}")
+        if name in seen:
+            raise SpecError(f"{where}.name", f"table {name!r} is listed twice")
+        seen.add(name)
+        columns = _get(table, "columns", where, dict)
+        if columns is not None:
+            for col, flags in columns.items():
+                if not isinstance(flags, dict) or not isinstance(flags.get("update", False), bool):
+                    raise SpecError(f"{where}.columns.{col}", "must be an object {update: bool}")
+        tables.append(
+            {
+                "name": name,
+                "key": _str(table, "key", where, "id") or "id",
+                "columns": {c: {"update": bool(f.get("update", False))} for c, f in columns.items()}
+                if columns is not None
+                else None,
+                "add": _bool(table, "add", where, True),
+                "delete": _bool(table, "delete", where, True),
+            }
+        )
+    users_path = f"{path}.usersSecretRef"
+    users = _obj(section, "usersSecretRef", path)
+    users_secret = _str(users, "name", users_path) or None
+    if users and not users_secret:
+        raise SpecError(f"{users_path}.name", "is required")
+    return ReplicationSpec(
+        enabled=_bool(section, "enabled", path, False),
+        type_prefix=tuple(prefix),
+        tables=tuple(tables),
+        users_secret=users_secret,
+        users_key=_str(users, "key", users_path, "users.yaml"),
+    )
+
+
+_JETSTREAM_PATH = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
+
+
+def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
+    path = "spec.protocols.jetstream"
+    section = _obj(protocols, "jetstream", "spec.protocols")
+    url_path = _str(section, "path", path, "/jetstream")
+    if not _JETSTREAM_PATH.match(url_path):
+        raise SpecError(f"{path}.path", f"must be a URL path like /jetstream, got {url_path!r}")
+    prefix = _get(section, "typePrefix", path, list) or []
+    for i, segment in enumerate(prefix):
+        if not isinstance(segment, str) or not segment or segment in ("?", "*"):
+            raise SpecError(
+                f"{path}.typePrefix[{i}]", f"must be an event type segment, got {segment!r}"
+            )
+    return JetstreamSpec(
+        enabled=_bool(section, "enabled", path, True), path=url_path, type_prefix=tuple(prefix)
+    )
+
+
 def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
@@ -527,6 +622,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         token=_parse_token(spec),
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
+        replication=_parse_replication(protocols),
+        jetstream=_parse_jetstream(protocols),
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
             max_events=_int(retention, "maxEvents", "spec.retention", None, 1),

@@ -17,6 +17,8 @@ CONFIG_FILE = "config.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 TOKEN_DIR = "/var/run/secrets/eventfleet"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
+REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
+REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
 SPARK_MAIN = "local:///opt/eventfleet/aggregate.py"
 

@@ -32,6 +32,19 @@ def add_parser(sub) -> None:
         action="store_true",
         help="print one JSON object per line per replica (name, server_id, pid, endpoints)",
     )
+    p.add_argument(
+        "--replication",
+        metavar="TABLE[,TABLE...]",
+        default="",
+        help="publish these tables over Replication (AppWebsocket) at "
+        "ws://HOST:HTTP/replication on every replica; the login password is the fleet token",
+    )
+    p.add_argument(
+        "--no-jetstream",
+        dest="jetstream",
+        action="store_false",
+        help="do not serve Jetstream (ws://<http>/jetstream, demo page /jetstream/demo)",
+    )
     p.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="INFO")
     p.set_defaults(func=run)
 
@@ -41,7 +54,15 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
     try:
-        fleet = layout.plan(args.replicas, args.data_dir, base_port=args.base_port, host=args.host)
+        tables = tuple(t.strip() for t in args.replication.split(",") if t.strip())
+        fleet = layout.plan(
+            args.replicas,
+            args.data_dir,
+            base_port=args.base_port,
+            host=args.host,
+            replication_tables=tables,
+            jetstream=args.jetstream,
+        )
         busy = layout.busy_ports(fleet)
         if busy:
             raise FleetError("ports already in use: " + ", ".join(busy))

@@ -20,10 +20,12 @@ import signal
 from collections.abc import Mapping
 from types import ModuleType
 
+from eventfleet_server import replication
 from eventfleet_server.config import ReplicaConfig, build
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
+from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Tasks
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import Retention, Storage
@@ -35,6 +37,8 @@ log = logging.getLogger(__name__)
 PROTOCOLS: dict[str, ModuleType] = {
     "eventer": eventer_plugin,
     "syncer": syncer_plugin,
+    "replication": replication,
+    "jetstream": jetstream_plugin,
 }
 
 

@@ -392,10 +392,10 @@ async def test_protocols_mount_their_own_routes_after_start(replica):
         return ws
 
     async def hello(request):
-        return web.json_response({"jetstream": True})
+        return web.json_response({"example": True})
 
     unmount_ws = http.mount("/replication", echo_ws)
-    unmount_js = http.add_routes([web.get("/jetstream", hello)])
+    unmount_ex = http.add_routes([web.get("/example", hello)])
     with pytest.raises(ValueError, match="already mounted"):
         http.mount("/replication", echo_ws)
     with pytest.raises(ValueError, match="reserved"):
@@ -405,15 +405,15 @@ async def test_protocols_mount_their_own_routes_after_start(replica):
         async with s.ws_connect(url(replica, "/replication")) as ws:
             await ws.send_str("hi")
             assert (await ws.receive()).data == "echo:hi"
-        async with s.get(url(replica, "/jetstream")) as resp:
-            assert await resp.json() == {"jetstream": True}
-        async with s.post(url(replica, "/jetstream")) as resp:
+        async with s.get(url(replica, "/example")) as resp:
+            assert await resp.json() == {"example": True}
+        async with s.post(url(replica, "/example")) as resp:
             assert resp.status == 405
         unmount_ws()
-        unmount_js()
+        unmount_ex()
         async with s.get(url(replica, "/replication")) as resp:
             assert resp.status == 404
-        async with s.get(url(replica, "/jetstream")) as resp:
+        async with s.get(url(replica, "/example")) as resp:
             assert resp.status == 404
     # Unmounted paths can be claimed again (a protocol restarting).
     http.mount("/replication", echo_ws)()

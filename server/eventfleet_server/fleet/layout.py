@@ -89,6 +89,11 @@ class ReplicaLayout:
             "http": f"{h}:{self.http_port}",
         }
 
+    def jetstream(self) -> dict[str, str]:
+        """Jetstream's websocket and its demo page, on the HTTP port (not ports of their own)."""
+        base = f"{self.host}:{self.http_port}/jetstream"
+        return {"jetstream": f"ws://{base}", "jetstream_demo": f"http://{base}/demo"}
+
     def ports(self) -> dict[str, int]:
         return {k: int(v.rsplit(":", 1)[1]) for k, v in self.endpoints().items()}
 
@@ -101,10 +106,19 @@ class FleetPlan:
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
     token_file: pathlib.Path
+    # Tables published over Replication (docs/replication.md); empty: Replication is off.
+    replication_tables: tuple[str, ...] = ()
+    jetstream: bool = True  # Jetstream (and its demo page) on every replica's HTTP port
 
 
 def plan(
-    replicas: int, data_dir: pathlib.Path, *, base_port: int | None = None, host: str = "127.0.0.1"
+    replicas: int,
+    data_dir: pathlib.Path,
+    *,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    replication_tables: tuple[str, ...] = (),
+    jetstream: bool = True,
 ) -> FleetPlan:
     """Lay out `replicas` replicas under `data_dir` (re-using a previous run's ports)."""
     if not isinstance(replicas, int) or not 1 <= replicas <= MAX_REPLICAS:
@@ -122,7 +136,19 @@ def plan(
         ReplicaLayout(i, host, base_port + BLOCK * (i - 1), data_dir / f"replica-{i}")
         for i in range(1, replicas + 1)
     ]
-    return FleetPlan(layouts, data_dir, host, base_port, not state, data_dir / "token")
+    for table in replication_tables:
+        if not table or any(c in table for c in "?*"):
+            raise FleetError(f"--replication table name {table!r} must be non-empty, without ?/*")
+    return FleetPlan(
+        layouts,
+        data_dir,
+        host,
+        base_port,
+        not state,
+        data_dir / "token",
+        tuple(replication_tables),
+        jetstream=jetstream,
+    )
 
 
 def _read_state(data_dir: pathlib.Path) -> dict:
@@ -169,7 +195,7 @@ def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> l
 
 
 def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> dict:
-    return {
+    conf = {
         "server_id": r.server_id,
         "host": r.host,
         "data_dir": str(r.data_dir),
@@ -180,9 +206,18 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "syncer": {"port": r.syncer_port},
         "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
         "http": {"port": r.http_port},
+        # On the HTTP port; the demo page (a shared list) is <http>/jetstream/demo.
+        "jetstream": {"enabled": fleet.jetstream},
         "peers": peers_of(fleet),
         "log": {"level": log_level, "format": "text"},
     }
+    if fleet.replication_tables:
+        # The websocket lives on the HTTP port; the password is the fleet token.
+        conf["replication"] = {
+            "enabled": True,
+            "tables": [{"name": t} for t in fleet.replication_tables],
+        }
+    return conf
 
 
 def write_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") -> None:

@@ -225,8 +225,19 @@ class Supervisor:
                 "--json '{\"value\": 1}'\n"
                 "  any Hat Eventer client: hat.event.eventer.client.connect("
                 f"('{first.host}', {first.eventer_port}), 'me')\n"
-                "Ctrl-C stops the fleet; running the same command again resumes it."
+                + (
+                    "  Jetstream demo (a shared list): "
+                    f"{first.jetstream()['jetstream_demo']}?token=<contents of the token file>\n"
+                    if self.fleet.jetstream
+                    else ""
+                )
+                + "Ctrl-C stops the fleet; running the same command again resumes it."
             )
+            if self.fleet.replication_tables:
+                self.out(
+                    f"  replication: ws://{first.host}:{first.http_port}/replication, tables "
+                    f"{', '.join(self.fleet.replication_tables)} (password: the token file)"
+                )
 
     async def _announce(self, replicas: list[ReplicaProcess]) -> None:
         """Print each replica once its Eventer port accepts connections."""
@@ -248,6 +259,7 @@ class Supervisor:
                     "up": up,
                     "restarts": r.restarts,
                     **layout.endpoints(),
+                    **(layout.jetstream() if self.fleet.jetstream else {}),
                     "data_dir": str(layout.data_dir),
                     "log": str(layout.log_path),
                 }

@@ -32,3 +32,10 @@ class RejectReason(StrEnum):
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Replication
+    LOGIN_RATE_LIMITED = "login_rate_limited"
+    WRITE_REFUSED = "write_refused"
+    # Jetstream
+    UNKNOWN_SESSION = "unknown_session"
+    BAD_SCOPE = "bad_scope"
+    BAD_FRAGMENT = "bad_fragment"

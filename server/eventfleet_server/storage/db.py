@@ -675,6 +675,23 @@ class Storage:
         events = _decode([row[1:] for row in rows], self._types)
         return [(row[0], event) for row, event in zip(rows, events, strict=True)]
 
+    async def read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
+        """``(seq, event)`` of the latest event of every stored type matching
+        `event_types`, with the local sequence number at which it was stored (the
+        latest-per-type table, like a ``latest`` query). For Replication's row index."""
+        self._check_open()
+        return await _run(self._reader, self._read_latest, event_types)
+
+    def _read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
+        expansion = self._expand(event_types)
+        if expansion is not None and not expansion[0]:
+            return []
+        if expansion is None:
+            raise ValueError("read_latest needs event types that do not match every type")
+        rows = self._reader._conn.execute(schema.LATEST_TYPES_SEQ, (expansion[1],)).fetchall()
+        events = _decode([row[1:] for row in rows], self._types)
+        return [(row[0], event) for row, event in zip(rows, events, strict=True)]
+
     # -- retention and stats ---------------------------------------------------------
 
     async def enforce_retention(self) -> int:

@@ -132,6 +132,10 @@ LATEST_TYPES = (
     f"SELECT {_EVENTS_COLS} FROM latest JOIN events USING (seq)"
     " WHERE latest.type_id IN (SELECT value FROM json_each(?))"
 )
+LATEST_TYPES_SEQ = (
+    f"SELECT seq, {_EVENTS_COLS} FROM latest JOIN events USING (seq)"
+    " WHERE latest.type_id IN (SELECT value FROM json_each(?))"
+)
 
 # The sentinel of a timeseries query, found by its id through the unique index.
 SENTINEL = (

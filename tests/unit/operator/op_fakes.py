@@ -69,7 +69,17 @@ FULL_SPEC: dict[str, Any] = {
     },
     "ports": {"eventer": 24012, "syncer": 24013, "bus": 24030, "http": 24080},
     "token": {"secretRef": {"name": "my-token", "key": "secret"}},
-    "protocols": {"bus": {"enabled": False}},
+    "protocols": {
+        "bus": {"enabled": False},
+        "replication": {
+            "enabled": True,
+            "tables": [
+                {"name": "users", "columns": {"id": {}, "name": {"update": True}}, "delete": False},
+                {"name": "phones", "key": "number"},
+            ],
+            "usersSecretRef": {"name": "repl-users"},
+        },
+    },
     "retention": {"maxAgeSeconds": 86400, "maxEvents": 1000000},
     "syncer": {"subscriptions": [["a", "*"], ["b", "?", "c"]]},
     "monitoring": {

@@ -283,3 +283,56 @@ def test_enabled_bus_is_neither_configured_nor_exposed():
     ]
     config = builders.replica_config(spec, peer_count=3, allow_empty_start=False)
     assert config["bus"] == {"port": 23030, "enabled": False}
+
+
+def test_replication_renders_tables_and_mounts_the_user_list():
+    spec = fleet(
+        {
+            "protocols": {
+                "replication": {
+                    "enabled": True,
+                    "tables": [{"name": "users", "columns": {"name": {"update": True}}}],
+                    "usersSecretRef": {"name": "repl-users", "key": "list.yaml"},
+                }
+            }
+        }
+    )
+    config = builders.replica_config(spec, peer_count=3, allow_empty_start=True)
+    assert config["replication"] == {
+        "enabled": True,
+        "type_prefix": ["replication"],
+        "tables": [
+            {
+                "name": "users",
+                "key": "id",
+                "columns": {"name": {"update": True}},
+                "add": True,
+                "delete": True,
+            }
+        ],
+        "users_file": naming.REPLICATION_USERS_PATH,
+    }
+    pod = builders.statefulset(spec, replicas=3, config_hash="h")["spec"]["template"]["spec"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "replication-users"]
+    assert volume["secret"]["secretName"] == "repl-users"
+    assert volume["secret"]["items"] == [{"key": "list.yaml", "path": "users.yaml"}]
+    mounts = pod["containers"][0]["volumeMounts"]
+    assert {
+        "name": "replication-users",
+        "mountPath": naming.REPLICATION_USERS_DIR,
+        "readOnly": True,
+    } in mounts
+    # Without a user list the fleet token is the password; off by default.
+    plain = fleet({"protocols": {"replication": {"enabled": True, "tables": [{"name": "t"}]}}})
+    config = builders.replica_config(plain, peer_count=1, allow_empty_start=True)
+    assert "users_file" not in config["replication"]
+    assert "replication" not in builders.replica_config(
+        fleet({}), peer_count=1, allow_empty_start=True
+    )
+
+
+def test_replication_spec_errors_name_the_field():
+    with pytest.raises(model.SpecError, match=r"spec\.protocols\.replication\.tables\[1\]\.name"):
+        fleet({"protocols": {"replication": {"tables": [{"name": "a"}, {"name": "a"}]}}})
+    with pytest.raises(model.SpecError, match=r"usersSecretRef\.name"):
+        fleet({"protocols": {"replication": {"usersSecretRef": {"key": "x"}}}})

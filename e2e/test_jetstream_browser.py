@@ -1,0 +1,77 @@
+"""The Jetstream demo page in a real browser: two headless Chromium pages on two replicas
+of an ``eventfleet fleet`` see each other's edits live.
+
+Chromium is Debian's (scripts/tools/chromium.sh), driven by playwright-core from npm
+(scripts/tools/jetstream.sh); the page uses the bundled reference client (jetstream-js).
+The screenshots of both pages are kept in $EVENTFLEET_ARTIFACTS/jetstream (default
+<repo>/.artifacts/jetstream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+
+import pytest
+
+from e2e.fleet_helpers import FleetProc, free_block
+from e2e.jetstream.refclient import ROOT, ensure_tools, node_env
+
+pytestmark = pytest.mark.slow
+
+BROWSER_JS = pathlib.Path(__file__).parent / "jetstream" / "browser.js"
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium", path=str(ROOT / ".tools/bin"))
+    if not found:
+        subprocess.run(["bash", str(ROOT / "scripts/tools/chromium.sh")], check=True, timeout=900)
+        found = shutil.which("chromium", path="/usr/bin:" + str(ROOT / ".tools/bin"))
+    assert found, "chromium is required: scripts/tools/chromium.sh"
+    return found
+
+
+async def test_two_browsers_on_two_replicas_see_each_others_edits(tmp_path):
+    ensure_tools()
+    browser = chromium()
+    artifacts = (
+        pathlib.Path(os.environ.get("EVENTFLEET_ARTIFACTS", ROOT / ".artifacts")) / "jetstream"
+    )
+    artifacts.mkdir(parents=True, exist_ok=True)
+    fleet = FleetProc(tmp_path / "fleet", 2, base_port=free_block(2)).start()
+    try:
+        up = await fleet.wait_up()
+        token = (tmp_path / "fleet" / "token").read_text().strip()
+        pages = [f"{up[name]['jetstream_demo']}?token={token}&scope=browser" for name in sorted(up)]
+        env = node_env()
+        env["CHROMIUM"] = browser
+        proc = await asyncio.create_subprocess_exec(
+            "node",
+            str(BROWSER_JS),
+            *pages,
+            str(artifacts),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            start_new_session=True,
+        )
+        try:
+            async with asyncio.timeout(120):
+                out, err = await proc.communicate()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+        assert out, f"browser driver printed nothing; stderr:\n{err.decode()[-3000:]}"
+        result = json.loads(out.decode().strip().splitlines()[-1])
+        assert result["ok"], result
+        assert result["steps"][-1] == "page one sees the tick made on page two"
+        assert sorted(result["page1"]) == sorted(result["page2"]) and len(result["page1"]) == 2
+        for shot in result["screenshots"]:
+            assert os.path.getsize(shot) > 1000  # noqa: ASYNC240 - a stat after the run
+    finally:
+        fleet.stop()

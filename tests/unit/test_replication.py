@@ -1,0 +1,202 @@
+"""Engine-free parts of Replication: codec, login, row index, configuration."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Timestamp,
+)
+from eventfleet_server.replication import codec
+from eventfleet_server.replication.config import ReplicationConfig
+from eventfleet_server.replication.login import (
+    Challenges,
+    Credentials,
+    FailedLogins,
+    LoginError,
+    check_login,
+    digest,
+)
+from eventfleet_server.replication.table import Tables, row_key
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_digest_is_sha256_of_the_colon_joined_fields():
+    fields = {"app": "a", "domain": "d", "sip": "s", "guid": "g", "dn": "n"}
+    assert digest(fields, "c", "p") == hashlib.sha256(b"a:d:s:g:n:c:p").hexdigest()
+    with_info = {**fields, "info": "i"}
+    assert digest(with_info, "c", "p") == hashlib.sha256(b"a:d:s:g:n:i:c:p").hexdigest()
+    as_object = {**fields, "info": {"x": 1}}
+    assert digest(as_object, "c", "p") == hashlib.sha256(b'a:d:s:g:n:{"x":1}:c:p').hexdigest()
+
+
+def test_challenges_are_single_use_and_expire():
+    clock = Clock()
+    ch = Challenges(5.0, clock)
+    first = ch.issue()
+    assert ch.take() == first
+    with pytest.raises(LoginError, match="no outstanding challenge"):
+        ch.take()
+    ch.issue()
+    clock.now += 5.1
+    with pytest.raises(LoginError, match="expired"):
+        ch.take()
+
+
+def test_check_login_and_credentials():
+    creds = Credentials({"alice": "pa"}, None)
+    msg = {"app": "x", "domain": "", "sip": "alice", "guid": "", "dn": "A"}
+    msg["digest"] = digest(msg, "ch", "pa")
+    assert check_login(msg, "ch", creds) == "alice"
+    with pytest.raises(LoginError, match="wrong digest"):
+        check_login(msg, "other-challenge", creds)
+    with pytest.raises(LoginError, match="wrong digest"):
+        check_login({**msg, "sip": "bob"}, "ch", creds)
+    with pytest.raises(LoginError, match="'digest'"):
+        check_login({**msg, "digest": 5}, "ch", creds)
+    assert "pa" not in repr(creds)
+    assert Credentials(None, "tok").password("anyone") == "tok"
+
+
+def test_failed_logins_block_then_release():
+    clock = Clock()
+    fl = FailedLogins(2, 10.0, clock)
+    fl.failed("a")
+    assert fl.blocked_for("a") == 0
+    fl.failed("a")
+    assert fl.blocked_for("a") == pytest.approx(10.0)
+    assert fl.blocked_for("b") == 0
+    clock.now += 10.5
+    assert fl.blocked_for("a") == 0
+
+
+def test_codec_errors_name_the_problem():
+    with pytest.raises(codec.FrameError, match="not JSON"):
+        codec.decode("{")
+    with pytest.raises(codec.FrameError, match="JSON object"):
+        codec.decode("3")
+    with pytest.raises(codec.FrameError, match="'mt'"):
+        codec.decode('{"mt": 1}')
+    with pytest.raises(codec.FrameError, match="'api'"):
+        codec.decode('{"mt": "x", "api": 1}')
+    assert codec.parse_columns({"a": {}, "b": {"update": True}}) == {"a": False, "b": True}
+    with pytest.raises(codec.FrameError, match=r"columns\.b\.update"):
+        codec.parse_columns({"b": {"update": "yes"}})
+    req = {"mt": "ReplicateNext", "api": "t", "src": "s1"}
+    assert codec.error_reply(req, "no") == {
+        "mt": "ReplicateNextResult",
+        "api": "t",
+        "src": "s1",
+        "error": "no",
+    }
+    assert codec.error_reply(None, "bad") == {"mt": "Error", "error": "bad"}
+
+
+def ev(instance, key, payload, ts=None, server=1):
+    return Event(
+        EventId(server, instance, instance),
+        ("replication", "users", key),
+        Timestamp(ts if ts is not None else instance, 0),
+        None,
+        payload,
+    )
+
+
+def test_row_index_keeps_the_latest_event_per_row():
+    tables = Tables(["replication"], [("users", "id")])
+    users = tables["users"]
+    changes = tables.apply(
+        [
+            (1, ev(1, "a", EventPayloadJson('{"id": "a", "n": 1}'))),
+            (2, ev(2, "b", EventPayloadJson('{"n": 2}'))),  # key taken from the type
+            (
+                3,
+                Event(EventId(1, 3, 3), ("other", "users", "x"), Timestamp(3, 0), None, None),
+            ),
+        ]
+    )
+    assert [(c.key, c.before, c.after) for c in changes] == [
+        ("a", None, {"id": "a", "n": 1}),
+        ("b", None, {"n": 2, "id": "b"}),
+    ]
+    # An older event stored later (a late merge from a peer) does not change the row.
+    assert (
+        tables.apply([(4, ev(9, "a", EventPayloadJson('{"id": "a", "n": 0}'), ts=0, server=2))])
+        == []
+    )
+    assert users.rows["a"].seq == 1
+    # Tombstone and a payload that is not a JSON object both delete the row.
+    [c] = tables.apply([(5, ev(10, "a", None))])
+    assert c.before == {"id": "a", "n": 1} and c.after is None
+    [c] = tables.apply([(6, ev(11, "b", EventPayloadBinary("x", b"1")))])
+    assert c.after is None
+    assert users.snapshot() == {}
+    assert users.changed_since(4) == [(5, "a"), (6, "b")]
+
+
+def test_row_key():
+    assert row_key("a") == "a" and row_key(7) == "7"
+    for bad in ("", "*", "?", True, 1.5, None, ["x"]):
+        with pytest.raises(ValueError):
+            row_key(bad)
+
+
+def test_config_defaults_and_errors():
+    cfg = ReplicationConfig.from_mapping({"enabled": True, "tables": [{"name": "t"}]})
+    assert cfg.path == "/replication" and cfg.type_prefix == ("replication",)
+    assert cfg.tables[0].key == "id" and cfg.tables[0].columns is None
+    with pytest.raises(ValueError, match=r"replication\.tables\.0"):
+        ReplicationConfig.from_mapping({"tables": [{"key": "id"}]})
+    with pytest.raises(ValueError, match="listed twice"):
+        ReplicationConfig.from_mapping({"tables": [{"name": "t"}, {"name": "t"}]})
+    with pytest.raises(ValueError, match="local table 'u' is not in"):
+        ReplicationConfig.from_mapping(
+            {
+                "tables": [{"name": "t"}],
+                "upstreams": [{"name": "x", "url": "ws://h/", "table": "u"}],
+            }
+        )
+    with pytest.raises(ValueError, match="url"):
+        ReplicationConfig.from_mapping(
+            {
+                "tables": [{"name": "t"}],
+                "upstreams": [{"name": "x", "url": "http://h/", "table": "t"}],
+            }
+        )
+
+
+def test_user_list_is_reloaded_when_the_file_changes(tmp_path):
+    import os
+
+    users = tmp_path / "users.yaml"
+    users.write_text("alice: one\n")
+    creds = Credentials.load(str(users), None, "token")
+    assert creds.password("alice") == "one" and creds.password("bob") is None
+    users.write_text("alice: two\nbob: three\n")
+    os.utime(users, (1, 1))  # a different mtime, whatever the clock's resolution
+    assert creds.password("alice") == "two" and creds.password("bob") == "three"
+    users.write_text("not: [a, mapping of strings]\n")
+    os.utime(users, (2, 2))
+    assert creds.password("alice") == "two"  # the last good list stays
+
+
+def test_own_writes_are_taken_once_and_bounded():
+    from eventfleet_server.replication.table import OwnWrites
+
+    own = OwnWrites(limit=4)
+    own.update([1, 2, 3])
+    assert own.take(2) and not own.take(2) and not own.take(9)
+    own.update([4, 5, 6])  # 5 ids > 4: the oldest half goes
+    assert len(own) <= 4 and not own.take(1) and own.take(6)
