@@ -589,6 +589,8 @@ class NodeAgent(threading.Thread):
         args = [str(PODMAN), "run", "--rm", "--name", running.container_name, "--network", "host"]
         grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
         args += ["--pull", "never", "--stop-timeout", str(grace)]
+        # Kubernetes ignores an image's HEALTHCHECK (the pod's probes count instead).
+        args.append("--no-healthcheck")
         if "runAsUser" in sc:
             args += ["--user", f"{sc['runAsUser']}:{sc.get('runAsGroup', sc['runAsUser'])}"]
         if "fsGroup" in pod_sc:
