@@ -193,6 +193,14 @@ class FleetProc:
         return tail(self.log_path, 400)
 
 
+# The tests' own clients (readers, writers) connect from loopback without a token: the
+# replicas' hat-compatible mode, limited to loopback, admits them (the peers still need
+# the token). Tests about client authentication set their own `eventer` section.
+LOOPBACK_CLIENTS = {
+    "eventer": {"allow_tokenless_clients": True, "tokenless_client_networks": ["127.0.0.1"]}
+}
+
+
 class ReplicaProc:
     """One ``eventfleet server --config`` process whose configuration the test writes."""
 
@@ -335,6 +343,26 @@ async def read_all(eventer: tuple[str, int], server_ids) -> dict[tuple[int, int]
     finally:
         await client.close()
     return out
+
+
+async def read_ids(eventer: tuple[str, int], server_id: int) -> list[EventId]:
+    """Every committed id of `server_id` on one replica, as the replica returns them
+    (a list: an id stored twice shows up twice)."""
+    client = await connect(*eventer, "e2e/id-reader", timeout=10)
+    ids: list[EventId] = []
+    try:
+        after: EventId | None = None
+        while True:
+            result = await asyncio.wait_for(
+                client.query(QueryServerParams(server_id, True, 10_000, after)), 30
+            )
+            ids.extend(e.id for e in result.events)
+            if not result.more_follows or not result.events:
+                break
+            after = result.events[-1].id
+    finally:
+        await client.close()
+    return ids
 
 
 def digest(events: dict) -> str:

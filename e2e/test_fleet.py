@@ -72,7 +72,13 @@ async def test_fleet_converges_stops_gracefully_and_resumes(tmp_path):
             assert line["server_id"] == i and line["pid"] > 0
             assert line["eventer"] == f"{HOST}:{base + 10 * (i - 1)}"
             assert line["syncer"] == f"{HOST}:{base + 10 * (i - 1) + 1}"
-            assert "http" in line and not any(k.startswith("bus") for k in line)
+            bus = base + 10 * (i - 1) + 2  # the Event BUS: P, P+1, P+2 (docs/bus.md)
+            assert (line["bus_snapshot"], line["bus_publisher"], line["bus_collector"]) == (
+                f"{HOST}:{bus}",
+                f"{HOST}:{bus + 1}",
+                f"{HOST}:{bus + 2}",
+            )
+            assert "http" in line
         eventers = [eventer_of(lines[n]) for n in sorted(lines)]
         registered = await register_on_every_replica(lines, "first", 20)
         assert len(registered) == 3 * 40
@@ -171,7 +177,8 @@ async def test_kill_9_under_persisted_load_loses_nothing_acknowledged(tmp_path):
         log = fleet.supervisor_log()
         assert "replica-2 (server_id=2" in log and "killed by SIGKILL" in log
         assert "restarting in" in log
-        assert len(acked) > 300
+        # Load on every replica (a count, not a rate: throughput is the benchmarks' job).
+        assert {server for server, _ in acked} == {1, 2, 3}
     finally:
         stop.set()
         fleet.stop()

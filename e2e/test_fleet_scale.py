@@ -12,6 +12,7 @@ from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
 
 from e2e.fleet_helpers import (
+    LOOPBACK_CLIENTS,
     ReplicaProc,
     eventually,
     free_block,
@@ -37,7 +38,10 @@ async def register(proc: ReplicaProc, tag: str, n: int) -> set:
 async def flush(leaving: ReplicaProc, peer: str) -> None:
     """The operator's scale-down step: the leaving replica proves `peer` holds its events."""
     url = f"{leaving.http}/flush?peer={peer}&timeout=10"
-    async with aiohttp.ClientSession() as s, s.post(url) as resp:
+    # /flush changes state: it needs the peer token (here the one shared token).
+    token = leaving.token_file.read_text().strip()
+    headers = {"Authorization": f"Bearer {token}"}
+    async with aiohttp.ClientSession() as s, s.post(url, headers=headers) as resp:
         body = await resp.json()
         assert resp.status == 200 and body["flushed"], body
 
@@ -47,7 +51,9 @@ async def test_scale_3_to_5_to_3_without_dropping_clients_or_events(tmp_path):
     token = tmp_path / "token"
     token.write_text("e2e-secret\n")
     procs = [
-        ReplicaProc(tmp_path, f"r{i}", i, base + 10 * (i - 1), token_file=token)
+        ReplicaProc(
+            tmp_path, f"r{i}", i, base + 10 * (i - 1), token_file=token, extra=LOOPBACK_CLIENTS
+        )
         for i in range(1, 6)
     ]
     core, extra = procs[:3], procs[3:]

@@ -47,6 +47,7 @@ class ProtocolPort:
     services: tuple[Service, ...] = (Service.CLIENT,)
     optional: bool = False
     implemented: bool = True
+    enabled_by_default: bool = False  # optional protocols: spec.protocols.<p>.enabled default
     port_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -89,7 +90,7 @@ PROTOCOL_PORTS: tuple[ProtocolPort, ...] = (
         width=3,
         services=(Service.CLIENT,),
         optional=True,
-        implemented=False,
+        enabled_by_default=True,
         port_names=("bus-snapshot", "bus-publisher", "bus-collector"),
     ),
     # /metrics, /healthz, /readyz, /status, /flush and the websocket protocols.

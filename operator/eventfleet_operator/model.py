@@ -504,7 +504,7 @@ def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tup
             continue
         path = f"spec.protocols.{entry.protocol}"
         section = _obj(protocols, entry.protocol, "spec.protocols")
-        if not _bool(section, "enabled", path, False):
+        if not _bool(section, "enabled", path, entry.enabled_by_default):
             continue
         if entry.implemented:
             enabled.append(entry.protocol)

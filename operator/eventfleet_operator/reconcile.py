@@ -97,19 +97,21 @@ async def ensure(
 
 async def _token(
     ctx: Context, spec: model.FleetSpec, log: logging.Logger
-) -> tuple[dict[str, Any] | None, str]:
-    """The generated Secret to apply (or None), and a problem with a referenced one."""
+) -> tuple[dict[str, Any] | None, str, str | None]:
+    """The generated Secret to apply (or None), a problem with a referenced one, and the
+    token itself (the operator presents it on the replicas' admin routes)."""
     ref = spec.token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if not ref.generated:
         if live is None:
-            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found"
+            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found", None
         if ref.key not in (live.get("data") or {}):
             return (
                 None,
                 f"spec.token.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
+                None,
             )
-        return None, ""
+        return None, "", _first_token(live["data"][ref.key])
     token = ""
     if live is not None:
         try:
@@ -120,7 +122,16 @@ async def _token(
         # Generated once and then kept: rotating it would lock out every client.
         token = secrets.token_urlsafe(32)
         log.info("generated a new token for Secret %s", ref.secret_name)
-    return builders.token_secret(spec, token), ""
+    return builders.token_secret(spec, token), "", token
+
+
+def _first_token(data: str) -> str | None:
+    """The token a replica presents to peers: the first non-empty line of the file."""
+    try:
+        text = base64.b64decode(data).decode()
+    except ValueError:
+        return None
+    return next((line.strip() for line in text.splitlines() if line.strip()), None)
 
 
 async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
@@ -150,7 +161,7 @@ async def _set_serving(ctx: Context, spec: model.FleetSpec, log: logging.Logger)
 
 
 async def _observe_replicas(
-    ctx: Context, spec: model.FleetSpec, count: int
+    ctx: Context, spec: model.FleetSpec, count: int, token: str | None = None
 ) -> list[status_mod.PeerReport]:
     async def one(ordinal: int) -> status_mod.PeerReport:
         url = ctx.endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
@@ -158,7 +169,7 @@ async def _observe_replicas(
             ordinal, naming.pod(spec.name, ordinal), naming.server_id(ordinal)
         )
         try:
-            return dataclasses.replace(report, status=await ctx.replicas.status(url))
+            return dataclasses.replace(report, status=await ctx.replicas.status(url, token))
         except ReplicaUnreachable as e:
             return dataclasses.replace(report, error=str(e))
 
@@ -296,7 +307,7 @@ async def _apply_children(
     log: logging.Logger,
     emit: Emit,
 ) -> status_mod.Observation:
-    secret, token_error = await _token(ctx, spec, log)
+    secret, token_error, token = await _token(ctx, spec, log)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
@@ -311,6 +322,7 @@ async def _apply_children(
         client=ctx.replicas,
         claim_exists=claim_exists,
         force=force,
+        token=token,
     )
     if decision.held:
         log.warning("scale-down held: %s", decision.message)
@@ -379,7 +391,7 @@ async def _apply_children(
         emit,
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    peers = await _observe_replicas(ctx, spec, decision.target)
+    peers = await _observe_replicas(ctx, spec, decision.target, token)
     return dataclasses.replace(
         obs,
         token_error=token_error,

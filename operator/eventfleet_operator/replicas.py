@@ -183,11 +183,23 @@ class ReplicaClient:
         await self._session.close()
 
     async def _call(
-        self, method: str, url: str, timeout: float, params: Mapping[str, str] | None = None
+        self,
+        method: str,
+        url: str,
+        timeout: float,
+        params: Mapping[str, str] | None = None,
+        token: str | None = None,
     ) -> Any:
+        # The replicas' admin routes (POST /flush) and the full /status need the fleet's
+        # peer credential (docs/security.md); the operator holds the fleet's token.
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         try:
             async with self._session.request(
-                method, url, params=params, timeout=aiohttp.ClientTimeout(total=timeout)
+                method,
+                url,
+                params=params,
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=timeout),
             ) as response:
                 text = await response.text()
                 if response.status != 200:
@@ -200,17 +212,17 @@ class ReplicaClient:
         except ValueError as e:
             raise ReplicaUnreachable(f"{method} {url}: not JSON: {e}") from e
 
-    async def status(self, base_url: str) -> ReplicaStatus:
-        data = await self._call("GET", f"{base_url}/status", self.status_timeout)
+    async def status(self, base_url: str, token: str | None = None) -> ReplicaStatus:
+        data = await self._call("GET", f"{base_url}/status", self.status_timeout, token=token)
         try:
             return ReplicaStatus.parse(data)
         except ValueError as e:
             raise ReplicaUnreachable(f"GET {base_url}/status: {e}") from e
 
-    async def flush(self, base_url: str, peer: str) -> Mapping[str, Any]:
+    async def flush(self, base_url: str, peer: str, token: str | None = None) -> Mapping[str, Any]:
         """Ask the replica to flush to ``peer``; raises unless the peer confirmed."""
         data = await self._call(
-            "POST", f"{base_url}/flush", self.flush_timeout, params={"peer": peer}
+            "POST", f"{base_url}/flush", self.flush_timeout, params={"peer": peer}, token=token
         )
         if not isinstance(data, Mapping) or data.get("flushed") is not True:
             raise ReplicaUnreachable(f"POST {base_url}/flush?peer={peer}: not flushed: {data!r}")

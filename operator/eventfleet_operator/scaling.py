@@ -53,13 +53,14 @@ async def check_leaving(
     endpoints: Endpoints,
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
+    token: str | None = None,
 ) -> Problem | None:
     """``None`` if every remaining replica holds replica ``ordinal``'s events."""
     pod = naming.pod(spec.name, ordinal)
     server_id = naming.server_id(ordinal)
     url = endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
     try:
-        own_status = await client.status(url)
+        own_status = await client.status(url, token)
     except ReplicaUnreachable as e:
         if not await claim_exists(ordinal):
             return None  # no volume: the replica never stored an event
@@ -76,12 +77,12 @@ async def check_leaving(
     for remaining in range(spec.replicas):
         peer = naming.pod(spec.name, remaining)
         try:
-            await client.flush(url, peer)
+            await client.flush(url, peer, token)
         except ReplicaUnreachable as e:
             return Problem(Reason.FLUSH_FAILED, f"{pod} could not flush its events to {peer}: {e}")
         peer_url = endpoints.url(spec.namespace, spec.name, remaining, spec.ports.http)
         try:
-            peer_status: ReplicaStatus = await client.status(peer_url)
+            peer_status: ReplicaStatus = await client.status(peer_url, token)
         except ReplicaUnreachable as e:
             return Problem(Reason.REPLICA_UNREACHABLE, f"cannot read remaining replica {peer}: {e}")
         held = peer_status.last_ids.get(server_id)
@@ -104,6 +105,7 @@ async def plan(
     client: ReplicaClient,
     claim_exists: Callable[[int], Awaitable[bool]],
     force: bool = False,
+    token: str | None = None,
 ) -> Decision:
     """Decide the StatefulSet's replica count for this pass (never below what is safe)."""
     desired = spec.replicas
@@ -118,7 +120,12 @@ async def plan(
     target = current
     for ordinal in reversed(range(desired, current)):
         problem = await check_leaving(
-            spec, ordinal, endpoints=endpoints, client=client, claim_exists=claim_exists
+            spec,
+            ordinal,
+            endpoints=endpoints,
+            client=client,
+            claim_exists=claim_exists,
+            token=token,
         )
         if problem is not None:
             return Decision(

@@ -32,6 +32,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--token-file", type=pathlib.Path, help="file with the token (else $EVENTFLEET_TOKEN)"
     )
+    p.add_argument(
+        "--tls-ca",
+        type=pathlib.Path,
+        help="connect over TLS, verifying the replica's certificate against this CA file",
+    )
 
 
 def add_parsers(sub) -> None:
@@ -100,7 +105,12 @@ async def _connect(args, **kwargs):
     from eventfleet_server.client.eventer import connect
 
     host, port = args.eventer
-    return await connect(host, port, args.name, client_token=_token(args), **kwargs)
+    ssl = None
+    if args.tls_ca:
+        from eventfleet_server.listener import client_context
+
+        ssl = client_context(str(args.tls_ca))
+    return await connect(host, port, args.name, client_token=_token(args), ssl=ssl, **kwargs)
 
 
 def _print(obj) -> None:

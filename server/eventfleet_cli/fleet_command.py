@@ -14,8 +14,8 @@ def add_parser(sub) -> None:
         help="run a local fleet of replicas (the README's run command)",
         description="Start N replicas as processes on loopback, each with its own SQLite "
         "store under DATA_DIR/replica-<i>, Syncer-connected to every other one. Replica i "
-        "has server id i and the ports BASE+10*(i-1)+{0: Eventer, 1: Syncer, 5: HTTP}; 2-4 "
-        "are reserved for the Event BUS (not implemented in this version). Replicas that "
+        "has server id i and the ports BASE+10*(i-1)+{0: Eventer, 1: Syncer, 2-4: Event BUS "
+        "SNAPSHOT/PUBLISHER/COLLECTOR, 5: HTTP}. Replicas that "
         "die are restarted; Ctrl-C or SIGTERM stops them all gracefully. Running it again "
         "on the same DATA_DIR resumes the same fleet.",
     )
@@ -27,6 +27,20 @@ def add_parser(sub) -> None:
     )
     p.add_argument("--data-dir", type=pathlib.Path, default=pathlib.Path(".data"))
     p.add_argument("--host", default="127.0.0.1", help="address every replica binds")
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        help="TLS on every listener and mutual TLS between the replicas, with a CA and "
+        "certificates generated under DATA_DIR/tls (needs openssl); clients verify "
+        "against DATA_DIR/tls/ca.pem (eventfleet register --tls-ca ...)",
+    )
+    p.add_argument(
+        "--require-client-token",
+        action="store_true",
+        help="every Eventer client must present the client token (DATA_DIR/token); by "
+        "default clients on loopback may omit it, as Hat components cannot send one "
+        "(see docs/security.md)",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -60,6 +74,8 @@ def run(args: argparse.Namespace) -> int:
             args.data_dir,
             base_port=args.base_port,
             host=args.host,
+            tokenless_loopback=not args.require_client_token,
+            tls=args.tls,
             replication_tables=tables,
             jetstream=args.jetstream,
         )

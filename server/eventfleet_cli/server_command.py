@@ -12,7 +12,8 @@ def add_parser(sub) -> None:
         "server",
         help="run one replica",
         description="Run one replica. Settings: defaults < --config file < environment "
-        "(EVENTFLEET_POD_NAME, EVENTFLEET_SERVER_ID, EVENTFLEET_TOKEN, EVENTFLEET_TOKEN_FILE) "
+        "(EVENTFLEET_POD_NAME, EVENTFLEET_SERVER_ID, EVENTFLEET_TOKEN, EVENTFLEET_TOKEN_FILE, "
+        "EVENTFLEET_PEER_TOKEN, EVENTFLEET_PEER_TOKEN_FILE) "
         "< flags. The token is never a flag.",
     )
     p.add_argument("--config", type=pathlib.Path, help="YAML configuration file")
@@ -47,13 +48,17 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         conf = config.load(args.config, overrides=overrides_from_args(args))
-        token = config.read_token(conf)
+        client, peer = config.read_credentials(conf)
     except config.ConfigError as e:
         print(f"eventfleet server: {e}", file=sys.stderr)
         return 2
+    from eventfleet_server.listener import Credentials
+
     logs.setup(conf["log"]["level"], conf["log"]["format"], {"server_id": conf["server_id"]})
     try:
-        return eventloop.run(main.run(conf, token, args.config), conf["event_loop"])
+        return eventloop.run(
+            main.run(conf, Credentials(client, peer), args.config), conf["event_loop"]
+        )
     except eventloop.EventLoopError as e:
         print(f"eventfleet server: {e}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 import os
 import pathlib
@@ -21,14 +22,15 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from eventfleet_server import replication
-from eventfleet_server.config import ReplicaConfig, build
+from eventfleet_server.bus import plugin as bus_plugin
+from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
-from eventfleet_server.listener import Tasks
+from eventfleet_server.listener import Credentials, Tasks, TlsError
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
-from eventfleet_server.storage import Retention, Storage
+from eventfleet_server.storage import CorruptStoreError, Retention, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
@@ -39,21 +41,36 @@ PROTOCOLS: dict[str, ModuleType] = {
     "syncer": syncer_plugin,
     "replication": replication,
     "jetstream": jetstream_plugin,
+    "bus": bus_plugin,
 }
 
 
 class Replica:
     """One replica built from a validated, default-filled configuration mapping.
 
-    `config_path` (optional) is the file the peer list is reloaded from. `failed` is
-    set (with the reason) when a critical background task stops: `run` then stops the
-    replica and exits non-zero.
+    `token` is the one shared token (tests, embedding) or the replica's `Credentials`
+    (client and peer tokens, `eventfleet server`); with token files configured, the
+    credentials are re-read on SIGHUP and when a file changes. `config_path` (optional)
+    is the file the peer list is reloaded from. `failed` is set (with the reason) when a
+    critical background task stops: `run` then stops the replica and exits non-zero.
     """
 
-    def __init__(self, conf: Mapping, token: str | None, config_path: pathlib.Path | None = None):
+    def __init__(
+        self,
+        conf: Mapping,
+        token: str | Credentials | None,
+        config_path: pathlib.Path | None = None,
+    ):
         self.conf = conf
         self.core = ReplicaConfig.from_mapping(conf)
-        self.token = token
+        self.credentials = token if isinstance(token, Credentials) else Credentials.of(token)
+        # Files to re-read on reload; a token given directly never changes.
+        self._token_files = (
+            [p for p in (self.core.token_file, self.core.peer_token_file) if p]
+            if isinstance(token, Credentials)
+            else []
+        )
+        self._token_digest = self._digest_token_files()
         self.config_path = config_path
         self.tasks = Tasks("replica", self._on_fatal)
         self.failure: str | None = None
@@ -67,6 +84,11 @@ class Replica:
 
     # Named access for the protocols that other parts of the replica talk to directly
     # (HTTP's /flush and the Syncer metrics; tests).
+    @property
+    def token(self) -> str | None:
+        """The (first) client token, None when clients need none."""
+        return self.credentials.client_token
+
     @property
     def eventer(self):
         return self._protocol("eventer")
@@ -93,12 +115,21 @@ class Replica:
         core = self.core
         data_dir = pathlib.Path(core.data_dir)
         # HTTP first: probes answer ("alive, not ready") during the whole start-up.
-        self.http = HttpServer(self, core.host, core.http.port)
+        _private_dir(data_dir)
+        tls = core.tls.settings()
+        self.http = HttpServer(
+            self,
+            core.http.host or core.host,
+            core.http.port,
+            ssl_context=tls.server_context() if tls and core.tls.http else None,
+        )
         await self.http.start()
         retention = core.storage.retention
         self.storage = await Storage.open(
             data_dir / "events.sqlite",
             synchronous=core.storage.synchronous,
+            quick_check_timeout=core.storage.quick_check_timeout,
+            max_db_bytes=core.storage.max_db_bytes,
             retention=Retention(
                 max_age_seconds=retention.max_age_seconds, max_events=retention.max_events
             ),
@@ -118,6 +149,8 @@ class Replica:
             server_id=core.server_id,
             data_dir=data_dir,
             token=self.token,
+            credentials=self.credentials,
+            tls=tls,
             tasks=self.tasks,
             mount=self.http.mount,
             peers=lambda: list(self.conf.get("peers", [])),
@@ -147,6 +180,8 @@ class Replica:
             self.protocols[proto.name] = proto
         if retention.enabled:
             self.tasks.spawn("retention", self._retention_loop(retention.check_interval_seconds))
+        if self._token_files:
+            self.tasks.spawn("token-watch", self._token_watch_loop(core.token_reload_interval))
         log.info(
             "replica server_id=%s operational: %s peers=%s data=%s",
             core.server_id,
@@ -174,11 +209,53 @@ class Replica:
         log.info("replica stopped")
 
     def reload(self, reason: str = "SIGHUP") -> None:
-        """Re-read what can change without a restart (the peer list)."""
+        """Re-read what can change without a restart (tokens, the peer list)."""
+        self.reload_credentials(reason)
         for proto in self._created:
             reload = getattr(proto, "reload", None)
             if reload is not None:
                 reload(reason)
+
+    def _digest_token_files(self) -> str:
+        h = hashlib.sha256()
+        for path in self._token_files:
+            try:
+                h.update(pathlib.Path(path).read_bytes())
+            except OSError:
+                h.update(b"\0missing")
+        return h.hexdigest()
+
+    def reload_credentials(self, reason: str) -> bool:
+        """Re-read the token files; True when the tokens changed.
+
+        A file that cannot be read (a Secret half-swapped, an operator error) keeps the
+        current tokens: refusing every client because of a bad reload would be an outage.
+        New tokens apply to new connections; established sessions stay.
+        """
+        if not self._token_files:
+            return False
+        self._token_digest = self._digest_token_files()
+        try:
+            client, peer = read_credentials(self.conf)
+        except ConfigError as e:
+            log.error("token reload (%s) ignored, keeping the current tokens: %s", reason, e)
+            return False
+        changed = self.credentials.update(client, peer)
+        if changed:
+            log.info(
+                "tokens reloaded (%s): %d client token(s), %d peer token(s)",
+                reason,
+                len(self.credentials.client),
+                len(self.credentials.peer),
+            )
+        return changed
+
+    async def _token_watch_loop(self, interval: float) -> None:
+        # Polling, not inotify: kubelet swaps Secret volumes through a symlink.
+        while True:
+            await asyncio.sleep(interval)
+            if self._digest_token_files() != self._token_digest:
+                self.reload_credentials("token file changed")
 
     async def _retention_loop(self, interval: float) -> None:
         while True:
@@ -191,7 +268,20 @@ class Replica:
                 log.exception("retention pass failed")
 
 
-async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None = None) -> int:
+def _private_dir(path: pathlib.Path) -> None:
+    """Create the data directory readable by this user only (0700); tighten an existing
+    one we own. Events may be confidential and the token files often sit beside it."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
+            path.chmod(0o700)
+    except OSError as e:
+        log.warning("cannot make %s private (0700): %s", path, e)
+
+
+async def run(
+    conf: Mapping, token: str | Credentials | None, config_path: pathlib.Path | None = None
+) -> int:
     """Run a replica until SIGTERM/SIGINT, then stop gracefully; SIGHUP reloads peers.
 
     Returns the exit code: 0 after a requested stop, 1 when a critical background task
@@ -212,7 +302,14 @@ async def run(conf: Mapping, token: str | None, config_path: pathlib.Path | None
         failing = loop.create_task(replica.failed.wait(), name="replica/failure")
         await asyncio.wait({starting, stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if starting.done() and not failing.done():
-            starting.result()
+            try:
+                starting.result()
+            except (CorruptStoreError, TlsError) as e:
+                # One line, no traceback: the message says what to do (a restart loop
+                # with a traceback tells an operator nothing).
+                log.critical("cannot start: %s", e)
+                replica.failure = str(e)
+                return 1
             await asyncio.wait({stopping, failing}, return_when=asyncio.FIRST_COMPLETED)
         if failing.done():
             log.error("stopping: %s", replica.failure)

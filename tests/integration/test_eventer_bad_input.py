@@ -159,6 +159,8 @@ async def test_absurd_query_closes_with_reason(replica, params):
     with pytest.raises(ConnectionError):
         await asyncio.wait_for(client.query(params), 5)
     await client.async_close()
+    # Closed by the server for this reason, not by anything else.
+    assert replica.eventer.rejected == {"bad_query": 1}
     await assert_server_still_serves(replica)
 
 

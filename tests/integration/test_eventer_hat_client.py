@@ -89,6 +89,33 @@ async def test_notifications_honour_subscriptions(replica, persisted):
         await pub.async_close()
 
 
+async def test_persisted_subscribers_hear_only_of_committed_events(tmp_path):
+    # A store too small for the event: its commit fails. persisted=false subscribers see
+    # it before the commit; persisted=true ones must never see it.
+    async with running_replica(tmp_path / "p", storage={"max_db_bytes": 128 * 1024}) as replica:
+        early, late = asyncio.Queue(), asyncio.Queue()
+        subs = [
+            await hat_client.connect(
+                addr(replica),
+                f"test/{name}",
+                subscriptions=[("*",)],
+                persisted=persisted,
+                events_cb=lambda _, e, q=q: q.put_nowait(e),
+            )
+            for name, persisted, q in (("early", False, early), ("late", True, late))
+        ]
+        pub = await hat_client.connect(addr(replica), "test/pub")
+        try:
+            big = hat.EventPayloadJson("x" * 600_000)
+            assert await pub.register([hat.RegisterEvent(("big",), None, big)], True) is None
+            assert [e.type for e in await collect(early, 1)] == [("big",)]
+            await asyncio.sleep(0.3)
+            assert late.empty()
+        finally:
+            for c in (*subs, pub):
+                await c.async_close()
+
+
 async def test_one_session_per_notify_message(replica):
     batches = asyncio.Queue()
     sub = await hat_client.connect(
@@ -137,14 +164,37 @@ async def test_server_id_filter(replica):
             await c.async_close()
 
 
-async def test_token(tmp_path):
+async def test_token_is_required_when_configured(tmp_path):
     async with running_replica(tmp_path / "t", token="s3cret") as replica:
         ok = await hat_client.connect(addr(replica), "good", client_token="s3cret")
         await ok.async_close()
+        with pytest.raises(hat_client.EventerInitError, match="client token required"):
+            await hat_client.connect(addr(replica), "anonymous")
+        with pytest.raises(hat_client.EventerInitError, match="invalid client token"):
+            await hat_client.connect(addr(replica), "bad", client_token="wrong")
+        assert replica.eventer.rejected.get("bad_token") == 2
+
+
+async def test_hat_compatible_mode_admits_tokenless_clients(tmp_path):
+    async with running_replica(
+        tmp_path / "t", token="s3cret", eventer={"allow_tokenless_clients": True}
+    ) as replica:
         anonymous = await hat_client.connect(addr(replica), "anonymous")
         await anonymous.async_close()
-        with pytest.raises(hat_client.EventerInitError, match="token"):
+        # The mode exempts a missing token only: a wrong one is still refused.
+        with pytest.raises(hat_client.EventerInitError, match="invalid client token"):
             await hat_client.connect(addr(replica), "bad", client_token="wrong")
+
+
+async def test_hat_compatible_mode_limited_to_networks(tmp_path):
+    overrides = {"allow_tokenless_clients": True, "tokenless_client_networks": ["10.0.0.0/8"]}
+    async with running_replica(tmp_path / "t", token="s3cret", eventer=overrides) as replica:
+        with pytest.raises(hat_client.EventerInitError, match="client token required"):
+            await hat_client.connect(addr(replica), "loopback")
+    overrides["tokenless_client_networks"] = ["127.0.0.0/8", "::1"]
+    async with running_replica(tmp_path / "t", token="s3cret", eventer=overrides) as replica:
+        local = await hat_client.connect(addr(replica), "loopback")
+        await local.async_close()
 
 
 async def test_token_given_to_tokenless_server_is_rejected(replica):

@@ -58,11 +58,17 @@ def test_token_sources(tmp_path):
         config.read_token(conf, environ={})
 
 
-def test_bus_disabled_by_default_and_refused_when_enabled(tmp_path):
-    assert config.load(None, environ={})["bus"]["enabled"] is False
+def test_bus_section_comes_from_its_fragment_with_defaults(tmp_path):
+    bus = config.load(None, environ={})["bus"]
+    assert bus["enabled"] is True and bus["port"] == 23030
+    assert bus["integer_encoding"] == "reference"
     path = tmp_path / "bus.yaml"
-    path.write_text("bus:\n  port: 23030\n  enabled: true\n")
-    with pytest.raises(config.ConfigError, match=r"Event BUS .*not implemented in this version"):
+    path.write_text("bus:\n  port: 24030\n  integer_encoding: rfc\n")
+    loaded = config.load(path, environ={})["bus"]
+    assert (loaded["port"], loaded["integer_encoding"], loaded["pub_hwm"]) == (24030, "rfc", 100000)
+    path.write_text("bus:\n  integer_encoding: decimal\n")
+    with pytest.raises(config.ConfigError, match=r"bus.integer_encoding"):
         config.load(path, environ={})
-    path.write_text("bus:\n  port: 23030\n  enabled: false\n")
-    assert config.load(path, environ={})["bus"]["port"] == 23030
+    path.write_text("bus:\n  port: 65535\n")  # P+2 must be a port too
+    with pytest.raises(config.ConfigError, match=r"bus.port"):
+        config.load(path, environ={})

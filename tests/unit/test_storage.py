@@ -30,7 +30,14 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.common.subscription import Subscription
-from eventfleet_server.storage import Retention, Storage, StorageError, StorageStats, schema
+from eventfleet_server.storage import (
+    CorruptStoreError,
+    Retention,
+    Storage,
+    StorageError,
+    StorageStats,
+    schema,
+)
 from eventfleet_server.storage import db as storage_db
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -448,7 +455,7 @@ async def test_open_rejects_bad_synchronous(tmp_path):
 async def test_open_refuses_foreign_files(tmp_path):
     junk = tmp_path / "junk.sqlite"
     junk.write_bytes(b"not a database" * 100)
-    with pytest.raises(StorageError, match=r"junk\.sqlite: cannot open"):
+    with pytest.raises(CorruptStoreError, match=r"junk\.sqlite is damaged .*restore"):
         await Storage.open(junk)
     newer = tmp_path / "newer.sqlite"
     with contextlib.closing(sqlite3.connect(newer)) as conn:
@@ -665,15 +672,10 @@ async def test_paging_cost_does_not_grow_with_table(tmp_path, capsys):
                 page_ms.append((time.perf_counter() - t0) * 1000)
             return result, insert_s, min(page_ms)
 
-    small, _, small_ms = await measure(1_000)
-    large, insert_s, large_ms = await measure(100_000)
-    with capsys.disabled():
-        print(
-            f"\n100k events inserted in {insert_s:.2f} s ({100_000 / insert_s:,.0f}/s, batches"
-            f" of 1000); 1000-event page: {small_ms:.1f} ms at 1k, {large_ms:.1f} ms at 100k"
-        )
-        for name in small:
-            print(f"  VM steps/100 {name}: {small[name]} at 1k, {large[name]} at 100k")
+    small, _, _ = await measure(1_000)
+    large, _, _ = await measure(100_000)
+    # Insert rates and page times belong to the benchmarks (scripts/bench); this test
+    # asserts the plan scales (VM steps), which does not depend on the machine's load.
     for name in small:
         assert large[name] <= 2 * small[name] + 20, (name, small[name], large[name])
 

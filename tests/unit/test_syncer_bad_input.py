@@ -148,8 +148,17 @@ async def test_peer_sending_bad_events_is_cut_off_and_nothing_of_it_is_stored(tm
             state = node.replica.syncer.state()[0]
             assert reason in state["last_error"]
             assert reason in caplog.text
-            held = await node.replica.storage.read_server(7, None, 100)
-            assert [e.id.instance for e in held] == [1, 2]  # the good message only
+
+            # The good message's merge may still be committing (FULL: on the writer
+            # thread) when the bad one cuts the stream: wait for it, bounded.
+            async def held():
+                events = await node.replica.storage.read_server(7, None, 100)
+                return [e.id.instance for e in events] == [1, 2]
+
+            await until(held, "the good message stored")
+            await asyncio.sleep(0.2)
+            events = await node.replica.storage.read_server(7, None, 100)
+            assert [e.id.instance for e in events] == [1, 2]  # the good message only
             await still_serves(node)
 
 

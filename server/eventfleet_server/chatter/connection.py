@@ -9,12 +9,16 @@ from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from eventfleet_server.common.codec import repo
+from eventfleet_server.common.sbsint import SbsIntError, encode_int, read_int
 
 log = logging.getLogger(__name__)
 
 _PING = "HatChatter.Ping"
 _PONG = "HatChatter.Pong"
 DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
+# Above this many payload bytes the frame is built and parsed around the payload (no
+# whole-message copy through the C codec, which would hold the GIL for all of it).
+_LARGE = 64 * 1024
 
 
 class FrameError(Exception):
@@ -55,6 +59,8 @@ class Connection:
         self._writer = writer
         self._transport = writer.transport
         self._max_msg_size = max_msg_size
+        # Unsent bytes past which a peer that still sends pings is cut: it is not reading.
+        self.max_write_buffer: int | None = None
         self._next_id = 1
         self._closed = asyncio.get_running_loop().create_future()
         self._close_reason: str | None = None
@@ -62,6 +68,8 @@ class Connection:
         self._last_activity = self._loop.time()
         peer = writer.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        # The remote IP alone (address-based policies: hat-compatible token exemption).
+        self.address = peer[0] if isinstance(peer, tuple) else str(peer)
         self._ping_task = (
             asyncio.get_running_loop().create_task(self._ping_loop(ping_delay, ping_timeout))
             if ping_delay
@@ -93,6 +101,12 @@ class Connection:
         while True:
             msg = await self._read()
             if msg.type == _PING:
+                limit = self.max_write_buffer
+                if limit is not None and self.write_buffer_size > limit:
+                    self.abort(
+                        f"peer pings but does not read: {self.write_buffer_size} bytes unsent"
+                    )
+                    raise ConnectionError(f"connection {self.peer} closed: not reading")
                 self.send(_PONG, b"", conv=msg.conv)
                 continue
             if msg.type == _PONG:
@@ -115,6 +129,7 @@ class Connection:
         self._next_id += 1
         if conv is None:
             conv = Conversation(True, msg_id)
+        large = len(data) > _LARGE
         body = repo.encode(
             "HatChatter.Msg",
             {
@@ -123,12 +138,18 @@ class Connection:
                 "owner": conv.owner,
                 "token": token,
                 "last": last,
-                "data": {"type": msg_type, "data": data},
+                "data": {"type": msg_type, "data": b"" if large else data},
             },
         )
-        size = len(body)
+        if large:
+            # Data.data is the record's last field: drop the empty Bytes (its length 0)
+            # and append the real length; the payload follows as it is.
+            body = body[:-1] + encode_int(len(data))
+        size = len(body) + (len(data) if large else 0)
         size_bytes = size.to_bytes(max((size.bit_length() + 7) // 8, 1), "big")
         self._writer.write(bytes((len(size_bytes),)) + size_bytes + body)
+        if large:
+            self._writer.write(data)
         return conv
 
     async def drain(self) -> None:
@@ -183,7 +204,7 @@ class Connection:
             raise ConnectionError(f"connection {self.peer} closed") from e
         self._last_activity = self._loop.time()
         try:
-            raw = repo.decode("HatChatter.Msg", body)
+            raw = _parse_large(body) if size > _LARGE else repo.decode("HatChatter.Msg", body)
         except Exception as e:
             raise FrameError(f"undecodable chatter message: {e}") from e
         data = raw["data"]
@@ -214,6 +235,35 @@ class Connection:
             pass
 
 
+def _parse_large(body: bytes) -> dict:
+    """A ``HatChatter.Msg`` parsed by hand: the fields before Data.data are small; the
+    payload is sliced out once instead of going through the C decoder."""
+    view = memoryview(body)
+    msg_id, pos = read_int(view, 0)
+    first, pos = read_int(view, pos)
+    if pos + 3 > len(view):
+        raise SbsIntError("truncated message header")
+    owner, token, last = (bool(view[pos]), bool(view[pos + 1]), bool(view[pos + 2]))
+    pos += 3
+    n, pos = read_int(view, pos)
+    if n < 0 or pos + n > len(view):
+        raise SbsIntError(f"type length {n} runs past the message")
+    msg_type = str(view[pos : pos + n], "utf-8")
+    pos += n
+    n, pos = read_int(view, pos)
+    if n < 0 or pos + n != len(view):
+        raise SbsIntError(f"data length {n} does not match the message ({len(view) - pos} left)")
+    data = bytes(view[pos:])
+    return {
+        "id": msg_id,
+        "first": first,
+        "owner": owner,
+        "token": token,
+        "last": last,
+        "data": {"type": msg_type, "data": data},
+    }
+
+
 ConnectionCb = Callable[[Connection], Awaitable[None]]
 
 
@@ -232,6 +282,7 @@ async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs
     return await asyncio.start_server(on_client, host, port, limit=1 << 20)
 
 
-async def connect(host: str, port: int, **conn_kwargs) -> Connection:
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20)
+async def connect(host: str, port: int, *, ssl=None, **conn_kwargs) -> Connection:
+    """Connect (over TLS with `ssl`, an ssl.SSLContext verifying `host`)."""
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ssl)
     return Connection(reader, writer, **conn_kwargs)

@@ -75,8 +75,10 @@ class ChatterListener:
         rejections: Rejections,
         ping_delay: float | None = 20.0,
         ping_timeout: float = 20.0,
+        ssl: Any = None,
     ):
         self.protocol = protocol
+        self._ssl = ssl  # an ssl.SSLContext: serve TLS (handshake bounded by init_timeout)
         self._host = host
         self._port = port
         self._init_type = init_type
@@ -97,7 +99,12 @@ class ChatterListener:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._on_client, self._host, self._port, limit=1 << 20
+            self._on_client,
+            self._host,
+            self._port,
+            limit=1 << 20,
+            ssl=self._ssl,
+            ssl_handshake_timeout=self.limits.init_timeout if self._ssl else None,
         )
 
     async def stop(self) -> None:

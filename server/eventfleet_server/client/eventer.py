@@ -127,9 +127,10 @@ async def connect(
     persisted: bool = False,
     events_cb: EventsCb | None = None,
     timeout: float = 10.0,
+    ssl=None,
 ) -> Client:
     """Connect and initialize; raises `EventerInitError` if the server refuses."""
-    conn = await asyncio.wait_for(chatter.connect(host, port), timeout)
+    conn = await asyncio.wait_for(chatter.connect(host, port, ssl=ssl), timeout)
     try:
         req = {
             "clientName": client_name,

@@ -9,6 +9,7 @@ the same as ordering by ``(s, us)``.
 from __future__ import annotations
 
 import enum
+import json
 import time
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -150,3 +151,51 @@ def split_sessions(events: Iterable[Event]) -> list[list[Event]]:
         else:
             groups.append([e])
     return groups
+
+
+# Source timestamps a client may give: the Unix epoch up to the end of year 9999.
+# Anything else is a client bug (uninitialised clocks, ms taken for s) that would sort
+# oddly forever; refusing it says so at once.
+SOURCE_TS_MIN_S = 0
+SOURCE_TS_MAX_S = 253_402_300_799
+
+# The first type segment reserved for events the servers register themselves
+# (`('event', N, 'synced', M)` sync states): clients may not register under it.
+RESERVED_TYPE_PREFIX = "event"
+
+
+def check_register_event(i: int, e: RegisterEvent) -> None:
+    """Refuse what no event may be, naming event `i` and the bad value (`ValueError`).
+
+    Types: a non-empty list of non-empty strings without wildcards. Payloads: JSON text
+    must parse. Source timestamps: within the epoch .. year 9999, us 0..999999.
+    Deployment limits (sizes, counts) are the protocol's (see eventer.limits).
+    """
+    t = e.type
+    if not isinstance(t, tuple) or not all(isinstance(s, str) for s in t):
+        raise ValueError(f"event {i}: type {t!r} must be a list of strings")
+    if not t:
+        raise ValueError(f"event {i}: type is empty")
+    if any(not s for s in t):
+        raise ValueError(f"event {i}: type {list(t)!r} has an empty segment")
+    if any(s in ("?", "*") for s in t):
+        raise ValueError(f"event {i}: type {list(t)!r} contains a wildcard segment")
+    st = e.source_timestamp
+    if st is not None:
+        if not isinstance(st, Timestamp):
+            raise ValueError(f"event {i}: sourceTimestamp {st!r} is invalid")
+        if not (0 <= st.us < _US and SOURCE_TS_MIN_S <= st.s <= SOURCE_TS_MAX_S):
+            raise ValueError(
+                f"event {i}: sourceTimestamp {st.s}.{st.us:06d} is out of range "
+                f"(s {SOURCE_TS_MIN_S}..{SOURCE_TS_MAX_S}, us 0..999999)"
+            )
+    p = e.payload
+    if isinstance(p, EventPayloadJson):
+        if not isinstance(p.data, str):
+            raise ValueError(f"event {i}: JSON payload must be text")
+        try:
+            json.loads(p.data)
+        except ValueError as err:
+            raise ValueError(f"event {i}: JSON payload is not valid JSON: {err}") from None
+    elif p is not None and not isinstance(p, EventPayloadBinary):
+        raise ValueError(f"event {i}: payload {p!r} is invalid")

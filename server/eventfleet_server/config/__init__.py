@@ -12,6 +12,7 @@ from eventfleet_server.config.loader import (
     load,
     load_file,
     merge,
+    read_credentials,
     read_token,
     server_id_from_pod_name,
 )
@@ -40,6 +41,7 @@ __all__ = [
     "load",
     "load_file",
     "merge",
+    "read_credentials",
     "read_token",
     "server_id_from_pod_name",
 ]

@@ -14,6 +14,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from eventfleet_server.listener import parse_tokens
+
 
 def _compose_schema() -> dict:
     """The core schema plus one section per package that ships a ``schema.json``.
@@ -80,7 +82,7 @@ def merge(base: Mapping, override: Mapping) -> dict:
 
 
 # Protocol sections the schema accepts but this version does not implement.
-UNIMPLEMENTED_PROTOCOLS = {"bus": "the Event BUS (ZeroMQ)"}
+UNIMPLEMENTED_PROTOCOLS: dict[str, str] = {}
 
 
 def check_implemented(conf: Mapping) -> None:
@@ -111,6 +113,8 @@ def load_file(path: pathlib.Path) -> dict:
         text = pathlib.Path(path).read_text()
     except OSError as e:
         raise ConfigError(f"cannot read configuration file {path}: {e.strerror}") from e
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not UTF-8 text: {e}") from None
     try:
         data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
@@ -142,6 +146,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict:
             ) from e
     if environ.get("EVENTFLEET_TOKEN_FILE"):
         out["token_file"] = environ["EVENTFLEET_TOKEN_FILE"]
+    if environ.get("EVENTFLEET_PEER_TOKEN_FILE"):
+        out["peer_token_file"] = environ["EVENTFLEET_PEER_TOKEN_FILE"]
     return out
 
 
@@ -182,17 +188,42 @@ def check_peers(peers: list) -> None:
 
 
 def read_token(conf: Mapping, environ: Mapping[str, str] | None = None) -> str | None:
-    """The token from ``EVENTFLEET_TOKEN`` or ``token_file``; never from a flag."""
+    """The (first) client token from ``EVENTFLEET_TOKEN`` or ``token_file``; never from
+    a flag."""
+    client, _ = read_credentials(conf, environ)
+    return client[0] if client else None
+
+
+def read_credentials(
+    conf: Mapping, environ: Mapping[str, str] | None = None
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``(client tokens, peer tokens)`` from the environment or the token files.
+
+    ``EVENTFLEET_TOKEN`` / ``EVENTFLEET_PEER_TOKEN`` (one token each) win over
+    ``token_file`` / ``peer_token_file`` (one token per line, see `parse_tokens`). Peer
+    tokens default to the client tokens. Raises `ConfigError` naming an unreadable or
+    empty file.
+    """
     environ = os.environ if environ is None else environ
-    if environ.get("EVENTFLEET_TOKEN"):
-        return environ["EVENTFLEET_TOKEN"]
-    path = conf.get("token_file")
+    client = _tokens_from(environ.get("EVENTFLEET_TOKEN"), conf.get("token_file"), "token_file")
+    peer = _tokens_from(
+        environ.get("EVENTFLEET_PEER_TOKEN"), conf.get("peer_token_file"), "peer_token_file"
+    )
+    return client, peer or client
+
+
+def _tokens_from(value: str | None, path: str | None, key: str) -> tuple[str, ...]:
+    if value:
+        return parse_tokens(value)
     if not path:
-        return None
+        return ()
     try:
-        token = pathlib.Path(path).read_text().strip()
+        text = pathlib.Path(path).read_text()
     except OSError as e:
-        raise ConfigError(f"token_file {path}: {e.strerror}") from e
-    if not token:
-        raise ConfigError(f"token_file {path} is empty")
-    return token
+        raise ConfigError(f"{key} {path}: {e.strerror}") from e
+    except UnicodeDecodeError:
+        raise ConfigError(f"{key} {path} is not UTF-8 text") from None
+    tokens = parse_tokens(text)
+    if not tokens:
+        raise ConfigError(f"{key} {path} is empty (no token in it)")
+    return tokens

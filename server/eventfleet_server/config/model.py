@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventfleet_server.config.typed import build
-from eventfleet_server.listener import AdmissionLimits
+from eventfleet_server.listener import AdmissionLimits, TlsError, TlsSettings
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,33 @@ class RetentionConfig:
 class StorageConfig:
     synchronous: str
     max_uncommitted: int
+    quick_check_timeout: float
+    max_db_bytes: int | None
     retention: RetentionConfig
 
 
 @dataclass(frozen=True)
 class HttpConfig:
+    host: str | None
     port: int
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    enabled: bool
+    cert_file: str | None
+    key_file: str | None
+    ca_file: str | None
+    http: bool
+
+    def settings(self) -> TlsSettings | None:
+        """The listener layer's `TlsSettings`, None when TLS is off."""
+        if not self.enabled:
+            return None
+        missing = [k for k in ("cert_file", "key_file", "ca_file") if not getattr(self, k)]
+        if missing:
+            raise TlsError(f"tls.enabled is true but tls.{', tls.'.join(missing)} not set")
+        return TlsSettings(self.cert_file, self.key_file, self.ca_file)
 
 
 @dataclass(frozen=True)
@@ -68,11 +89,14 @@ class ReplicaConfig:
     host: str
     data_dir: str
     token_file: str | None
+    peer_token_file: str | None
+    token_reload_interval: float
     allow_empty_start: bool
     event_loop: str
     storage: StorageConfig
     http: HttpConfig
     log: LogConfig
+    tls: TlsConfig
 
     @classmethod
     def from_mapping(cls, conf: Mapping[str, Any]) -> ReplicaConfig:

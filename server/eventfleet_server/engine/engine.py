@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -10,14 +11,12 @@ from collections.abc import Callable, Sequence
 from eventfleet_server.common.model import (
     Event,
     EventId,
-    EventPayloadBinary,
-    EventPayloadJson,
     QueryParams,
     QueryResult,
     QueryServerParams,
     RegisterEvent,
     Status,
-    Timestamp,
+    check_register_event,
     split_sessions,
     timestamp_from_us,
     timestamp_to_us,
@@ -54,6 +53,11 @@ class NotOperationalError(EngineError):
 
 class RegisterError(EngineError):
     """A register request was rejected as a whole (the message names the bad event)."""
+
+
+class StorageUnavailableError(EngineError):
+    """Commits keep failing (disk full, I/O error): registrations are refused until a
+    commit succeeds again."""
 
 
 class Engine:
@@ -93,8 +97,11 @@ class Engine:
         self._pending_futures: list[asyncio.Future] = []
         self._uncommitted = 0
         self._wakeup = asyncio.Event()
-        self._room = asyncio.Event()
-        self._room.set()
+        # Set (to the error text) when a commit failed, cleared by the next successful
+        # write; while set the replica is not ready and registrations are refused.
+        self._commit_failure: str | None = None
+        self._commit_failures = 0
+        self._probe_interval = 1.0
         # The writer is critical: if it ever stops, nothing is committed any more, so its
         # exit stops the replica (through the owner's on_fatal).
         self._tasks = (tasks if tasks is not None else Tasks("replica")).child("engine")
@@ -225,24 +232,44 @@ class Engine:
 
     # -- registration ----------------------------------------------------------------------
 
-    def register(self, events: Sequence[RegisterEvent]) -> tuple[list[Event], asyncio.Future]:
+    def register(
+        self, events: Sequence[RegisterEvent], *, validated: bool = False
+    ) -> tuple[list[Event], asyncio.Future]:
         """Create one session from `events`; returns the events and a commit future.
 
         Synchronous so that protocol handlers can keep reading while the commit runs. The
         request is atomic: it is validated as a whole before any id is assigned, and the
         commit future fails for all of its events or none. `persisted=false` listeners
-        see the events before this returns.
+        see the events before this returns. `validated`: the caller already ran
+        `check_register_event` on every event (in chunks, off the hot loop turn).
+
+        Refused as a whole (`RegisterError`) when the batch would take the ids handed
+        out but not committed beyond `max_uncommitted` (the restart id gap relies on
+        it), and (`StorageUnavailableError`) while commits keep failing.
         """
         if self._status != Status.OPERATIONAL:
             raise NotOperationalError(f"server is {self._status.value}, not operational")
-        if not self._room.is_set():
-            raise RegisterError("too many uncommitted events; retry later")
         if not events:
             fut = asyncio.get_running_loop().create_future()
             fut.set_result(None)
             return [], fut
-        for i, e in enumerate(events):
-            _validate_register_event(i, e)
+        if self._commit_failure is not None:
+            raise StorageUnavailableError(
+                f"storage is failing, registrations are refused: {self._commit_failure}"
+            )
+        if len(events) > self._max_uncommitted:
+            raise RegisterError(
+                f"{len(events)} events in one request exceed max_uncommitted "
+                f"{self._max_uncommitted}"
+            )
+        if self._uncommitted + len(events) > self._max_uncommitted:
+            raise RegisterError(
+                f"too many uncommitted events ({self._uncommitted} + {len(events)} > "
+                f"max_uncommitted {self._max_uncommitted}); retry later"
+            )
+        if not validated:
+            for i, e in enumerate(events):
+                _validate_register_event(i, e)
         ts_us = max(time.time_ns() // 1000, self._last_ts_us)
         self._last_ts_us = ts_us
         ts = timestamp_from_us(ts_us)
@@ -262,8 +289,6 @@ class Engine:
         self._pending_futures.append(fut)
         self._last_future = fut
         self._uncommitted += len(created)
-        if self._uncommitted >= self._max_uncommitted:
-            self._room.clear()
         self._wakeup.set()
         self._fan_out(created, False)
         return created, fut
@@ -290,7 +315,20 @@ class Engine:
 
     async def _writer_loop(self) -> None:
         while True:
-            await self._wakeup.wait()
+            if self._commit_failure is None:
+                await self._wakeup.wait()
+            else:
+                # Failing: nothing new is accepted, so probe the store until it commits
+                # again (the disk was freed, the I/O error went away).
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wakeup.wait(), self._probe_interval)
+                if not self._pending:
+                    try:
+                        await self._storage.probe_write()
+                    except Exception as e:
+                        self._commit_failed(e)
+                    else:
+                        self._commit_succeeded()
             self._wakeup.clear()
             if not self._pending:
                 continue
@@ -304,12 +342,14 @@ class Engine:
                 pairs = await self._storage.write(batch, meta)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
+                self._commit_failed(e)
                 for fut in futures:
                     if not fut.done():
                         fut.set_exception(EngineError(f"commit failed: {e}"))
                 self._release(len(batch))
                 continue
             elapsed = time.perf_counter() - started
+            self._commit_succeeded()
             self._release(len(batch))
             for fut in futures:
                 if not fut.done():
@@ -322,8 +362,34 @@ class Engine:
 
     def _release(self, count: int) -> None:
         self._uncommitted -= count
-        if self._uncommitted < self._max_uncommitted:
-            self._room.set()
+
+    def health(self) -> str | None:
+        """None while commits succeed, else why the replica is not ready."""
+        if self._commit_failure is None:
+            return None
+        return (
+            f"storage failing ({self._commit_failures} failed commit(s), retrying every "
+            f"{self._probe_interval:g} s): {self._commit_failure}"
+        )
+
+    def _commit_failed(self, error: Exception) -> None:
+        self._commit_failures += 1
+        first = self._commit_failure is None
+        self._commit_failure = f"{type(error).__name__}: {error}"
+        if first:
+            log.error(
+                "commit failed, refusing registrations until the storage works again: %s",
+                self._commit_failure,
+            )
+
+    def _commit_succeeded(self) -> None:
+        if self._commit_failure is not None:
+            log.warning(
+                "storage works again after %d failed commit(s); registrations accepted",
+                self._commit_failures,
+            )
+        self._commit_failure = None
+        self._commit_failures = 0
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -357,17 +423,7 @@ class Engine:
 
 
 def _validate_register_event(i: int, e: RegisterEvent) -> None:
-    if not isinstance(e.type, tuple) or not all(isinstance(s, str) for s in e.type):
-        raise RegisterError(f"event {i}: type {e.type!r} must be a list of strings")
-    if any(s in ("?", "*") for s in e.type):
-        raise RegisterError(f"event {i}: type {list(e.type)!r} contains a wildcard segment")
-    if e.source_timestamp is not None:
-        if not isinstance(e.source_timestamp, Timestamp):
-            raise RegisterError(f"event {i}: sourceTimestamp {e.source_timestamp!r} is invalid")
-        try:
-            timestamp_to_us(e.source_timestamp)
-        except ValueError as err:
-            raise RegisterError(f"event {i}: sourceTimestamp {err}") from err
-    p = e.payload
-    if p is not None and not isinstance(p, EventPayloadJson | EventPayloadBinary):
-        raise RegisterError(f"event {i}: payload {p!r} is invalid")
+    try:
+        check_register_event(i, e)
+    except ValueError as err:
+        raise RegisterError(str(err)) from None

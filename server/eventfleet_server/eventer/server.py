@@ -6,14 +6,30 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from eventfleet_server import chatter
 from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
-from eventfleet_server.common.model import Event, QueryTimeseriesParams, Status
+from eventfleet_server.common.model import (
+    Event,
+    QueryLatestParams,
+    QueryResult,
+    QueryTimeseriesParams,
+    Status,
+)
+from eventfleet_server.common.sbsguard import check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
+from eventfleet_server.eventer.decode import (
+    CHUNK_EVENTS,
+    MalformedRequest,
+    RegisterLimits,
+    decode_register,
+    encode_count,
+    encode_events,
+)
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,
@@ -44,6 +60,14 @@ class EventerLimits:
     max_concurrent_queries: int = 4
     ping_delay: float = 20.0
     ping_timeout: float = 20.0
+    # Bytes queued on a connection's socket (replies and notifies the client has not
+    # read) before it is closed as not reading, whatever it still sends.
+    max_write_buffer: int = 64 * 1024 * 1024
+    # Seconds a query reply may take to drain before the client is closed; the query
+    # slot is held until then, so a client that does not read cannot pile up replies.
+    send_timeout: float = 60.0
+    register: RegisterLimits = RegisterLimits()  # noqa: RUF009 (frozen, immutable)
+    max_latest_results: int = 10_000
 
 
 class EventerServer:
@@ -58,14 +82,24 @@ class EventerServer:
         host: str,
         port: int,
         *,
-        tokens: TokenPolicy | None = None,
+        tokens: TokenPolicy | Callable[[], TokenPolicy] | None = None,
         limits: EventerLimits = EventerLimits(),
         admission: AdmissionLimits = AdmissionLimits(),
+        tasks: Tasks | None = None,
+        ssl=None,
     ):
         self._engine = engine
-        # Hat clients may send no token (hat-gateway has no setting for one): admitted;
-        # a token that does not match, or one sent to a server without any, is refused.
-        self._tokens = tokens or TokenPolicy(allow_missing=True, refuse_unexpected=True)
+        self._tasks = tasks if tasks is not None else Tasks("eventer")
+        # Large sessions are fanned out a slice at a time by a task, in order with
+        # everything queued after them (see `_on_events`).
+        self._fanout: deque[tuple[list[Event], bool]] = deque()
+        self._fanout_task: asyncio.Task | None = None
+        # A policy, or a function returning the current one (token rotation). Without
+        # one: open, but a token sent to a server that has none is refused.
+        policy = tokens if tokens is not None else TokenPolicy(refuse_unexpected=True)
+        self._tokens: Callable[[], TokenPolicy] = (
+            policy if callable(policy) and not isinstance(policy, TokenPolicy) else lambda: policy
+        )
         self._limits = limits
         self.rejections = Rejections("eventer")
         self._listener = ChatterListener(
@@ -78,6 +112,7 @@ class EventerServer:
             rejections=self.rejections,
             ping_delay=limits.ping_delay,
             ping_timeout=limits.ping_timeout,
+            ssl=ssl,
         )
         self._unsubscribe = []
 
@@ -117,10 +152,30 @@ class EventerServer:
             unsubscribe()
         self._unsubscribe = []
         await self._listener.stop()
+        await self._tasks.close()
 
     # -- fan-out -----------------------------------------------------------------------------
 
     def _on_events(self, events: list[Event], persisted: bool) -> None:
+        # Small sessions go out at once; a large one (or anything behind it, to keep
+        # the order) is encoded and sent a slice at a time with yields to the loop, so
+        # that 10,000 events of 1.6 KB do not hold the loop for the whole encoding.
+        if not self._fanout and len(events) <= CHUNK_EVENTS:
+            self._deliver(events, persisted)
+            return
+        self._fanout.append((events, persisted))
+        if self._fanout_task is None or self._fanout_task.done():
+            self._fanout_task = self._tasks.spawn("fan-out", self._fanout_loop(), critical=False)
+
+    async def _fanout_loop(self) -> None:
+        while self._fanout:
+            events, persisted = self._fanout[0]
+            for start in range(0, len(events), CHUNK_EVENTS):
+                self._deliver(events[start : start + CHUNK_EVENTS], persisted)
+                await asyncio.sleep(0)
+            self._fanout.popleft()
+
+    def _deliver(self, events: list[Event], persisted: bool) -> None:
         encoded_all: bytes | None = None
         for session in self._sessions:
             if session.persisted != persisted or session.conn.is_closed:
@@ -147,15 +202,21 @@ class EventerServer:
 
     async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
         try:
+            # Untrusted bytes: bounds first (docs/security.md), the C decoder after.
+            check_bounds(codec.repo, msg.type, msg.data)
             req = codec.repo.decode(msg.type, msg.data)
         except Exception as e:
             raise _init_error(RejectReason.BAD_MESSAGE, f"MsgInitReq does not decode: {e}") from e
         name = req["clientName"]
         token = req["clientToken"][1] if req["clientToken"][0] == "value" else None
-        error = self._tokens.check(token)
+        error = self._tokens().check(token, conn.address)
         if error is not None:
             # The text is what Hat clients show; it never says which token was expected.
-            raise _init_error(RejectReason.BAD_TOKEN, "invalid client token", name)
+            raise _init_error(
+                RejectReason.BAD_TOKEN,
+                "client token required" if token is None else "invalid client token",
+                name,
+            )
         try:
             subscription = Subscription(req["subscriptions"])
         except InvalidSubscriptionError as e:
@@ -204,6 +265,7 @@ class _Session:
         self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
         # Per-session group: queries still running when the client leaves are cancelled.
         self._tasks = Tasks(f"eventer/{conn.peer}")
+        conn.max_write_buffer = self._limits.max_write_buffer
 
     def select(self, events: list[Event]) -> list[Event]:
         if self.subscription.is_empty:
@@ -238,10 +300,28 @@ class _Session:
         if checkpoint:
             self._since_checkpoint = 0
             self._outstanding_acks += 1
+        self._send(_P + "MsgEventsNotify", data, last=not checkpoint)
+
+    def _send(self, msg_type: str, data: bytes, **kwargs) -> bool:
+        """Queue a message unless the client stopped reading (then close it, logged and
+        counted). False when nothing was sent."""
+        conn = self.conn
+        if conn.is_closed:
+            return False
+        buffered = conn.write_buffer_size
+        if buffered + len(data) > self._limits.max_write_buffer:
+            self._refuse(
+                RejectReason.SLOW_CLIENT,
+                f"not reading: {buffered} bytes unsent, {len(data)} more would exceed "
+                f"max_write_buffer {self._limits.max_write_buffer}",
+                abort=True,
+            )
+            return False
         try:
-            self.conn.send(_P + "MsgEventsNotify", data, last=not checkpoint)
+            conn.send(msg_type, data, **kwargs)
         except ConnectionError:
-            pass
+            return False
+        return True
 
     def _on_ack(self) -> None:
         if self._outstanding_acks == 0:
@@ -274,7 +354,7 @@ class _Session:
         async for msg in chatter.messages(self.conn, self.server.rejections, label):
             t = msg.type
             if t == _P + "MsgRegisterReq":
-                self._on_register(msg)
+                await self._on_register(msg)
             elif t == _P + "MsgEventsAck":
                 self._on_ack()
             elif t == _P + "MsgQueryReq":
@@ -284,17 +364,30 @@ class _Session:
                 self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
                 return
 
-    def _on_register(self, msg: chatter.Msg) -> None:
+    async def _on_register(self, msg: chatter.Msg) -> None:
         conn = self.conn
         wants_response = not msg.last
         try:
-            data = codec.repo.decode(msg.type, msg.data)
-            events = [codec.register_event_from_sbs(e) for e in data]
-        except Exception as e:
+            # Slice by slice, yielding between slices: a maximal request never holds
+            # the loop (docs/security.md). Limits are checked before decoding.
+            events = await decode_register(msg.data, self._limits.register)
+        except MalformedRequest as e:
             self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
             return
+        except Exception as e:
+            # The whole request fails; the connection stays (the client may go on).
+            self.server.rejections.reject(
+                RejectReason.REGISTER_FAILED,
+                f"register by {self.name!r} refused: {e}",
+                conn.peer,
+            )
+            if wants_response:
+                self._respond_register(msg, None)
+            return
+        if conn.is_closed:
+            return
         try:
-            created, fut = self._engine.register(events)
+            created, fut = self._engine.register(events, validated=True)
         except EngineError as e:
             self.server.rejections.reject(
                 RejectReason.REGISTER_FAILED,
@@ -309,22 +402,37 @@ class _Session:
             fut.add_done_callback(
                 lambda f: self._respond_register(msg, None if f.exception() else created)
             )
+        elif len(events) > CHUNK_EVENTS:
+            # No answer to wait for: still, the next request waits for this commit, so
+            # a client cannot queue uncommitted batches faster than the disk takes them.
+            with contextlib.suppress(Exception):
+                await fut
 
     def _respond_register(self, msg: chatter.Msg, created: list[Event] | None) -> None:
         if self.conn.is_closed:
+            return
+        if created is not None and len(created) > CHUNK_EVENTS:
+            self._tasks.spawn("register-res", self._respond_large(msg, created), critical=False)
             return
         value = (
             ("failure", None)
             if created is None
             else ("events", [codec.event_to_sbs(e) for e in created])
         )
-        self.conn.send(
+        self._send(
             _P + "MsgRegisterRes", codec.repo.encode(_P + "MsgRegisterRes", value), conv=msg.conv
         )
+
+    async def _respond_large(self, msg: chatter.Msg, created: list[Event]) -> None:
+        # MsgRegisterRes = Choice {events: Array(Event), failure: None}: index 0, then
+        # the array encoded a slice at a time.
+        data = await encode_events(created, prefix=encode_count(0))
+        self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
 
     async def _on_query(self, msg: chatter.Msg) -> None:
         try:
             try:
+                check_bounds(codec.repo, msg.type, msg.data)
                 params = codec.query_params_from_sbs(codec.repo.decode(msg.type, msg.data))
                 _check_query(params)
             except Exception as e:
@@ -336,14 +444,35 @@ class _Session:
                 log.exception("query %r by %r failed", params, self.name)
                 self.conn.close(f"client {self.name!r}: query failed on the server")
                 return
-            if not self.conn.is_closed:
-                self.conn.send(
-                    _P + "MsgQueryRes",
-                    codec.repo.encode(_P + "MsgQueryRes", codec.query_result_to_sbs(result)),
-                    conv=msg.conv,
+            if isinstance(params, QueryLatestParams):
+                result = _cap_latest(result, self._limits.max_latest_results)
+            data = codec.repo.encode(_P + "MsgQueryRes", codec.query_result_to_sbs(result))
+            if not self._send(_P + "MsgQueryRes", data, conv=msg.conv):
+                return
+            # Hold the query slot until the reply has left: a client that sends queries
+            # and never reads runs out of slots instead of growing our memory.
+            try:
+                async with asyncio.timeout(self._limits.send_timeout):
+                    await self.conn.drain()
+            except TimeoutError:
+                self._refuse(
+                    RejectReason.SLOW_CLIENT,
+                    f"not reading: a query reply did not drain within "
+                    f"{self._limits.send_timeout:g} s",
+                    abort=True,
                 )
+            except ConnectionError:
+                pass
         finally:
             self._queries.release()
+
+
+def _cap_latest(result: QueryResult, cap: int) -> QueryResult:
+    """At most `cap` latest events; ``moreFollows`` tells the client there were more
+    (narrow the types to see them)."""
+    if len(result.events) <= cap:
+        return result
+    return QueryResult(result.events[:cap], True)
 
 
 def _check_query(params) -> None:

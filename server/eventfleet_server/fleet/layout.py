@@ -8,14 +8,16 @@ offset endpoint
 ====== ========================================================
 +0     Eventer
 +1     Syncer
-+2..+4 reserved for the Event BUS (not implemented in this version)
++2     Event BUS SNAPSHOT (ROUTER)
++3     Event BUS PUBLISHER (PUB)
++4     Event BUS COLLECTOR (ROUTER)
 +5     HTTP (metrics, health, status)
 ====== ========================================================
 
 With the default base port 23012, replica 1 answers Eventer on 23012 and Syncer on
-23013, the single-replica defaults. Offsets +2..+4 stay reserved so the layout does not
-change when the Event BUS arrives; nothing listens there, and they are neither printed
-nor checked.
+23013, the single-replica defaults. The Event BUS takes the three consecutive ports its
+protocol needs (P, P+1, P+2); BUS clients authenticate with ZAP PLAIN, password = the
+fleet token (docs/bus.md).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import os
 import pathlib
 import secrets
 import socket
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -65,7 +68,7 @@ class ReplicaLayout:
 
     @property
     def bus_port(self) -> int:
-        """Reserved for the Event BUS (not implemented in this version); never listened on."""
+        """The Event BUS SNAPSHOT port P (PUBLISHER P+1, COLLECTOR P+2)."""
         return self.base_port + 2
 
     @property
@@ -81,11 +84,14 @@ class ReplicaLayout:
         return self.data_dir / "replica.log"
 
     def endpoints(self) -> dict[str, str]:
-        """What actually listens (the reserved Event BUS ports are left out)."""
+        """Every listening endpoint by name."""
         h = self.host
         return {
             "eventer": f"{h}:{self.eventer_port}",
             "syncer": f"{h}:{self.syncer_port}",
+            "bus_snapshot": f"{h}:{self.bus_port}",
+            "bus_publisher": f"{h}:{self.bus_port + 1}",
+            "bus_collector": f"{h}:{self.bus_port + 2}",
             "http": f"{h}:{self.http_port}",
         }
 
@@ -105,7 +111,19 @@ class FleetPlan:
     host: str
     base_port: int
     new_fleet: bool  # no fleet.json yet: first boot, replicas may start empty
-    token_file: pathlib.Path
+    token_file: pathlib.Path  # client token (Eventer)
+    peer_token_file: pathlib.Path  # Syncer peers and HTTP's POST /flush
+    # Eventer clients on loopback may omit the client token (Hat components have no
+    # token setting); False: every client must present it.
+    tokenless_loopback: bool = True
+    # TLS on every listener and mutual TLS between the replicas, with a CA and
+    # certificates generated under DIR/tls (openssl command-line tool).
+    tls: bool = False
+
+    @property
+    def tls_dir(self) -> pathlib.Path:
+        return self.data_dir / "tls"
+
     # Tables published over Replication (docs/replication.md); empty: Replication is off.
     replication_tables: tuple[str, ...] = ()
     jetstream: bool = True  # Jetstream (and its demo page) on every replica's HTTP port
@@ -117,6 +135,8 @@ def plan(
     *,
     base_port: int | None = None,
     host: str = "127.0.0.1",
+    tokenless_loopback: bool = True,
+    tls: bool = False,
     replication_tables: tuple[str, ...] = (),
     jetstream: bool = True,
 ) -> FleetPlan:
@@ -146,6 +166,9 @@ def plan(
         base_port,
         not state,
         data_dir / "token",
+        data_dir / "peer-token",
+        tokenless_loopback,
+        tls,
         tuple(replication_tables),
         jetstream=jetstream,
     )
@@ -165,15 +188,19 @@ def _read_state(data_dir: pathlib.Path) -> dict:
 
 
 def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
-    """Create directories, the shared token and every replica's configuration file."""
+    """Create directories (0700), the client and peer tokens (0600, kept across runs)
+    and every replica's configuration file."""
     try:
-        fleet.data_dir.mkdir(parents=True, exist_ok=True)
-        if not fleet.token_file.exists():
-            fd = os.open(fleet.token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(secrets.token_urlsafe(32) + "\n")
+        _private_dir(fleet.data_dir)
+        for path in (fleet.token_file, fleet.peer_token_file):
+            if not path.exists():
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(secrets.token_urlsafe(32) + "\n")
+        if fleet.tls:
+            _make_certificates(fleet)
         for r in fleet.replicas:
-            r.data_dir.mkdir(parents=True, exist_ok=True)
+            _private_dir(r.data_dir)
             write_config(fleet, r, log_level)
         state = {
             "base_port": fleet.base_port,
@@ -184,6 +211,53 @@ def prepare(fleet: FleetPlan, log_level: str = "INFO") -> None:
         (fleet.data_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
     except OSError as e:
         raise FleetError(f"cannot prepare the fleet directory {fleet.data_dir}: {e}") from e
+
+
+def _openssl(*args: str, cwd: pathlib.Path) -> None:
+    try:
+        subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, text=True)
+    except FileNotFoundError as e:
+        raise FleetError("--tls needs the openssl command-line tool") from e
+    except subprocess.CalledProcessError as e:
+        raise FleetError(f"openssl {args[0]} failed: {e.stderr.strip()[-300:]}") from e
+
+
+def _make_certificates(fleet: FleetPlan) -> None:
+    """A fleet CA (kept across runs) and one certificate per replica, valid for the
+    fleet's host and loopback, usable as server and as client (mutual TLS)."""
+    d = fleet.tls_dir
+    _private_dir(d)
+    key_opts = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    if not (d / "ca.pem").exists():
+        _openssl(
+            "req", "-x509", *key_opts, "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "3650", "-subj", "/CN=eventfleet local fleet CA", cwd=d,
+        )  # fmt: skip
+    san = f"IP:{fleet.host},IP:127.0.0.1,DNS:localhost"
+    if fleet.host in ("127.0.0.1", "localhost"):
+        san = "IP:127.0.0.1,DNS:localhost"
+    for r in fleet.replicas:
+        if (d / f"{r.name}.pem").exists():
+            continue
+        (d / f"{r.name}.ext").write_text(
+            f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
+        )
+        _openssl(
+            "req", *key_opts, "-keyout", f"{r.name}.key", "-out", f"{r.name}.csr",
+            "-subj", f"/CN={r.name}", cwd=d,
+        )  # fmt: skip
+        _openssl(
+            "x509", "-req", "-in", f"{r.name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", f"{r.name}.pem", "-days", "825",
+            "-extfile", f"{r.name}.ext", cwd=d,
+        )  # fmt: skip
+    for key in d.glob("*.key"):
+        key.chmod(0o600)
+
+
+def _private_dir(path: pathlib.Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.chmod(0o700)  # also a directory an older version created world-readable
 
 
 def peers_of(fleet: FleetPlan, replicas: list[ReplicaLayout] | None = None) -> list[dict]:
@@ -200,12 +274,29 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "host": r.host,
         "data_dir": str(r.data_dir),
         "token_file": str(fleet.token_file),
+        "peer_token_file": str(fleet.peer_token_file),
         # Only a brand-new fleet may create identities without asking a peer first.
         "allow_empty_start": fleet.new_fleet,
-        "eventer": {"port": r.eventer_port},
+        "eventer": {
+            "port": r.eventer_port,
+            "allow_tokenless_clients": fleet.tokenless_loopback,
+            "tokenless_client_networks": ["127.0.0.0/8", "::1"],
+        },
         "syncer": {"port": r.syncer_port},
-        "bus": {"port": r.bus_port, "enabled": False},  # reserved, not implemented
+        "bus": {"port": r.bus_port, "enabled": True},
         "http": {"port": r.http_port},
+        **(
+            {
+                "tls": {
+                    "enabled": True,
+                    "cert_file": str(fleet.tls_dir / f"{r.name}.pem"),
+                    "key_file": str(fleet.tls_dir / f"{r.name}.key"),
+                    "ca_file": str(fleet.tls_dir / "ca.pem"),
+                }
+            }
+            if fleet.tls
+            else {}
+        ),
         # On the HTTP port; the demo page (a shared list) is <http>/jetstream/demo.
         "jetstream": {"enabled": fleet.jetstream},
         "peers": peers_of(fleet),

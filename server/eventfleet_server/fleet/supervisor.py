@@ -69,6 +69,8 @@ class ReplicaProcess:
         # The token comes from the fleet's token file, never from the caller's environment.
         env.pop("EVENTFLEET_TOKEN", None)
         env.pop("EVENTFLEET_TOKEN_FILE", None)
+        env.pop("EVENTFLEET_PEER_TOKEN", None)
+        env.pop("EVENTFLEET_PEER_TOKEN_FILE", None)
         env.pop("EVENTFLEET_SERVER_ID", None)
         env.pop("EVENTFLEET_POD_NAME", None)
         env["PYTHONUNBUFFERED"] = "1"
@@ -217,11 +219,12 @@ class Supervisor:
         self._announced = True
         if not self.json_lines:
             first = self.replicas[0].layout
+            tls = f" --tls-ca {self.fleet.tls_dir / 'ca.pem'}" if self.fleet.tls else ""
             self.out(
                 f"fleet of {len(self.replicas)} replicas up (data: {self.fleet.data_dir}, "
                 f"token: {self.fleet.token_file})\n"
-                f"  eventfleet watch --eventer {first.endpoints()['eventer']} '*'\n"
-                f"  eventfleet register --eventer {first.endpoints()['eventer']} a/b "
+                f"  eventfleet watch --eventer {first.endpoints()['eventer']}{tls} '*'\n"
+                f"  eventfleet register --eventer {first.endpoints()['eventer']}{tls} a/b "
                 "--json '{\"value\": 1}'\n"
                 "  any Hat Eventer client: hat.event.eventer.client.connect("
                 f"('{first.host}', {first.eventer_port}), 'me')\n"
@@ -231,6 +234,9 @@ class Supervisor:
                     if self.fleet.jetstream
                     else ""
                 )
+                + f"  Event BUS (ZeroMQ): SNAPSHOT tcp://{first.host}:{first.bus_port}, "
+                f"PUBLISHER :{first.bus_port + 1}, COLLECTOR :{first.bus_port + 2}; "
+                "ZAP PLAIN, password = the token\n"
                 + "Ctrl-C stops the fleet; running the same command again resumes it."
             )
             if self.fleet.replication_tables:

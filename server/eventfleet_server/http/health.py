@@ -28,6 +28,9 @@ def readiness(replica: Any) -> tuple[bool, str | None]:
         return False, "starting: the store is being opened"
     if engine.status != Status.OPERATIONAL:
         return False, f"engine status is {engine.status.value}"
+    storage_problem = engine.health() if hasattr(engine, "health") else None
+    if storage_problem:
+        return False, storage_problem
     started = getattr(replica, "protocols", {})
     for proto in getattr(replica, "all_protocols", ()):
         reason = proto.health()

@@ -30,6 +30,17 @@ BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status", "/flush
 
 FLUSH_DEFAULT_TIMEOUT = 30.0
 FLUSH_MAX_TIMEOUT = 300.0
+# Flushes running at once; more are refused (429), so nobody can pile up long waits.
+FLUSH_MAX_CONCURRENT = 4
+
+
+def presented_token(request: web.Request) -> str | None:
+    """The bearer token of ``Authorization: Bearer <token>``, None without one."""
+    header = request.headers.get("Authorization", "")
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() != "bearer" or not value.strip():
+        return None
+    return value.strip()
 
 
 class HttpServer:
@@ -39,13 +50,23 @@ class HttpServer:
     attributes) so this package does not depend on the replica's entry point.
     """
 
-    def __init__(self, replica: Any, host: str, port: int, *, shutdown_timeout: float = 5.0):
+    def __init__(
+        self,
+        replica: Any,
+        host: str,
+        port: int,
+        *,
+        shutdown_timeout: float = 5.0,
+        ssl_context: Any = None,
+    ):
         self._replica = replica
+        self._ssl = ssl_context
         self._host = host
         self._port = port
         self.metrics = Metrics(replica)
         self._monitor = LoopMonitor(self.metrics.loop_lag.observe)
         self._mounts: dict[str, dict[str, Handler]] = {}
+        self._flushes = 0
         self._app = web.Application()
         self._app.router.add_get("/metrics", self._handle_metrics)
         self._app.router.add_get("/healthz", self._handle_healthz)
@@ -116,7 +137,7 @@ class HttpServer:
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port)
+        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
         try:
             await site.start()
         except BaseException:
@@ -146,8 +167,15 @@ class HttpServer:
             return _json({"ready": True})
         return _json({"ready": False, "reason": reason}, 503)
 
+    def _is_admin(self, request: web.Request) -> bool:
+        """Whether the request carries the peer/admin token (True when none is set)."""
+        credentials = getattr(self._replica, "credentials", None)
+        return credentials is None or credentials.check_admin(presented_token(request))
+
     async def _handle_status(self, request: web.Request) -> web.Response:
-        return _json(await status_document(self._replica))
+        # Anonymous callers get only what an Eventer client could learn anyway (see
+        # docs/security.md); the operator presents the peer token and gets everything.
+        return _json(await status_document(self._replica, full=self._is_admin(request)))
 
     async def _handle_flush(self, request: web.Request) -> web.Response:
         """Ask peer `peer` to confirm it committed everything this replica sent it.
@@ -155,6 +183,26 @@ class HttpServer:
         200 once confirmed; 400 bad arguments; 404 unknown peer; 501 no Syncer; 503 the
         peer is not connected; 504 no confirmation within `timeout` seconds.
         """
+        if not self._is_admin(request):
+            return _json(
+                {
+                    "flushed": False,
+                    "error": "POST /flush needs the peer token (Authorization: Bearer)",
+                },
+                401,
+            )
+        if self._flushes >= FLUSH_MAX_CONCURRENT:
+            return _json(
+                {"flushed": False, "error": f"{FLUSH_MAX_CONCURRENT} flushes already running"},
+                429,
+            )
+        self._flushes += 1
+        try:
+            return await self._flush(request)
+        finally:
+            self._flushes -= 1
+
+    async def _flush(self, request: web.Request) -> web.Response:
         syncer = getattr(self._replica, "syncer", None)
         if syncer is None or not hasattr(syncer, "flush_peer"):
             return _json({"flushed": False, "error": "this replica runs no Syncer"}, 501)

@@ -18,8 +18,14 @@ STATUS_VERSION = 1
 PEER_KEYS = ("name", "server_id", "state", "last_event_id", "lag_events", "lag_seconds")
 
 
-async def status_document(replica: Any) -> dict:
-    """Build the version-1 status document of `replica`."""
+async def status_document(replica: Any, *, full: bool = True) -> dict:
+    """Build the version-1 status document of `replica`.
+
+    Not `full` (an anonymous caller while tokens are configured): only what an Eventer
+    client can learn anyway — last ids (server queries), peers and their sync state
+    (the ``('event', N, 'synced', M)`` events), the event count; ``protocols`` (ports,
+    connection counts) is null and ``storage`` has no sizes or sequence numbers.
+    """
     engine = getattr(replica, "engine", None)
     storage = getattr(replica, "storage", None)
     ready, _ = readiness(replica)
@@ -35,11 +41,13 @@ async def status_document(replica: Any) -> dict:
         "protocols": {
             name: proto.describe()
             for name, proto in dict(getattr(replica, "protocols", None) or {}).items()
-        },
+        }
+        if full
+        else None,
         "storage": {
             "events": stats.events if stats else None,
-            "db_bytes": stats.db_bytes if stats else None,
-            "last_seq": stats.last_seq if stats else None,
+            "db_bytes": stats.db_bytes if stats and full else None,
+            "last_seq": stats.last_seq if stats and full else None,
         },
     }
 

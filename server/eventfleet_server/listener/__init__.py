@@ -6,15 +6,29 @@ from eventfleet_server.listener.admission import Admission, AdmissionLimits, Tic
 from eventfleet_server.listener.reasons import RejectReason
 from eventfleet_server.listener.rejections import Rejections
 from eventfleet_server.listener.tasks import TaskFailed, Tasks
-from eventfleet_server.listener.tokens import TokenPolicy
+from eventfleet_server.listener.tls import TlsError, TlsSettings, client_context
+from eventfleet_server.listener.tokens import (
+    Credentials,
+    TokenPolicy,
+    address_in,
+    parse_networks,
+    parse_tokens,
+)
 
 __all__ = [
     "Admission",
+    "Credentials",
     "AdmissionLimits",
     "RejectReason",
     "Rejections",
     "TaskFailed",
     "Tasks",
     "Ticket",
+    "TlsError",
+    "TlsSettings",
     "TokenPolicy",
+    "address_in",
+    "client_context",
+    "parse_networks",
+    "parse_tokens",
 ]

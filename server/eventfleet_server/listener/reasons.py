@@ -28,10 +28,14 @@ class RejectReason(StrEnum):
     REGISTER_FAILED = "register_failed"
     BAD_QUERY = "bad_query"
     SLOW_SUBSCRIBER = "slow_subscriber"
+    SLOW_CLIENT = "slow_client"  # stopped reading its replies (write buffer, drain)
     # Syncer
     SLOW_PEER = "slow_peer"
     UNKNOWN_SERVER = "unknown_server"
     FUTURE_ID = "future_id"
+    # Event BUS
+    BAD_TOPIC = "bad_topic"
+    RATE_LIMITED = "rate_limited"
     # Replication
     LOGIN_RATE_LIMITED = "login_rate_limited"
     WRITE_REFUSED = "write_refused"

@@ -16,7 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from eventfleet_server.config import ReplicaConfig
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
+from eventfleet_server.listener import Credentials, Tasks, TlsSettings
 
 # An aiohttp request handler; typed loosely so this layer does not import aiohttp.
 Handler = Callable[[Any], Awaitable[Any]]
@@ -57,7 +57,10 @@ class ProtocolContext:
     `mount(path, handler, method="GET") -> unmount` serves an HTTP route (websocket
     protocols) on the replica's HTTP server, so protocols never import ``http``.
     `peers()` is the current raw peer list. `core` is the replica's core configuration;
-    `config_path` the file peers are reloaded from (None: no reload).
+    `config_path` the file peers are reloaded from (None: no reload). `credentials` holds
+    the current client and peer tokens (replaced on a token rotation; read them at each
+    check rather than copying `token`, which is the first client token at start). `tls`:
+    serve TLS on the protocol's listener when set (`tls.server_context()`).
 
     A protocol may also implement ``async prepare(engine) -> EventId | None``: it runs
     before the engine creates any id and may return the highest own id learned
@@ -74,3 +77,5 @@ class ProtocolContext:
     peers: Callable[[], list[dict]]
     core: ReplicaConfig
     config_path: pathlib.Path | None = None
+    credentials: Credentials | None = None
+    tls: TlsSettings | None = None  # listeners serve TLS with it when set

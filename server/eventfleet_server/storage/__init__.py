@@ -4,6 +4,12 @@ See `eventfleet_server.storage.db` for threading and `eventfleet_server.storage.
 for tables, indexes and the SQL of every query.
 """
 
-from eventfleet_server.storage.db import Retention, Storage, StorageError, StorageStats
+from eventfleet_server.storage.db import (
+    CorruptStoreError,
+    Retention,
+    Storage,
+    StorageError,
+    StorageStats,
+)
 
-__all__ = ["Retention", "Storage", "StorageError", "StorageStats"]
+__all__ = ["CorruptStoreError", "Retention", "Storage", "StorageError", "StorageStats"]

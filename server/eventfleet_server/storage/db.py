@@ -82,6 +82,21 @@ class StorageError(Exception):
     """A write or the database failed; the message names the bad event or value."""
 
 
+class CorruptStoreError(StorageError):
+    """The database file failed its integrity check at start (one line: the file, what
+    is wrong, what to do)."""
+
+
+RESTORE_HINT = (
+    "stop this replica, move the file aside and restore the replica from a peer "
+    "(docs/runbook.md, 'Restore')"
+)
+
+# Batches above this many events are written on the writer thread even in inline mode,
+# so that one large register request never holds the event loop for the whole insert.
+INLINE_MAX_EVENTS = 500
+
+
 @dataclass(frozen=True)
 class Retention:
     """What `Storage.enforce_retention` deletes.
@@ -178,20 +193,26 @@ class Storage:
         cls,
         path: pathlib.Path,
         *,
-        synchronous: str = "NORMAL",
+        synchronous: str = "FULL",
         retention: Retention = Retention(),
+        quick_check_timeout: float = 0.0,
+        max_db_bytes: int | None = None,
     ) -> Storage:
         """Open (creating parent directories and schema) the database at `path`.
 
         `synchronous` is SQLite's synchronous mode for commits in WAL mode: OFF,
         NORMAL (durable against process crashes, not power loss), FULL or EXTRA.
+        `quick_check_timeout` > 0 runs ``PRAGMA quick_check`` for at most that many
+        seconds first; a damaged file raises `CorruptStoreError`. `max_db_bytes` caps
+        the database size (SQLite ``max_page_count``): past it commits fail as on a full
+        disk.
         """
         if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous {synchronous!r} is not one of {', '.join(_SYNCHRONOUS)}")
         if not isinstance(retention, Retention):
             raise TypeError(f"retention {retention!r} is not a Retention")
         path = pathlib.Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
 
         self = object.__new__(cls)
         self._path = path
@@ -209,6 +230,8 @@ class Storage:
 
         sync = synchronous.upper()
         self._inline = sync in ("OFF", "NORMAL")
+        self._quick_check_timeout = quick_check_timeout
+        self._max_db_bytes = max_db_bytes
         self._commits_since_checkpoint = 0
         self._checkpoint_task: asyncio.Task | None = None
         try:
@@ -231,14 +254,46 @@ class Storage:
                 await self._reader.close()
                 await self._writer.close()
                 raise
-        except sqlite3.Error as e:
+        except sqlite3.DatabaseError as e:
+            if "malformed" in str(e) or "not a database" in str(e):
+                raise CorruptStoreError(f"{path} is damaged ({e}): {RESTORE_HINT}") from None
             raise StorageError(f"{path}: cannot open: {e}") from e
         if self._inline:
             self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
         return self
 
+    def _quick_check(self, conn: sqlite3.Connection) -> None:
+        """``PRAGMA quick_check``, interrupted after `_quick_check_timeout` seconds (a
+        huge store must not hold the start-up longer than that; a skipped check is
+        logged). Raises `CorruptStoreError` naming the first problem."""
+        deadline = time.monotonic() + self._quick_check_timeout
+        conn.set_progress_handler(lambda: 1 if time.monotonic() > deadline else 0, 10_000)
+        try:
+            rows = conn.execute("PRAGMA quick_check(5)").fetchall()
+        except sqlite3.OperationalError as e:
+            if "interrupted" not in str(e):
+                raise
+            log.warning(
+                "%s: quick_check not finished within %g s, skipped (raise "
+                "storage.quick_check_timeout to check it fully)",
+                self._path,
+                self._quick_check_timeout,
+            )
+            return
+        finally:
+            conn.set_progress_handler(None, 0)
+        # One line: quick_check's rows may themselves hold newlines.
+        problems = [" ".join(row[0].split()) for row in rows if row[0] != "ok"]
+        if problems:
+            raise CorruptStoreError(
+                f"{self._path} is damaged (quick_check: {'; '.join(problems)[:300]}): "
+                f"{RESTORE_HINT}"
+            )
+
     def _init_writer(self, synchronous: str) -> None:
         conn = self._writer._conn
+        if self._quick_check_timeout > 0 and self._path.exists():
+            self._quick_check(conn)
         # Version first: a file of another schema is refused before anything changes it.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, schema.SCHEMA_VERSION):
@@ -253,6 +308,9 @@ class Storage:
             conn.execute("PRAGMA wal_autocheckpoint = 0")  # see "Inline writes" above
         conn.execute("PRAGMA busy_timeout = 10000")
         conn.execute("PRAGMA cache_size = -32000")  # KiB
+        if self._max_db_bytes:
+            page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {max(self._max_db_bytes // page_size, 1)}")
         if version == 0:
             try:
                 # One script, one transaction: a half-created schema is never committed.
@@ -264,6 +322,8 @@ class Storage:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 raise
+
+        conn.execute(schema.EVENT_KEYS_DDL)
 
         for type_id, text in conn.execute("SELECT type_id, type FROM types"):
             event_type = tuple(json.loads(text))
@@ -361,11 +421,23 @@ class Storage:
         if not events and not meta_items:
             return []
         self._check_open()
-        if self._inline:
+        if self._inline and len(events) <= INLINE_MAX_EVENTS:
             inserted = self._write(events, meta_items)
             self._commits_since_checkpoint += 1
             return inserted
         return await _run(self._writer, self._write, events, meta_items)
+
+    async def probe_write(self) -> None:
+        """One tiny committed write (a meta key): does the store accept commits again?"""
+        await self.write([], {"probe": time.time()})
+
+    def set_max_db_bytes(self, max_db_bytes: int | None) -> None:
+        """Change the size cap (tests simulate a full disk and freed space with it)."""
+        self._max_db_bytes = max_db_bytes
+        conn = self._writer._conn
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+        pages = max(max_db_bytes // page_size, 1) if max_db_bytes else 4294967294
+        conn.execute(f"PRAGMA max_page_count = {pages}")
 
     def _write(
         self, events: Sequence[Event], meta_items: list[tuple[str, str]]
@@ -674,6 +746,46 @@ class Storage:
         rows = self._reader._conn.execute(schema.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
         events = _decode([row[1:] for row in rows], self._types)
         return [(row[0], event) for row, event in zip(rows, events, strict=True)]
+
+    # -- event keys (protocol indexes, e.g. the Event BUS UUID) ------------------------
+
+    @property
+    def event_keys_seq(self) -> int:
+        """Local sequence number up to which `add_event_keys` was told it has indexed."""
+        text = self._meta.get(schema.EVENT_KEYS_META)
+        return 0 if text is None else int(json.loads(text))
+
+    async def add_event_keys(self, items: Sequence[tuple[str, int]], upto_seq: int) -> None:
+        """Store ``(key, seq)`` pairs (a key already held keeps its first seq) and record
+        that events up to `upto_seq` are indexed; one transaction."""
+        self._check_open()
+        await self._on_writer(self._add_event_keys, list(items), upto_seq)
+
+    def _add_event_keys(self, items: list[tuple[str, int]], upto_seq: int) -> None:
+        conn = self._writer._conn
+        value = json.dumps(max(upto_seq, self.event_keys_seq))
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            conn.executemany(schema.INSERT_EVENT_KEY, items)
+            conn.execute(schema.UPSERT_META, (schema.EVENT_KEYS_META, value))
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise StorageError(f"{self._path}: event keys write failed: {e}") from e
+            raise
+        self._meta[schema.EVENT_KEYS_META] = value
+
+    async def find_event_keys(self, keys: Sequence[str]) -> dict[str, int]:
+        """The held keys among `keys`, with the sequence number of their event."""
+        self._check_open()
+        if not keys:
+            return {}
+        return await _run(self._reader, self._find_event_keys, json.dumps(list(keys)))
+
+    def _find_event_keys(self, keys_json: str) -> dict[str, int]:
+        return dict(self._reader._conn.execute(schema.FIND_EVENT_KEYS, (keys_json,)).fetchall())
 
     async def read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
         """``(seq, event)`` of the latest event of every stored type matching

@@ -23,6 +23,11 @@ with a surprising affinity):
     deletes) and ``event_count``.
 ``meta``
     JSON values by key for the engine.
+``event_keys``
+    protocol keys of events (the Event BUS UUID) -> local sequence number; an index a
+    protocol maintains after commit and can rebuild from ``events`` (``event_keys_seq``
+    in ``meta`` is how far it got). Created on open when missing (additive, no version
+    change).
 """
 
 from __future__ import annotations
@@ -85,6 +90,16 @@ CREATE TABLE last_ids (
     instance INTEGER NOT NULL
 ) STRICT;
 """
+
+EVENT_KEYS_DDL = """
+CREATE TABLE IF NOT EXISTS event_keys (
+    key TEXT PRIMARY KEY,
+    seq INTEGER NOT NULL
+) STRICT, WITHOUT ROWID
+"""
+INSERT_EVENT_KEY = "INSERT OR IGNORE INTO event_keys (key, seq) VALUES (?, ?)"
+FIND_EVENT_KEYS = "SELECT key, seq FROM event_keys WHERE key IN (SELECT value FROM json_each(?))"
+EVENT_KEYS_META = "event_keys_seq"
 
 # Columns read for every event, in the order `Storage` decodes them.
 COLS = "server, session, instance, type_id, ts, source_ts, kind, ptype, payload"

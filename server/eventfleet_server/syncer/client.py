@@ -81,14 +81,16 @@ class SyncStream:
         server_id: int,
         *,
         client_name: str,
-        token: str | None,
+        token: str | Callable[[], str | None] | None,
         subscriptions: Iterable[EventType],
         storage: Storage,
         merger: Merger,
         limits: SyncerClientLimits = SyncerClientLimits(),
         on_change: Callable[[SyncStream], None] | None = None,
+        ssl=None,
     ):
         self.peer = peer
+        self._ssl = ssl
         self.server_id = server_id
         self.label = f"peer={peer.name} ({peer.address}) server_id={server_id}"
         self._client_name = client_name
@@ -133,6 +135,7 @@ class SyncStream:
                 max_msg_size=limits.max_msg_size,
                 ping_delay=limits.ping_delay,
                 ping_timeout=limits.ping_timeout,
+                ssl=self._ssl,
             )
         self._conn = conn
         owner.on_error = lambda e: conn.close(f"syncer {self.label}: merge failed: {e}")
@@ -141,7 +144,10 @@ class SyncStream:
             conv = conn.send(
                 protocol.INIT_REQ,
                 protocol.encode_init_req(
-                    after, self._client_name, self._token, self._subscriptions
+                    after,
+                    self._client_name,
+                    self._token() if callable(self._token) else self._token,
+                    self._subscriptions,
                 ),
                 last=False,
             )

@@ -24,6 +24,7 @@ class SyncerConfig:
     max_queued_events: int
     max_buffered_events: int
     shutdown_flush_timeout: float
+    max_known_server_ids: int
     admission: AdmissionConfig
 
     @classmethod

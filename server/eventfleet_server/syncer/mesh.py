@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import random
 import time
 from collections.abc import Callable
@@ -59,6 +60,16 @@ def ids_named_by(event_type: EventType) -> tuple[int, ...]:
         ids = (int(event_type[1]), int(event_type[3]))
         return tuple(i for i in ids if 1 <= i <= MAX_ID)
     return ()
+
+
+def ids_from_sync_event(event: Event) -> tuple[int, ...]:
+    """Server ids a sync-state event names, if it is genuine: only server N registers
+    ``('event', N, 'synced', M)``. One registered by anyone else (a client of an older
+    replica, a forgery) names nothing — it must not start relay streams."""
+    ids = ids_named_by(event.type)
+    if ids and int(event.type[1]) != event.id.server:
+        return ()
+    return ids
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,14 +308,17 @@ class Mesh:
         merger: Merger,
         *,
         client_name: str,
-        token: str | None,
+        token: str | Callable[[], str | None] | None,
         subscriptions: list[EventType],
         limits: SyncerClientLimits = SyncerClientLimits(),
         reconnect_min_delay: float = 0.5,
         reconnect_max_delay: float = 30.0,
         state_cb: StateCb | None = None,
         tasks: Tasks | None = None,
+        max_server_ids: int = 1000,
+        ssl=None,
     ):
+        self.ssl = ssl  # ssl.SSLContext for the links (mutual TLS), None: plain TCP
         self.engine = engine
         self.merger = merger
         self.tasks = tasks if tasks is not None else Tasks("syncer")
@@ -319,6 +333,8 @@ class Mesh:
         self.peers: list[Peer] = []
         self._state_cb = state_cb
         self._seen: set[int] = set()  # server ids held or named by sync-state events
+        self.max_server_ids = max_server_ids
+        self._cap_logged = -math.inf
         # Replaced by a fresh Event on each change; waiters re-check their condition.
         # (Not asyncio.Condition: on Python 3.11 a waiter cancelled while it is being
         # notified can deadlock re-acquiring the condition's lock.)
@@ -343,6 +359,7 @@ class Mesh:
             merger=self.merger,
             limits=self.limits,
             on_change=changed,
+            ssl=self.ssl,
         )
 
     # -- known server ids ---------------------------------------------------------------
@@ -351,8 +368,32 @@ class Mesh:
         """Server ids named by stored sync-state events (for a wiped or new replica)."""
         pattern = (SYNC_TYPE_PREFIX, "?", SYNC_TYPE_WORD, "?")
         result = await self.engine.storage.query(QueryLatestParams([pattern]))
-        for e in result.events:
-            self._seen.update(ids_named_by(e.type))
+        self._add_seen({i for e in result.events for i in ids_from_sync_event(e)})
+
+    def _add_seen(self, new: set[int]) -> bool:
+        """Remember `new` server ids up to `max_server_ids`; True if any was added.
+
+        Each known id costs a relay stream per peer: past the cap further ids are
+        ignored (their events are still stored when they arrive) and logged.
+        """
+        room = self.max_server_ids - len(self._seen)
+        new = new - self._seen
+        if len(new) > room:
+            ignored = sorted(new)[max(room, 0) :]
+            new = set(sorted(new)[: max(room, 0)])
+            now = time.monotonic()
+            if now - self._cap_logged > 60:
+                self._cap_logged = now
+                log.error(
+                    "syncer: %d known server ids reached max_known_server_ids %d; "
+                    "not relaying server ids %s%s",
+                    len(self._seen) + len(new),
+                    self.max_server_ids,
+                    ignored[:10],
+                    "..." if len(ignored) > 10 else "",
+                )
+        self._seen |= new
+        return bool(new)
 
     def known_server_ids(self) -> set[int]:
         ids = {self.own_server_id, *self.engine.storage.last_ids, *self._seen}
@@ -366,11 +407,10 @@ class Mesh:
             if e.id.server not in self._seen:
                 new.add(e.id.server)
             if e.type and e.type[0] == SYNC_TYPE_PREFIX:
-                new.update(ids_named_by(e.type))
+                new.update(ids_from_sync_event(e))
         new -= self._seen
-        if not new:
+        if not new or not self._add_seen(new):
             return
-        self._seen |= new
         if self._running:
             ids = self.known_server_ids()
             for link in self.links.values():

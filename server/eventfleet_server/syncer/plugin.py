@@ -20,4 +20,6 @@ def create(config: SyncerConfig, ctx: ProtocolContext) -> Syncer:
         allow_empty_start=ctx.core.allow_empty_start,
         config_path=ctx.config_path,
         tasks=ctx.tasks,
+        credentials=ctx.credentials,
+        tls=ctx.tls,
     )

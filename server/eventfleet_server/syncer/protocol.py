@@ -20,6 +20,7 @@ from eventfleet_server.common.model import (
     Timestamp,
     timestamp_to_us,
 )
+from eventfleet_server.common.sbsguard import check_bounds
 from eventfleet_server.common.subscription import Subscription
 
 P = "HatSyncer."
@@ -63,6 +64,8 @@ def encode_init_req(
 def decode_init_req(data: bytes) -> InitReq:
     """Decode and validate; `ProtocolError` names the bad field."""
     try:
+        # Before the token is checked: bounds first, the C decoder only after.
+        check_bounds(codec.repo, INIT_REQ, data)
         raw = codec.repo.decode(INIT_REQ, data)
     except Exception as e:
         raise ProtocolError(f"MsgInitReq does not decode: {e}") from e

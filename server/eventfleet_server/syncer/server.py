@@ -34,6 +34,10 @@ from eventfleet_server.syncer.protocol import InitReq, ProtocolError
 log = logging.getLogger(__name__)
 
 
+# Events per MsgEvents when a large session is sent to peers in slices.
+FANOUT_SLICE = 256
+
+
 @dataclass(frozen=True)
 class SyncerServerLimits:
     """Per-session bounds of the Syncer server (connection bounds: `AdmissionLimits`)."""
@@ -63,15 +67,21 @@ class SyncerServer:
         host: str,
         port: int,
         *,
-        token: str | None = None,
+        token: str | Callable[[], TokenPolicy] | None = None,
         known_server_ids: Callable[[], set[int]] = set,
         limits: SyncerServerLimits = SyncerServerLimits(),
         admission: AdmissionLimits = AdmissionLimits(max_msg_size=64 * 1024 * 1024),
+        ssl=None,
     ):
         self._engine = engine
         # Peers must be configured alike: a token is required when we have one and
         # refused when we have none (the seed's "configuration synchronization").
-        self._tokens = TokenPolicy.of(token, refuse_unexpected=True)
+        # A callable gives the current policy (peer-token rotation).
+        self._tokens: Callable[[], TokenPolicy] = (
+            token
+            if callable(token)
+            else (lambda policy=TokenPolicy.of(token, refuse_unexpected=True): policy)
+        )
         self._known = known_server_ids
         self._limits = limits
         self.rejections = Rejections("syncer")
@@ -85,9 +95,14 @@ class SyncerServer:
             rejections=self.rejections,
             ping_delay=limits.ping_delay,
             ping_timeout=limits.ping_timeout,
+            ssl=ssl,
         )
         self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
         self._unsubscribe: Callable[[], None] | None = None
+        # Large committed sessions go to peers a slice at a time from a task, in order
+        # with everything after them, so encoding 16 MiB never holds the loop at once.
+        self._fanout: deque[list[Event]] = deque()
+        self._fanout_tasks = Tasks("syncer/fan-out")
 
     @property
     def port(self) -> int:
@@ -143,6 +158,7 @@ class SyncerServer:
         if self._unsubscribe:
             self._unsubscribe()
             self._unsubscribe = None
+        await self._fanout_tasks.close()
         await self._listener.stop()
 
     # -- fan-out of committed events ---------------------------------------------------------
@@ -150,6 +166,25 @@ class SyncerServer:
     def _on_events(self, events: list[Event], persisted: bool) -> None:
         if not persisted:
             return  # peers only ever get committed events
+        if not self._sessions.get(events[0].id.server):
+            return
+        if not self._fanout and len(events) <= FANOUT_SLICE:
+            self._deliver(events)
+            return
+        self._fanout.append(events)
+        if len(self._fanout) == 1:
+            self._fanout_tasks.spawn("slices", self._fanout_loop(), critical=False)
+
+    async def _fanout_loop(self) -> None:
+        while self._fanout:
+            events = self._fanout[0]
+            for start in range(0, len(events), FANOUT_SLICE):
+                # Each slice is one MsgEvents of one session (a part of it), in order.
+                self._deliver(events[start : start + FANOUT_SLICE])
+                await asyncio.sleep(0)
+            self._fanout.popleft()
+
+    def _deliver(self, events: list[Event]) -> None:
         sessions = self._sessions.get(events[0].id.server)
         if not sessions:
             return
@@ -208,7 +243,7 @@ class SyncerServer:
 
     def _check(self, req: InitReq) -> tuple[str | None, RejectReason | None]:
         """(error text, rejection reason) or (None, None)."""
-        if self._tokens.check(req.client_token) is not None:
+        if self._tokens().check(req.client_token) is not None:
             return "invalid client token", RejectReason.BAD_TOKEN
         server_id = req.last_event_id.server
         own = self._engine.server_id

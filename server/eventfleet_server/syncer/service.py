@@ -16,7 +16,7 @@ import time
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ConfigError
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
+from eventfleet_server.listener import Credentials, Tasks, TlsSettings, TokenPolicy
 from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
 from eventfleet_server.syncer.client import Peer, SyncerClientLimits
 from eventfleet_server.syncer.config import SyncerConfig
@@ -55,10 +55,17 @@ class Syncer:
         allow_empty_start: bool,
         config_path: pathlib.Path | None = None,
         tasks: Tasks | None = None,
+        credentials: Credentials | None = None,
+        tls: TlsSettings | None = None,
     ):
+        # Mutual TLS: the listener requires a CA-signed client certificate, the links
+        # verify the peer's certificate and host name and present ours.
+        self._tls = tls
         self._config = config
         self._host = host
-        self._token = token
+        # Peers present and accept the peer tokens (the client token when no separate
+        # peer token is configured), read at each connection: rotation needs no restart.
+        self._credentials = credentials if credentials is not None else Credentials.of(token)
         self._allow_empty_start = allow_empty_start
         self._config_path = config_path
         self._tasks = (tasks if tasks is not None else Tasks("replica")).child("syncer")
@@ -131,13 +138,15 @@ class Syncer:
             engine,
             self.merger,
             client_name=self.client_name,
-            token=self._token,
+            token=lambda: self._credentials.peer_token,
             subscriptions=[tuple(p) for p in s.subscriptions],
             limits=SyncerClientLimits(max_msg_size=s.max_msg_size),
             reconnect_min_delay=s.reconnect_min_delay,
             reconnect_max_delay=s.reconnect_max_delay,
             state_cb=SyncStateRecorder(engine),
             tasks=self._tasks,
+            max_server_ids=s.max_known_server_ids,
+            ssl=self._tls.peer_client_context() if self._tls else None,
         )
         self.mesh.peers = list(self._peers)
         await self.mesh.load_named_ids()
@@ -146,10 +155,11 @@ class Syncer:
             engine,
             self._host,
             s.port,
-            token=self._token,
+            token=lambda: TokenPolicy(self._credentials.peer, refuse_unexpected=True),
             known_server_ids=self.mesh.known_server_ids,
             limits=SyncerServerLimits(max_buffered_events=s.max_buffered_events),
             admission=s.admission.limits(s.max_msg_size),
+            ssl=self._tls.server_context(client_certificates=True) if self._tls else None,
         )
         await self.server.start()
 

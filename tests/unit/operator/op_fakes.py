@@ -30,20 +30,23 @@ class FakeReplicas:
         self.down: set[int] = set()
         self.flush_fails: set[int] = set()
         self.calls: list[tuple] = []
+        self.tokens: list[str | None] = []
 
     @staticmethod
     def ordinal(url):
         return int(url.rsplit("/", 1)[-1])
 
-    async def status(self, url):
+    async def status(self, url, token=None):
         ordinal = self.ordinal(url)
+        self.tokens.append(token)
         self.calls.append(("status", ordinal))
         if ordinal in self.down or ordinal not in self.docs:
             raise ReplicaUnreachable(f"{url}: connection refused")
         return ReplicaStatus.parse(self.docs[ordinal])
 
-    async def flush(self, url, peer):
+    async def flush(self, url, peer, token=None):
         ordinal = self.ordinal(url)
+        self.tokens.append(token)
         self.calls.append(("flush", ordinal, peer))
         if ordinal in self.down or ordinal in self.flush_fails:
             raise ReplicaUnreachable(f"{url}/flush: timeout")

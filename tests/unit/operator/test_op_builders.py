@@ -250,7 +250,8 @@ def test_services():
     assert peers["publishNotReadyAddresses"] is True
     client = builders.client_service(spec)["spec"]
     assert client["selector"][naming.SERVING_LABEL] == "true"
-    assert [p["port"] for p in client["ports"]] == [23012, 23080]  # no Event BUS yet
+    # Eventer, the Event BUS (SNAPSHOT, PUBLISHER, COLLECTOR), HTTP.
+    assert [p["port"] for p in client["ports"]] == [23012, 23030, 23031, 23032, 23080]
     pdb = builders.pod_disruption_budget(spec)["spec"]
     assert pdb["maxUnavailable"] == 1
 
@@ -271,17 +272,24 @@ def test_immutable_statefulset_fields_keep_their_live_values():
     assert builders.keep_immutable(after, None) == (after, [])
 
 
-def test_enabled_bus_is_neither_configured_nor_exposed():
-    # The Event BUS is not implemented: asking for it renders no port (status says why).
-    spec = fleet({"protocols": {"bus": {"enabled": True}}})
-    pod = builders.statefulset(spec, replicas=3, config_hash="x")["spec"]["template"]
+def test_bus_is_served_by_default_and_can_be_turned_off():
+    bus = ["bus-snapshot", "bus-publisher", "bus-collector"]
+    on = fleet({})
+    pod = builders.statefulset(on, replicas=3, config_hash="x")["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    assert [p["name"] for p in c["ports"]] == ["eventer", "syncer", *bus, "http"]
+    ports = builders.client_service(on)["spec"]["ports"]
+    assert [p["name"] for p in ports] == ["eventer", *bus, "http"]
+    config = builders.replica_config(on, peer_count=3, allow_empty_start=False)
+    assert config["bus"] == {"port": 23030, "enabled": True}
+
+    off = fleet({"protocols": {"bus": {"enabled": False}}})
+    pod = builders.statefulset(off, replicas=3, config_hash="x")["spec"]["template"]
     (c,) = pod["spec"]["containers"]
     assert [p["name"] for p in c["ports"]] == ["eventer", "syncer", "http"]
-    assert [p["name"] for p in builders.client_service(spec)["spec"]["ports"]] == [
-        "eventer",
-        "http",
-    ]
-    config = builders.replica_config(spec, peer_count=3, allow_empty_start=False)
+    ports = builders.client_service(off)["spec"]["ports"]
+    assert [p["name"] for p in ports] == ["eventer", "http"]
+    config = builders.replica_config(off, peer_count=3, allow_empty_start=False)
     assert config["bus"] == {"port": 23030, "enabled": False}
 
 

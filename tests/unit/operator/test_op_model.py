@@ -97,8 +97,9 @@ def test_disabled_aggregation_is_not_validated():
     )
 
 
-def test_unimplemented_protocols_are_off_by_default_and_named_when_enabled():
+def test_bus_is_enabled_by_default_and_implemented():
     assert parse({}).not_implemented == ()
-    assert parse({"protocols": {"bus": {"enabled": False}}}).not_implemented == ()
+    assert parse({}).enabled_protocols == ("bus",)
+    assert parse({"protocols": {"bus": {"enabled": False}}}).enabled_protocols == ()
     spec = parse({"protocols": {"bus": {"enabled": True}}})
-    assert spec.not_implemented == ("spec.protocols.bus.enabled",)
+    assert spec.not_implemented == () and spec.enabled_protocols == ("bus",)

@@ -69,13 +69,14 @@ def test_endpoints_template_and_file(tmp_path):
 @pytest.fixture
 async def replica_http():
     """A real HTTP server on 127.0.0.1 speaking the /status and /flush contract."""
-    state = {"flushed": [], "status": status_doc(1, {1: (1, 4)}), "flush_code": 200}
+    state = {"flushed": [], "auth": [], "status": status_doc(1, {1: (1, 4)}), "flush_code": 200}
 
     async def status(request):
         return aiohttp.web.json_response(state["status"])
 
     async def flush(request):
         state["flushed"].append(request.query.get("peer"))
+        state["auth"].append(request.headers.get("Authorization"))
         return aiohttp.web.json_response(
             {"flushed": True, "last_ids": {}}, status=state["flush_code"]
         )
@@ -102,6 +103,9 @@ async def test_client_round_trip(replica_http):
         assert st.own_last_id() == EventId(1, 1, 4)
         await client.flush(url, "demo-1")
         assert state["flushed"] == ["demo-1"]
+        # The replicas' admin route needs the fleet's credential: sent as a bearer token.
+        await client.flush(url, "demo-1", "s3cret")
+        assert state["auth"] == [None, "Bearer s3cret"]
         state["flush_code"] = 503
         with pytest.raises(ReplicaUnreachable, match="503"):
             await client.flush(url, "demo-1")

@@ -11,7 +11,7 @@ def spec(replicas):
     return model.parse("demo", "ns", {"replicas": replicas})
 
 
-async def plan(replicas, current, fleet, claims=(), force=False):
+async def plan(replicas, current, fleet, claims=(), force=False, token=None):
     async def claim_exists(ordinal):
         return ordinal in claims
 
@@ -22,6 +22,7 @@ async def plan(replicas, current, fleet, claims=(), force=False):
         client=fleet,
         claim_exists=claim_exists,
         force=force,
+        token=token,
     )
 
 
@@ -56,6 +57,14 @@ async def test_safe_scale_down_flushes_then_lowers():
         ("flush", 2, "demo-1"),
         ("status", 1),
     ]
+
+
+async def test_every_replica_call_of_a_scale_down_carries_the_fleet_token():
+    # The replicas refuse POST /flush without the fleet's credential (docs/security.md).
+    fleet = synced_fleet(3, [5, 7, 9])
+    decision = await plan(2, 3, fleet, token="fleet-token")
+    assert decision.target == 2
+    assert len(fleet.tokens) == 5 and set(fleet.tokens) == {"fleet-token"}
 
 
 async def test_lagging_remaining_replica_holds_the_statefulset():

@@ -1,0 +1,227 @@
+"""Abuse against a real replica process (`eventfleet server`), each with a number:
+
+* a maximal register request (max_events_per_request events filling max_msg_size)
+  while another process polls ``/healthz``: every answer under 100 ms (plus the worst
+  answer of the idle second before: a few ms on a quiet machine). On a machine busier
+  than its cores (load average / cores > 1, e.g. several engineers' test runs on two
+  cores) the replica gets that much less CPU, and the 100 ms scale with that factor;
+  CI runs the suite alone, where the factor is 1;
+* a client that sends queries (and pings) but never reads: closed with a logged,
+  counted reason (``slow_client``), memory back near the baseline;
+* the N+1st connection refused (``too_many_connections``), the first N served.
+
+The latencies and memory figures are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import aiohttp
+import pytest
+from eventfleet_server import chatter
+from eventfleet_server.client.eventer import connect
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import (
+    EventPayloadBinary,
+    QueryLatestParams,
+    RegisterEvent,
+)
+
+from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers, read_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+POLLER = r"""
+import http.client, json, sys, time
+host, port, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+lat = []
+end = time.monotonic() + seconds
+print("ready", flush=True)
+while time.monotonic() < end:
+    t = time.perf_counter()
+    c = http.client.HTTPConnection(host, port, timeout=10)
+    c.request("GET", "/healthz")
+    assert c.getresponse().status == 200
+    c.close()
+    lat.append((time.time(), time.perf_counter() - t))
+    time.sleep(0.01)
+print(json.dumps(lat))
+"""
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        kib = int(re.search(r"VmRSS:\s+(\d+)", f.read()).group(1))
+    return kib / 1024
+
+
+async def rejected(replica: ReplicaProc, reason: str) -> float:
+    async with aiohttp.ClientSession() as s, s.get(replica.http + "/metrics") as res:
+        text = await res.text()
+    pattern = rf'eventfleet_rejected_total{{protocol="eventer",reason="{reason}"}} (\S+)'
+    match = re.search(pattern, text)
+    return float(match.group(1)) if match else 0.0
+
+
+async def start(tmp_path, extra: dict) -> ReplicaProc:
+    replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), extra=extra).start()
+    await replica.wait_ready()
+    return replica
+
+
+@pytest.mark.parametrize("peered", [False, True], ids=["alone", "with-a-peer"])
+async def test_maximal_register_request_keeps_healthz_under_100ms(tmp_path, peered):
+    # With a peer, the replica also sends the whole session to it over the Syncer.
+    base = free_block(2)
+    procs = [ReplicaProc(tmp_path, f"r{i}", i, base + 10 * (i - 1)) for i in (1, 2)]
+    procs = procs if peered else procs[:1]
+    for p in procs:
+        p.write_config(mesh_peers(procs) if peered else [])
+        p.start()
+    for p in procs:
+        await p.wait_ready()
+    replica = procs[0]
+    try:
+        # 10,000 events (max_events_per_request) filling 16 MiB (max_msg_size).
+        payload = EventPayloadBinary("blob", b"x" * 1600)
+        events = [RegisterEvent(("abuse", "big", str(i)), None, payload) for i in range(10_000)]
+        poller = subprocess.Popen(  # noqa: ASYNC220 (its output is read after the run)
+            [sys.executable, "-c", POLLER, "127.0.0.1", str(replica.ports["http"]), "8"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert poller.stdout.readline().strip() == "ready"
+        client = await connect(*replica.eventer, "big", timeout=60)
+        try:
+            idle_from = time.time()
+            await asyncio.sleep(1.5)  # the poller's baseline
+            started = time.time()
+            created = await client.register(events, with_response=True)
+            ended = time.time()
+        finally:
+            await client.close()
+        polls = json.loads(poller.communicate(timeout=60)[0])
+        assert created is not None and len(created) == 10_000
+        idle = [lat for at, lat in polls if idle_from + 0.3 <= at < started]
+        during = [lat for at, lat in polls if started <= at <= ended + 0.05]
+        assert len(idle) > 20 and len(during) > 5, (len(idle), len(during))
+        worst, noise = max(during), max(idle)
+        load = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+        limit = 0.1 * load + noise
+        print(
+            f"\nmaximal register (10,000 events, 16 MiB, {'with' if peered else 'no'} peer): "
+            f"{ended - started:.2f} s; /healthz "
+            f"{len(during)} polls meanwhile, worst {worst * 1000:.1f} ms, median "
+            f"{sorted(during)[len(during) // 2] * 1000:.1f} ms; idle worst {noise * 1000:.1f} ms; "
+            f"load factor {load:.1f}, limit {limit * 1000:.0f} ms"
+        )
+        assert worst < limit, f"/healthz took {worst * 1000:.0f} ms during the request"
+        if peered:
+
+            async def replicated() -> int:
+                held = await read_all(procs[1].eventer, {1})
+                return sum(1 for e in held.values() if e[1][0] == "abuse")
+
+            deadline = time.monotonic() + 60
+            while (count := await replicated()) < 10_000:
+                assert time.monotonic() < deadline, f"{count} of 10,000 replicated"
+                await asyncio.sleep(0.5)
+            assert count == 10_000
+    finally:
+        for p in procs:
+            p.stop()
+
+
+async def test_client_that_never_reads_is_closed_and_memory_returns(tmp_path):
+    extra = {"eventer": {"max_write_buffer": 4 * 1024 * 1024, "send_timeout": 3}}
+    replica = await start(tmp_path, extra)
+    try:
+        writer = await connect(*replica.eventer, "writer")
+        payload = EventPayloadBinary("blob", b"y" * 1000)
+        for chunk in range(4):
+            batch = [RegisterEvent(("mem", str(chunk), str(i)), None, payload) for i in range(500)]
+            await writer.register(batch, with_response=True)
+        # Warm up with the same query answered to a reader: caches are part of the baseline.
+        for _ in range(3):
+            await writer.query(QueryLatestParams([("mem", "*")]))
+        await writer.close()
+        await asyncio.sleep(1)
+        baseline = rss_mib(replica.proc.pid)
+
+        # A raw chatter connection: init, then queries and pings, never a read.
+        conn = await chatter.connect(*replica.eventer, ping_delay=None)
+        init = codec.repo.encode(
+            "HatEventer.MsgInitReq",
+            {
+                "clientName": "sink",
+                "clientToken": ("none", None),
+                "subscriptions": [],
+                "serverId": ("none", None),
+                "persisted": False,
+            },
+        )
+        conn.send("HatEventer.MsgInitReq", init, last=False)
+        await conn.receive()
+        query = codec.repo.encode(
+            "HatEventer.MsgQueryReq", codec.query_params_to_sbs(QueryLatestParams([("mem", "*")]))
+        )
+        peak = baseline
+        closed_after = None
+        started = time.monotonic()
+        while time.monotonic() - started < 60:
+            try:
+                conn.send("HatEventer.MsgQueryReq", query, last=False)
+                conn.send("HatChatter.Ping", b"", last=False)
+            except ConnectionError:
+                pass
+            await asyncio.sleep(0.05)
+            peak = max(peak, rss_mib(replica.proc.pid))
+            if await rejected(replica, "slow_client") >= 1:
+                closed_after = time.monotonic() - started
+                break
+        assert closed_after is not None, "the non-reading client was never closed"
+        conn.abort()
+        await asyncio.sleep(2)
+        after = rss_mib(replica.proc.pid)
+        print(
+            f"\nnever-reading client closed after {closed_after:.1f} s; RSS baseline "
+            f"{baseline:.0f} MiB, peak {peak:.0f} MiB, after {after:.0f} MiB"
+        )
+        assert "not reading" in replica.log()
+        assert after < baseline + 16, (baseline, peak, after)
+        # The replica serves others as before.
+        other = await connect(*replica.eventer, "other")
+        result = await other.query(QueryLatestParams([("mem", "0", "1")]))
+        await other.close()
+        assert len(result.events) == 1
+    finally:
+        replica.stop()
+
+
+async def test_connection_beyond_max_connections_is_refused(tmp_path):
+    n = 20
+    replica = await start(tmp_path, {"eventer": {"admission": {"max_connections": n}}})
+    try:
+        clients = [await connect(*replica.eventer, f"c{i}") for i in range(n)]
+        try:
+            with pytest.raises((ConnectionError, OSError, TimeoutError, asyncio.TimeoutError)):
+                await connect(*replica.eventer, "one-too-many", timeout=5)
+            assert await rejected(replica, "too_many_connections") == 1
+            # The first N still work.
+            result = await clients[-1].query(QueryLatestParams([("*",)]))
+            assert result.events == []
+        finally:
+            for c in clients:
+                await c.close()
+        # Places are freed: a new client is admitted again.
+        again = await connect(*replica.eventer, "again")
+        await again.close()
+    finally:
+        replica.stop()

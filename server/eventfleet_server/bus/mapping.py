@@ -1,0 +1,182 @@
+"""Events <-> Event BUS records (topic, producer, timestamp, UUID, msgpack data).
+
+Engine-free. docs/bus.md explains the mapping with examples; in short:
+
+- An event that came in over the BUS keeps the client's UUID and producer id *inside its
+  payload*, because the payload is the only free field of an event that the Syncer
+  carries to every other replica (so every replica broadcasts the same UUID and
+  producer). The payload is an envelope:
+
+  * data JSON can hold -> JSON payload ``{"$bus": {"uuid": U, "producer": P}, "data": V}``
+  * anything else (bytes, msgpack ext types, non-string map keys, NaN/Infinity) ->
+    binary payload of type ``eventfleet.bus`` whose data is the msgpack map
+    ``{"uuid": U, "producer": P, "data": <the client's msgpack bytes, verbatim>}``.
+
+- Any other event (Eventer, Syncer from a non-BUS source, ...): UUID = uuid5 of its id
+  (deterministic, so every replica derives the same one), producer
+  ``eventfleet/<server id>``, data = the JSON payload's value, the binary payload's bytes
+  or nil.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid as uuidlib
+from typing import Any, NamedTuple
+
+import msgpack
+
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Payload,
+    RegisterEvent,
+    Timestamp,
+)
+
+ENVELOPE_KEY = "$bus"
+BINARY_TYPE = "eventfleet.bus"
+# Namespace of the UUIDs of events that did not come in over the BUS (a fixed uuid4).
+UUID_NAMESPACE = uuidlib.UUID("6c1b0f0e-3f55-4d0c-9a43-0d6f3e2b9a51")
+_NIL = msgpack.packb(None)
+
+
+class MappingError(ValueError):
+    """The data frame cannot become a payload (message names why)."""
+
+
+class Record(NamedTuple):
+    """What a BROADCAST or SYNC carries besides topic and sequence."""
+
+    producer: str
+    uuid: str
+    data: bytes  # msgpack
+    from_bus: bool  # the UUID is a client's (kept in the payload), not derived
+
+
+def derived_uuid(event_id: EventId) -> str:
+    """The BUS UUID of an event that did not come in over the BUS."""
+    return str(
+        uuidlib.uuid5(UUID_NAMESPACE, f"{event_id.server}/{event_id.session}/{event_id.instance}")
+    )
+
+
+def producer_of(event_id: EventId) -> str:
+    return f"eventfleet/{event_id.server}"
+
+
+def _json_safe(value: Any) -> bool:
+    # JSON holds: nil, bool, int, finite float, str, arrays, maps with string keys.
+    if value is None or isinstance(value, bool | int | str):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list | tuple):
+        return all(_json_safe(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
+    return False
+
+
+def unpack(data: bytes) -> Any:
+    """Decode a data frame; an empty frame is nil (the reference client sends one)."""
+    if not data:
+        return None
+    try:
+        return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as e:  # msgpack raises several unrelated types on bad input
+        raise MappingError(f"data is not valid msgpack: {type(e).__name__}: {e}") from e
+
+
+def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
+    """The payload envelope of a PUB (see the module doc); `MappingError` on bad data."""
+    try:
+        value = unpack(data)
+    except MappingError:
+        raise
+    except UnicodeDecodeError as e:  # a str that is not UTF-8
+        raise MappingError(f"data is not valid msgpack: {e}") from e
+    if _json_safe(value):
+        text = json.dumps(
+            {ENVELOPE_KEY: {"uuid": uuid, "producer": producer}, "data": value},
+            ensure_ascii=False,
+            separators=(",", ":"),
+            allow_nan=False,
+        )
+        return EventPayloadJson(text)
+    envelope = msgpack.packb(
+        {"uuid": uuid, "producer": producer, "data": data or _NIL}, use_bin_type=True
+    )
+    return EventPayloadBinary(BINARY_TYPE, envelope)
+
+
+def to_register_event(
+    event_type: tuple[str, ...],
+    source_timestamp: Timestamp | None,
+    uuid: str,
+    producer: str,
+    data: bytes,
+) -> RegisterEvent:
+    return RegisterEvent(event_type, source_timestamp, to_payload(uuid, producer, data))
+
+
+def envelope_uuid(payload: Payload) -> str | None:
+    """The client UUID an envelope carries, or None (for the dedup index)."""
+    found = _envelope(payload)
+    return found[0] if found else None
+
+
+def _envelope(payload: Payload) -> tuple[str, str, bytes] | None:
+    """(uuid, producer, msgpack data) if `payload` is a BUS envelope, else None."""
+    if isinstance(payload, EventPayloadJson):
+        text = payload.data
+        if ENVELOPE_KEY not in text[:32]:
+            return None
+        try:
+            obj = json.loads(text)
+            if not isinstance(obj, dict) or len(obj) != 2 or "data" not in obj:
+                return None
+            meta = obj[ENVELOPE_KEY]
+            uuid, producer = meta["uuid"], meta["producer"]
+            if not isinstance(uuid, str) or not isinstance(producer, str):
+                return None
+            return uuid, producer, msgpack.packb(obj["data"], use_bin_type=True)
+        except (ValueError, TypeError, KeyError, OverflowError):
+            return None
+    if isinstance(payload, EventPayloadBinary) and payload.type == BINARY_TYPE:
+        try:
+            obj = msgpack.unpackb(payload.data, raw=False)
+            uuid, producer, data = obj["uuid"], obj["producer"], obj["data"]
+        except Exception:
+            return None
+        if isinstance(uuid, str) and isinstance(producer, str) and isinstance(data, bytes):
+            return uuid, producer, data
+    return None
+
+
+def to_record(event: Event) -> Record:
+    """The BUS view of any stored event."""
+    found = _envelope(event.payload)
+    if found is not None:
+        uuid, producer, data = found
+        return Record(producer, uuid, data, True)
+    payload = event.payload
+    if isinstance(payload, EventPayloadJson):
+        try:
+            data = msgpack.packb(json.loads(payload.data), use_bin_type=True)
+        except (ValueError, TypeError, OverflowError):
+            # Stored as sent; not valid JSON (or an integer msgpack cannot hold): the text.
+            data = msgpack.packb(payload.data, use_bin_type=True)
+    elif isinstance(payload, EventPayloadBinary):
+        data = msgpack.packb(payload.data, use_bin_type=True)
+    else:
+        data = _NIL
+    return Record(producer_of(event.id), derived_uuid(event.id), data, False)
+
+
+def producer_timestamp(event: Event) -> Timestamp:
+    """The producer timestamp frame: the source timestamp, else the server's."""
+    return event.source_timestamp or event.timestamp

@@ -1,0 +1,492 @@
+"""The Event BUS sockets: SNAPSHOT (ROUTER), PUBLISHER (PUB), COLLECTOR (ROUTER).
+
+Engine-free: everything about events goes through a `BusHandler` (the engine adapter
+in `adapter.py`, or a test double). This module owns ZeroMQ: sockets, limits, ZAP
+authentication and counting of refusals.
+
+Concurrency: one asyncio loop. BROADCASTs are sent synchronously from the handler's
+commit callback, so the order on the wire is commit order. A snapshot fixes its upper
+bound (the handler's `head`, the sequence of the last BROADCAST sent) when it starts
+streaming: every event up to it is committed and readable, every event after it is
+broadcast after it; that is the whole race-freedom argument (docs/bus.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+import zmq
+import zmq.asyncio
+
+from eventfleet_server.bus import wire
+from eventfleet_server.bus.config import BusConfig
+from eventfleet_server.bus.mapping import Record
+from eventfleet_server.listener import Rejections, Tasks
+
+log = logging.getLogger(__name__)
+
+ZAP_DOMAIN = b"eventfleet"
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"
+_SNAPSHOT_CHUNK = 2_000  # events read from the store per step of a snapshot
+_YIELD_EVERY = 500  # messages sent before a snapshot lets the loop run others
+_STALL_POLL = 0.005
+_MONITORED = (
+    zmq.EVENT_ACCEPTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+)
+
+
+class Item(NamedTuple):
+    """One event as the BUS shows it."""
+
+    topic: str
+    timestamp: str  # producer timestamp, ISO-8601
+    record: Record
+
+
+class PublishResult(NamedTuple):
+    duplicates: int
+    refused: list[tuple[int, str, str]]  # (index in the batch, reason, detail)
+
+
+class BusHandler(Protocol):
+    """What the sockets need from the engine side."""
+
+    @property
+    def head(self) -> int:
+        """Sequence of the last BROADCAST sent (0 before any)."""
+
+    async def read(self, after: int, limit: int) -> list[tuple[int, Item]]:
+        """Up to `limit` stored events with sequence above `after`, ascending."""
+
+    async def publish(self, pubs: Sequence[wire.Publish]) -> PublishResult:
+        """Register `pubs` (one session); duplicates by UUID are dropped silently."""
+
+
+class _Stalled(Exception):
+    pass
+
+
+class _Gone(Exception):
+    pass
+
+
+@dataclass
+class _Counters:
+    published: int = 0
+    duplicates: int = 0
+    broadcast: int = 0
+    snapshots: int = 0
+    snapshot_events: int = 0
+    connections: dict[str, int] = field(
+        default_factory=lambda: {"snapshot": 0, "publisher": 0, "collector": 0}
+    )
+
+
+def _peer(identity: bytes) -> str:
+    return "identity " + identity.hex()[:32]
+
+
+class BusServer:
+    """Binds the three sockets on `host` and serves them until `stop`."""
+
+    name = "bus"
+
+    def __init__(
+        self,
+        handler: BusHandler,
+        host: str,
+        config: BusConfig,
+        *,
+        token: str | None = None,
+        tokens: Callable[[], Sequence[str]] | None = None,
+        tasks: Tasks | None = None,
+        rejections: Rejections | None = None,
+    ):
+        self._handler = handler
+        self._host = host
+        self._config = config
+        self._token = token
+        # The tokens accepted now (a rotation replaces them without a restart); whether
+        # PLAIN is required at all is fixed at start by `token`.
+        self._tokens = tokens or (lambda: (token,) if token else ())
+        self._tasks = tasks or Tasks("bus")
+        self.rejections = rejections or Rejections("bus")
+        self.counters = _Counters()
+        self.ports: dict[str, int] = {}
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sockets: dict[str, zmq.asyncio.Socket] = {}
+        self._pub_sync: zmq.Socket | None = None
+        self._collector_sync: zmq.Socket | None = None
+        self._snap_queue: asyncio.Queue[tuple[bytes, wire.SyncStart]] | None = None
+        self._snap_clients: set[bytes] = set()
+        self._encoding = config.integer_encoding
+        # libzmq's own guard: a single frame beyond this drops the connection (memory
+        # bound); messages between max_message_size and it are refused and counted.
+        self._hard_limit = 4 * config.max_message_size + 65536
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Bind the sockets (raise on failure) and start the loops."""
+        cfg = self._config
+        self._ctx = zmq.asyncio.Context()
+        try:
+            if self._token is not None:
+                zap = self._ctx.socket(zmq.REP)
+                zap.linger = 0
+                zap.bind(_ZAP_ENDPOINT)
+                self._sockets["zap"] = zap
+            snapshot = self._socket("snapshot", zmq.ROUTER)
+            snapshot.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            snapshot.sndhwm = cfg.snapshot_hwm
+            snapshot.maxmsgsize = self._hard_limit
+            publisher = self._socket("publisher", zmq.PUB)
+            publisher.sndhwm = cfg.pub_hwm
+            collector = self._socket("collector", zmq.ROUTER)
+            collector.maxmsgsize = self._hard_limit
+            self._bind_all()
+        except BaseException:
+            self._close_sockets()
+            raise
+        # Plain (synchronous) views for the hot paths. Safe only where this code never
+        # waits on the same socket through asyncio for the other direction: PUB only
+        # sends; the collector only receives (and its loop re-checks events itself).
+        self._pub_sync = zmq.Socket.shadow(publisher.underlying)
+        self._collector_sync = zmq.Socket.shadow(collector.underlying)
+        self._snap_queue = asyncio.Queue()
+        if self._token is not None:
+            self._tasks.spawn("zap", self._zap_loop())
+        for name in ("snapshot", "publisher", "collector"):
+            monitor = self._sockets[name].get_monitor_socket(_MONITORED)
+            self._tasks.spawn(f"monitor-{name}", self._monitor_loop(name, monitor))
+        self._tasks.spawn("snapshot", self._snapshot_loop())
+        for i in range(cfg.max_concurrent_snapshots):
+            self._tasks.spawn(f"snapshot-worker-{i}", self._snapshot_worker())
+        self._tasks.spawn("collector", self._collector_loop())
+        log.info(
+            "event bus listening on %s: snapshot %s, publisher %s, collector %s "
+            "(integers: %s, auth: %s)",
+            self._host,
+            self.ports["snapshot"],
+            self.ports["publisher"],
+            self.ports["collector"],
+            self._encoding.value,
+            "PLAIN (token)" if self._token is not None else "none",
+        )
+
+    def _socket(self, name: str, kind: int) -> zmq.asyncio.Socket:
+        assert self._ctx is not None
+        sock = self._ctx.socket(kind)
+        sock.linger = 0
+        if ":" in self._host:
+            sock.ipv6 = True
+        if self._token is not None:
+            sock.plain_server = True
+            sock.zap_domain = ZAP_DOMAIN
+        self._sockets[name] = sock
+        return sock
+
+    def _bind_all(self) -> None:
+        host = f"[{self._host}]" if ":" in self._host else self._host
+        base = self._config.port
+        for offset, name in enumerate(("snapshot", "publisher", "collector")):
+            sock = self._sockets[name]
+            if base == 0:
+                self.ports[name] = sock.bind_to_random_port(f"tcp://{host}")
+            else:
+                try:
+                    sock.bind(f"tcp://{host}:{base + offset}")
+                except zmq.ZMQError as e:
+                    raise OSError(
+                        f"event bus {name} socket cannot bind {self._host}:{base + offset}: {e}"
+                    ) from e
+                self.ports[name] = base + offset
+
+    async def stop(self) -> None:
+        """Stop the loops and close the sockets (pending broadcasts are dropped)."""
+        await self._tasks.close()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        for sock in self._sockets.values():
+            with contextlib.suppress(Exception):
+                sock.disable_monitor()
+            sock.close(linger=0)
+        self._sockets.clear()
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    # -- plug-in surface ---------------------------------------------------------------
+
+    @property
+    def connection_count(self) -> int:
+        return sum(self.counters.connections.values())
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        return self.rejections.counts
+
+    def health(self) -> str | None:
+        return None if self._sockets else "event bus sockets are not bound"
+
+    def describe(self) -> dict:
+        c = self.counters
+        return {
+            "port": self.ports.get("snapshot"),
+            "ports": dict(self.ports),
+            "integer_encoding": self._encoding.value,
+            "auth": "plain" if self._token is not None else "none",
+            "sequence": self._handler.head,
+            "connections": dict(c.connections),
+            "published": c.published,
+            "duplicates": c.duplicates,
+            "broadcast": c.broadcast,
+            "snapshots": c.snapshots,
+            "snapshot_events": c.snapshot_events,
+            "pending_snapshots": self._snap_queue.qsize() if self._snap_queue else 0,
+        }
+
+    # -- PUBLISHER ---------------------------------------------------------------------
+
+    def broadcast(self, items: Sequence[tuple[int, Item]]) -> None:
+        """Send BROADCASTs now, in the given (commit) order.
+
+        A PUB socket never blocks: a subscriber whose queue is at the high-water mark
+        loses the message, and sees a gap in the sequence.
+        """
+        sock = self._pub_sync
+        if sock is None:
+            return
+        encoding = self._encoding
+        send = sock.send_multipart
+        for seq, item in items:
+            rec = item.record
+            send(
+                wire.event_frames(
+                    item.topic, seq, rec.producer, item.timestamp, rec.uuid, rec.data, encoding
+                ),
+                zmq.NOBLOCK,
+            )
+        self.counters.broadcast += len(items)
+
+    # -- SNAPSHOT ----------------------------------------------------------------------
+
+    async def _snapshot_loop(self) -> None:
+        sock = self._sockets["snapshot"]
+        limit = self._config.max_message_size
+        assert self._snap_queue is not None
+        while True:
+            frames = await sock.recv_multipart()
+            identity, body = frames[0], frames[1:]
+            size = sum(len(f) for f in body)
+            if size > limit:
+                self.rejections.reject(
+                    "message_too_large",
+                    f"snapshot request of {size} bytes exceeds bus.max_message_size {limit}",
+                    _peer(identity),
+                )
+                continue
+            try:
+                request = wire.parse_syncstart(body)
+            except wire.WireError as e:
+                # The RFC has no error reply; the client gets nothing (as from the
+                # reference server) and the refusal is counted and logged.
+                self.rejections.reject(e.reason, str(e), _peer(identity))
+                continue
+            if identity in self._snap_clients:
+                self.rejections.reject(
+                    "rate_limited",
+                    "SYNCSTART while a snapshot for this client is pending",
+                    _peer(identity),
+                )
+                continue
+            if self._snap_queue.qsize() >= self._config.max_pending_snapshots:
+                self.rejections.reject(
+                    "rate_limited",
+                    f"{self._snap_queue.qsize()} snapshots pending (bus.max_pending_snapshots)",
+                    _peer(identity),
+                )
+                continue
+            self._snap_clients.add(identity)
+            self._snap_queue.put_nowait((identity, request))
+
+    async def _snapshot_worker(self) -> None:
+        assert self._snap_queue is not None
+        while True:
+            identity, request = await self._snap_queue.get()
+            try:
+                await self._serve_snapshot(identity, request)
+            except _Stalled:
+                self.rejections.reject(
+                    "slow_subscriber",
+                    f"snapshot abandoned: client did not read for "
+                    f"{self._config.snapshot_stall_timeout:g} s",
+                    _peer(identity),
+                )
+            except _Gone:
+                log.info("snapshot abandoned: %s disconnected", _peer(identity))
+            except Exception:
+                log.exception("snapshot for %s failed", _peer(identity))
+            finally:
+                self._snap_clients.discard(identity)
+
+    async def _serve_snapshot(self, identity: bytes, request: wire.SyncStart) -> None:
+        # Fix the upper bound first: everything up to `head` is committed (readable),
+        # everything above it is broadcast after this point.
+        head = self._handler.head
+        subtrees = request.subtrees
+        encoding = self._encoding
+        after = request.sequence
+        sent = 0
+        while after < head:
+            rows = await self._handler.read(after, _SNAPSHOT_CHUNK)
+            if not rows:
+                break
+            for seq, item in rows:
+                if seq > head:
+                    break
+                if subtrees and not item.topic.startswith(subtrees):
+                    continue
+                rec = item.record
+                frames = wire.event_frames(
+                    item.topic, seq, rec.producer, item.timestamp, rec.uuid, rec.data, encoding
+                )
+                await self._send_snapshot(identity, [identity, wire.SYNC, *frames])
+                sent += 1
+                if sent % _YIELD_EVERY == 0:
+                    await asyncio.sleep(0)
+            after = rows[-1][0]
+        await self._send_snapshot(
+            identity, [identity, *wire.syncend_frames(request.subtrees_frame, head, encoding)]
+        )
+        self.counters.snapshots += 1
+        self.counters.snapshot_events += sent
+        log.debug(
+            "snapshot for %s: %d events of %s above %d, SYNCEND %d",
+            _peer(identity),
+            sent,
+            subtrees or "every subtree",
+            request.sequence,
+            head,
+        )
+
+    async def _send_snapshot(self, identity: bytes, frames: list[bytes]) -> None:
+        # ROUTER_MANDATORY: a full queue (the client does not read) raises Again instead
+        # of silently dropping a SYNC, an unknown identity EHOSTUNREACH. Sent through the
+        # asyncio socket (DONTWAIT resolves at once): a send on a shadow socket would eat
+        # the edge-triggered wake-up the snapshot loop's pending recv waits for.
+        sock = self._sockets["snapshot"]
+        waited = 0.0
+        while True:
+            try:
+                await sock.send_multipart(frames, flags=zmq.DONTWAIT)
+                return
+            except zmq.Again:
+                if waited >= self._config.snapshot_stall_timeout:
+                    raise _Stalled() from None
+                await asyncio.sleep(_STALL_POLL)
+                waited += _STALL_POLL
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    raise _Gone() from None
+                raise
+
+    # -- COLLECTOR ---------------------------------------------------------------------
+
+    async def _collector_loop(self) -> None:
+        sock = self._sockets["collector"]
+        sync = self._collector_sync
+        assert sync is not None
+        limit = self._config.max_message_size
+        max_batch = self._config.max_batch
+        while True:
+            messages = [await sock.recv_multipart()]
+            # Take what is already queued: one engine session per batch.
+            while len(messages) < max_batch:
+                try:
+                    messages.append(sync.recv_multipart(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+            pubs: list[wire.Publish] = []
+            peers: list[bytes] = []
+            for frames in messages:
+                identity, body = frames[0], frames[1:]
+                size = sum(len(f) for f in body)
+                if size > limit:
+                    self.rejections.reject(
+                        "message_too_large",
+                        f"PUB of {size} bytes exceeds bus.max_message_size {limit}",
+                        _peer(identity),
+                    )
+                    continue
+                try:
+                    pubs.append(wire.parse_pub(body))
+                    peers.append(identity)
+                except wire.WireError as e:
+                    self.rejections.reject(e.reason, str(e), _peer(identity))
+            if not pubs:
+                continue
+            result = await self._handler.publish(pubs)
+            for index, reason, detail in result.refused:
+                self.rejections.reject(reason, detail, _peer(peers[index]))
+            self.counters.duplicates += result.duplicates
+            self.counters.published += len(pubs) - result.duplicates - len(result.refused)
+
+    # -- ZAP (PLAIN, password = the fleet token) ---------------------------------------
+
+    async def _zap_loop(self) -> None:
+        sock = self._sockets["zap"]
+        while True:
+            msg = await sock.recv_multipart()
+            if len(msg) < 6:
+                continue  # not a ZAP request; REP still needs an answer
+            version, request_id, _domain, address, _identity, mechanism = msg[:6]
+            credentials = msg[6:]
+            ok = (
+                mechanism == b"PLAIN"
+                and len(credentials) == 2
+                and any(hmac.compare_digest(credentials[1], t.encode()) for t in self._tokens())
+            )
+            if ok:
+                reply = [version, request_id, b"200", b"OK", credentials[0], b""]
+            else:
+                user = credentials[0][:64] if credentials else b""
+                self.rejections.reject(
+                    "bad_token",
+                    f"{mechanism.decode(errors='replace')} credentials refused (user {user!r})",
+                    address.decode(errors="replace"),
+                )
+                reply = [version, request_id, b"400", b"bad credentials", b"", b""]
+            await sock.send_multipart(reply)
+
+    # -- connection counting -----------------------------------------------------------
+
+    async def _monitor_loop(self, name: str, monitor: zmq.asyncio.Socket) -> None:
+        try:
+            while True:
+                frames = await monitor.recv_multipart()
+                event, _value = struct.unpack("=hi", frames[0][:6])
+                endpoint = frames[1].decode(errors="replace") if len(frames) > 1 else ""
+                if event == zmq.EVENT_ACCEPTED:
+                    self.counters.connections[name] += 1
+                elif event == zmq.EVENT_DISCONNECTED:
+                    self.counters.connections[name] = max(0, self.counters.connections[name] - 1)
+                elif self._token is not None:
+                    self.rejections.reject(
+                        "bad_token",
+                        f"{name} handshake failed (a client without PLAIN credentials?)",
+                        endpoint,
+                    )
+        finally:
+            monitor.close(linger=0)

@@ -1,0 +1,277 @@
+"""Event BUS wire format: frames <-> values, engine-free and ZeroMQ-free.
+
+The RFC (micro-toolkit Event BUS, a ZeroMQ clone pattern) and its only public
+implementation disagree on two points; every decoder here accepts both forms and every
+encoder writes the one chosen by configuration:
+
+- integers (sequence frames): the RFC says 8 bytes big-endian, the reference writes ASCII
+  decimal text. A frame of ASCII digits is decimal; any other frame of exactly 8 bytes is
+  big-endian. (A big-endian value made only of digit bytes would be at least
+  0x3030303030303030, about 3.5e18: no real sequence.) An empty frame is 0 (the
+  reference client sends an empty sequence frame with PUB).
+- subtree lists (SYNCSTART frame 1): the RFC separates subtrees with ``;``, the reference
+  with ``,``; both split. SYNCEND echoes the client's frame unchanged.
+
+Errors are `WireError` with a `reason` (a rejection reason value) and a message naming
+the bad value.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import functools
+import re
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+
+from eventfleet_server.common.model import EventType, Timestamp
+
+MAX_SEQUENCE = (1 << 63) - 1
+SYNCSTART = b"SYNCSTART"
+SYNC = b"SYNC"
+SYNCEND = b"SYNCEND"
+
+_DIGITS = re.compile(rb"[0-9]+")
+_CANONICAL_UUID = re.compile(rb"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+_GMTIME_MAX = 253402300800  # 10000-01-01: beyond it strftime's %Y is not 4 digits
+# '%' in a topic must start one of these escapes (see topic_to_type).
+_ESCAPE = re.compile(r"%(?!25|2F)")
+
+
+class IntegerEncoding(enum.StrEnum):
+    """How this server writes integer frames."""
+
+    REFERENCE = "reference"  # ASCII decimal text (what existing clients speak)
+    RFC = "rfc"  # 8 bytes, big-endian
+
+
+class WireError(ValueError):
+    """A frame or message that cannot be decoded; `reason` is the rejection reason."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _show(frame: bytes, limit: int = 40) -> str:
+    text = repr(frame[:limit])
+    return text + ("..." if len(frame) > limit else "")
+
+
+# -- integers ------------------------------------------------------------------------------
+
+
+def decode_int(frame: bytes, what: str = "sequence") -> int:
+    """A sequence frame in either encoding; `WireError` names the bad frame."""
+    if not frame:
+        return 0
+    if _DIGITS.fullmatch(frame):
+        if len(frame) > 19:
+            raise WireError("bad_message", f"{what} {_show(frame)} is out of range")
+        value = int(frame)
+    elif len(frame) == 8:
+        value = int.from_bytes(frame, "big")
+    else:
+        raise WireError(
+            "bad_message",
+            f"{what} {_show(frame)} is neither ASCII decimal nor 8 bytes big-endian",
+        )
+    if value > MAX_SEQUENCE:
+        raise WireError("bad_message", f"{what} {value} is out of range (max {MAX_SEQUENCE})")
+    return value
+
+
+def encode_int(value: int, encoding: IntegerEncoding) -> bytes:
+    if encoding is IntegerEncoding.RFC:
+        return value.to_bytes(8, "big")
+    return str(value).encode()
+
+
+# -- subtrees ------------------------------------------------------------------------------
+
+
+def parse_subtrees(frame: bytes) -> tuple[str, ...]:
+    """SYNCSTART frame 1 -> subtree prefixes; ``()`` means every topic.
+
+    Both ``;`` (RFC) and ``,`` (reference) separate subtrees. Empty items are dropped;
+    an empty frame (or only separators) selects everything, as the RFC's empty
+    specification does. A subtree must start with ``/`` (it is a topic path).
+    """
+    try:
+        text = frame.decode()
+    except UnicodeDecodeError as e:
+        raise WireError("bad_subscription", f"subtrees {_show(frame)} are not UTF-8") from e
+    items = [s for s in re.split("[;,]", text) if s]
+    for item in items:
+        if not item.startswith("/"):
+            raise WireError(
+                "bad_subscription", f"subtree {item!r} does not start with '/' (not a topic path)"
+            )
+    return tuple(items)
+
+
+def matches(topic: str, subtrees: tuple[str, ...]) -> bool:
+    """Raw string prefix, as the RFC's path prefix (``/a/b/`` matches ``/a/b/c``) and as
+    ZeroMQ's own SUB filter; ``()`` matches every topic."""
+    if not subtrees:
+        return True
+    return topic.startswith(subtrees)
+
+
+# -- topics <-> event types ----------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=65536)
+def type_to_topic(event_type: EventType) -> str:
+    """``('a', 'b', 'c')`` -> ``/a/b/c``; ``%`` and ``/`` inside a segment are escaped
+    as ``%25`` and ``%2F`` so that the mapping is one-to-one. (Cached: every snapshot
+    and broadcast maps the same few types over and over.)"""
+    return "/" + "/".join(s.replace("%", "%25").replace("/", "%2F") for s in event_type)
+
+
+@functools.lru_cache(maxsize=65536)
+def topic_to_type(topic: str) -> EventType:
+    """``/a/b/c`` -> ``('a', 'b', 'c')``, the inverse of `type_to_topic`.
+
+    Every segment is kept, empty ones too (``/a//b/`` is ``('a', '', 'b', '')``). A topic
+    must start with ``/``; ``%`` may only start ``%25`` or ``%2F``; the segments ``?`` and
+    ``*`` are subscription wildcards of the event model and cannot name an event.
+    """
+    if not topic.startswith("/"):
+        raise WireError("bad_topic", f"topic {topic[:200]!r} does not start with '/'")
+    if _ESCAPE.search(topic):
+        raise WireError("bad_topic", f"topic {topic[:200]!r}: '%' must start the escape %25 or %2F")
+    segments = topic[1:].split("/")
+    out = []
+    for segment in segments:
+        if segment in ("?", "*"):
+            raise WireError(
+                "bad_topic", f"topic {topic[:200]!r}: segment {segment!r} is a wildcard"
+            )
+        out.append(segment.replace("%2F", "/").replace("%25", "%"))
+    return tuple(out)
+
+
+# -- timestamps ----------------------------------------------------------------------------
+
+
+def timestamp_to_iso(t: Timestamp) -> str:
+    """``2024-05-01T12:00:00.123456Z`` (UTC, microseconds)."""
+    if 0 <= t.s < _GMTIME_MAX:
+        # time.gmtime is several times cheaper than datetime arithmetic + strftime.
+        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t.s))}.{t.us:06d}Z"
+    dt = _EPOCH + datetime.timedelta(seconds=t.s, microseconds=t.us)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def timestamp_from_iso(frame: bytes) -> Timestamp | None:
+    """An ISO-8601 producer timestamp; an empty frame is None. Naive means UTC."""
+    if not frame:
+        return None
+    try:
+        text = frame.decode()
+        if text.endswith(("Z", "z")):
+            text = text[:-1] + "+00:00"
+        dt = datetime.datetime.fromisoformat(text)
+    except (UnicodeDecodeError, ValueError) as e:
+        raise WireError("bad_message", f"timestamp {_show(frame)} is not ISO-8601") from e
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.UTC)
+    delta = dt - _EPOCH
+    total = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
+    return Timestamp(*divmod(total, 1_000_000))
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SyncStart:
+    """A SYNCSTART: the client's raw subtree frame (echoed in SYNCEND), the parsed
+    subtrees and the sequence to start above."""
+
+    subtrees_frame: bytes
+    subtrees: tuple[str, ...]
+    sequence: int
+
+
+@dataclass(frozen=True)
+class Publish:
+    """A PUB from a client, decoded except for its data (kept as the msgpack bytes)."""
+
+    topic: str
+    event_type: EventType
+    producer: str
+    source_timestamp: Timestamp | None
+    uuid: str
+    data: bytes
+
+
+def parse_syncstart(frames: list[bytes]) -> SyncStart:
+    """``[SYNCSTART, subtrees, sequence]`` (the identity already removed)."""
+    if not frames:
+        raise WireError("bad_frame", "empty message on the snapshot socket")
+    if frames[0] != SYNCSTART:
+        raise WireError("bad_command", f"unknown command {_show(frames[0])} (expected SYNCSTART)")
+    if len(frames) != 3:
+        raise WireError("bad_frame", f"SYNCSTART has {len(frames)} frames, expected 3")
+    return SyncStart(frames[1], parse_subtrees(frames[1]), decode_int(frames[2]))
+
+
+def parse_pub(frames: list[bytes]) -> Publish:
+    """``[topic, sequence, producer, timestamp, uuid, data]`` (identity removed).
+
+    A leading empty delimiter frame (REQ-style DEALER clients) is skipped. The sequence
+    frame must decode but is ignored: the server assigns its own.
+    """
+    if len(frames) == 7 and frames[0] == b"":
+        frames = frames[1:]
+    if len(frames) != 6:
+        raise WireError("bad_frame", f"PUB has {len(frames)} frames, expected 6")
+    topic_frame, seq_frame, producer_frame, ts_frame, uuid_frame, data = frames
+    try:
+        topic = topic_frame.decode()
+    except UnicodeDecodeError as e:
+        raise WireError("bad_topic", f"topic {_show(topic_frame)} is not UTF-8") from e
+    event_type = topic_to_type(topic)
+    decode_int(seq_frame)
+    try:
+        producer = producer_frame.decode()
+    except UnicodeDecodeError as e:
+        raise WireError("bad_message", f"producer {_show(producer_frame)} is not UTF-8") from e
+    source_timestamp = timestamp_from_iso(ts_frame)
+    if _CANONICAL_UUID.fullmatch(uuid_frame):
+        uuid = uuid_frame.decode()  # already canonical: skip the costly uuid.UUID parse
+    else:
+        try:
+            uuid = str(uuidlib.UUID(uuid_frame.decode()))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise WireError("bad_message", f"uuid {_show(uuid_frame)} is not a UUID") from e
+    return Publish(topic, event_type, producer, source_timestamp, uuid, data)
+
+
+def event_frames(
+    topic: str,
+    sequence: int,
+    producer: str,
+    timestamp: str,
+    uuid: str,
+    data: bytes,
+    encoding: IntegerEncoding,
+) -> list[bytes]:
+    """The six frames of a BROADCAST (SYNC prepends its command frame)."""
+    return [
+        topic.encode(),
+        encode_int(sequence, encoding),
+        producer.encode(),
+        timestamp.encode(),
+        uuid.encode(),
+        data,
+    ]
+
+
+def syncend_frames(subtrees_frame: bytes, sequence: int, encoding: IntegerEncoding) -> list[bytes]:
+    return [SYNCEND, subtrees_frame, encode_int(sequence, encoding)]

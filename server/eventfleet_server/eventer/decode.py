@@ -1,0 +1,196 @@
+"""Bounded, chunked decoding of ``MsgRegisterReq`` (engine-free).
+
+The hat-sbs C decoder holds the GIL for a whole message, so a 16 MiB request of tiny
+events would stall the event loop (and ``/healthz``) for seconds wherever it runs.
+Instead the request is walked here, element by element, without building anything:
+the walk checks the limits (events per request, type segments and segment length,
+payload bytes) before any decoding, then the C decoder decodes a bounded slice of
+elements at a time and the caller yields to the loop between slices.
+
+SBS layout walked (hat-sbs 0.7): an Integer is big-endian 7-bit groups, the last byte
+marked with 0x80, sign from bit 0x40 of the first byte; a String/Bytes is an Integer
+length and the bytes; an Array an Integer count and the elements; a Choice/Optional an
+Integer index and the chosen value (None: nothing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import RESERVED_TYPE_PREFIX, RegisterEvent, check_register_event
+from eventfleet_server.common.sbsint import SbsIntError, encode_int, read_int
+
+_REQ = "HatEventer.MsgRegisterReq"
+
+# A slice of the request decoded in one go: at most this many events or bytes.
+CHUNK_EVENTS = 128
+CHUNK_BYTES = 128 * 1024
+
+
+@dataclass(frozen=True)
+class RegisterLimits:
+    """Bounds of one register request; every field is in the Eventer schema."""
+
+    max_events: int = 10_000
+    max_payload_bytes: int = 1024 * 1024
+    max_type_segments: int = 32
+    max_segment_length: int = 256
+
+
+class RequestRefused(ValueError):
+    """The request breaks a limit or a rule; the message names the event and value."""
+
+
+class MalformedRequest(ValueError):
+    """The bytes are not a ``MsgRegisterReq`` (garbage, truncated): a protocol error."""
+
+
+def _int(data: memoryview, pos: int) -> tuple[int, int]:
+    try:
+        return read_int(data, pos)
+    except SbsIntError as e:
+        raise MalformedRequest(f"request {e}") from None
+
+
+def _length(data: memoryview, pos: int, what: str) -> tuple[int, int]:
+    n, pos = _int(data, pos)
+    if n < 0:
+        raise MalformedRequest(f"negative {what}")
+    if pos + n > len(data):
+        raise MalformedRequest(f"{what} {n} runs past the end of the request")
+    return n, pos
+
+
+def _walk_event(data: memoryview, pos: int, i: int, limits: RegisterLimits) -> int:
+    """Position after register event `i` at `pos`, checking the limits on the way."""
+    segments, pos = _int(data, pos)
+    if not 0 < segments <= limits.max_type_segments:
+        if segments <= 0:
+            if segments < 0:
+                raise MalformedRequest(f"event {i}: negative segment count")
+            raise RequestRefused(f"event {i}: type is empty")
+        raise RequestRefused(
+            f"event {i}: type has {segments} segments (max_type_segments "
+            f"{limits.max_type_segments})"
+        )
+    for _ in range(segments):
+        n, pos = _length(data, pos, f"event {i}: type segment length")
+        if n > limits.max_segment_length * 4:  # UTF-8: up to 4 bytes per character
+            raise RequestRefused(
+                f"event {i}: a type segment of {n} bytes (max_segment_length "
+                f"{limits.max_segment_length} characters)"
+            )
+        pos += n
+    choice, pos = _int(data, pos)  # sourceTimestamp: Optional(Timestamp)
+    if choice == 1:
+        _, pos = _int(data, pos)
+        _, pos = _int(data, pos)
+    elif choice != 0:
+        raise MalformedRequest(f"event {i}: bad sourceTimestamp choice {choice}")
+    choice, pos = _int(data, pos)  # payload: Optional(EventPayload)
+    if choice == 1:
+        kind, pos = _int(data, pos)
+        if kind == 0:  # binary: {type: String, data: Bytes}
+            n, pos = _length(data, pos, f"event {i}: binary payload type length")
+            pos += n
+            n, pos = _length(data, pos, f"event {i}: payload length")
+            size = n
+        elif kind == 1:  # json: String
+            n, pos = _length(data, pos, f"event {i}: payload length")
+            size = n
+        else:
+            raise MalformedRequest(f"event {i}: bad payload kind {kind}")
+        if size > limits.max_payload_bytes:
+            raise RequestRefused(
+                f"event {i}: payload of {size} bytes (max_payload_bytes {limits.max_payload_bytes})"
+            )
+        pos += n
+    elif choice != 0:
+        raise MalformedRequest(f"event {i}: bad payload choice {choice}")
+    return pos
+
+
+_encode_count = encode_int
+
+
+def slices(data: bytes, limits: RegisterLimits) -> Iterator[tuple[int, bytes]]:
+    """``(index of the first event, a MsgRegisterReq of a few events)`` per slice.
+
+    The count is checked first; each slice is walked (limits checked, no objects built)
+    just before it is handed out, so the caller can yield to the loop between slices
+    and still refuse the whole request if a later event breaks a limit.
+    """
+    view = memoryview(data)
+    count, pos = _int(view, 0)
+    if count < 0:
+        raise MalformedRequest("negative event count")
+    if count > limits.max_events:
+        raise RequestRefused(
+            f"{count} events in one request (max_events_per_request {limits.max_events})"
+        )
+    first = 0
+    while first < count:
+        start = pos
+        last = first
+        while last < count and last - first < CHUNK_EVENTS and pos - start <= CHUNK_BYTES:
+            pos = _walk_event(view, pos, last, limits)
+            last += 1
+        yield first, _encode_count(last - first) + bytes(view[start:pos])
+        first = last
+    if pos != len(view):
+        raise MalformedRequest(f"{len(view) - pos} bytes after the last event")
+
+
+def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None:
+    """`check_register_event`, the segment length in characters, and what only clients
+    may not do (the reserved prefix)."""
+    check_register_event(i, e)
+    for segment in e.type:
+        if len(segment) > limits.max_segment_length:
+            raise RequestRefused(
+                f"event {i}: type segment {segment[:40]!r}... has {len(segment)} characters "
+                f"(max_segment_length {limits.max_segment_length})"
+            )
+    if e.type[0] == RESERVED_TYPE_PREFIX:
+        raise ValueError(
+            f"event {i}: type {list(e.type)!r}: the prefix {RESERVED_TYPE_PREFIX!r} is "
+            "reserved for events the servers register themselves"
+        )
+
+
+async def decode_register(data: bytes, limits: RegisterLimits) -> list[RegisterEvent]:
+    """Decode and validate a client's ``MsgRegisterReq`` slice by slice, yielding to the
+    loop between slices. Raises `RequestRefused` (a limit) or `ValueError` (a bad event);
+    either way nothing of the request is kept."""
+    events: list[RegisterEvent] = []
+    for first, chunk in slices(data, limits):
+        await asyncio.sleep(0)
+        try:
+            raw = codec.repo.decode(_REQ, chunk)
+        except Exception as e:
+            raise MalformedRequest(f"events {first}..: do not decode: {e}") from None
+        for offset, item in enumerate(raw):
+            event = codec.register_event_from_sbs(item)
+            check_client_event(first + offset, event, limits)
+            events.append(event)
+    return events
+
+
+def encode_count(n: int) -> bytes:
+    """An SBS Integer (an Array's element count, a Choice index)."""
+    return _encode_count(n)
+
+
+async def encode_events(events, slice_events: int = CHUNK_EVENTS, prefix: bytes = b"") -> bytes:
+    """`prefix` + SBS ``Array(Event)`` of `events`, encoded a slice at a time with a yield
+    to the loop between slices (an Array is its count followed by its elements)."""
+    parts = [prefix, _encode_count(len(events))]
+    for start in range(0, len(events), slice_events):
+        chunk = [codec.event_to_sbs(e) for e in events[start : start + slice_events]]
+        encoded = codec.repo.encode("HatEventer.MsgEventsNotify", chunk)
+        parts.append(encoded[len(_encode_count(len(chunk))) :])
+        await asyncio.sleep(0)
+    return b"".join(parts)

@@ -1,0 +1,175 @@
+"""TLS: the Eventer listener and HTTP serve TLS, Syncer links use mutual TLS (a peer
+proves who it is with a certificate from the fleet's CA). Certificates are made here
+with the openssl command-line tool (a CA, replica certificates with SAN 127.0.0.1, and
+a second CA nobody trusts)."""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import subprocess
+
+import aiohttp
+import pytest
+from eventfleet_server.client.eventer import connect
+from eventfleet_server.common.model import QueryLatestParams, RegisterEvent
+from eventfleet_server.listener import client_context
+
+from tests.unit.test_syncer_replicas import Node, until
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d, name):
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-subj",
+        f"/CN={name}",
+        cwd=d,
+    )
+
+
+def make_cert(d, ca, name):
+    openssl(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-keyout",
+        f"{name}.key",
+        "-out",
+        f"{name}.csr",
+        "-subj",
+        f"/CN={name}",
+        cwd=d,
+    )
+    (d / f"{name}.ext").write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        f"{name}.csr",
+        "-CA",
+        f"{ca}.pem",
+        "-CAkey",
+        f"{ca}.key",
+        "-CAcreateserial",
+        "-out",
+        f"{name}.pem",
+        "-days",
+        "2",
+        "-extfile",
+        f"{name}.ext",
+        cwd=d,
+    )
+    return {
+        "enabled": True,
+        "cert_file": str(d / f"{name}.pem"),
+        "key_file": str(d / f"{name}.key"),
+        "ca_file": str(d / f"{ca}.pem"),
+    }
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    make_ca(d, "ca")
+    make_ca(d, "rogue-ca")
+    return {
+        "dir": d,
+        "r1": make_cert(d, "ca", "r1"),
+        "r2": make_cert(d, "ca", "r2"),
+        "rogue": make_cert(d, "rogue-ca", "rogue"),
+        "ca": str(d / "ca.pem"),
+    }
+
+
+def pair(tmp_path, tls1, tls2):
+    n1 = Node(tmp_path, "r1", 1, token="t", tls=tls1)
+    n2 = Node(tmp_path, "r2", 2, token="t", tls=tls2)
+    n1.peers, n2.peers = [n2], [n1]
+    return n1, n2
+
+
+async def test_mutual_tls_between_peers_and_tls_for_clients(tmp_path, pki):
+    n1, n2 = pair(tmp_path, pki["r1"], pki["r2"])
+    try:
+        for node in (n1, n2):
+            await node.start(wait=False)
+        for node in (n1, n2):
+            await until(lambda n=node: n.start_task.done(), "started")
+            await until(
+                lambda n=node: all(p["state"] == "synced" for p in n.replica.syncer.state()),
+                f"{node.name} synced over mutual TLS",
+            )
+        r1, r2 = n1.replica, n2.replica
+        ca = client_context(pki["ca"])
+        client = await connect("127.0.0.1", r1.eventer.port, "tls", client_token="t", ssl=ca)
+        await client.register([RegisterEvent(("over", "tls"), None, None)], with_response=True)
+        await client.close()
+        reader = await connect("127.0.0.1", r2.eventer.port, "tls", client_token="t", ssl=ca)
+
+        async def replicated():
+            return (await reader.query(QueryLatestParams([("over", "tls")]))).events
+
+        events = await until(replicated, "replicated over the TLS link")
+        await reader.close()
+        assert len(events) == 1
+        # A plain-TCP client gets no session; one trusting another CA refuses the server.
+        with pytest.raises((ConnectionError, OSError, TimeoutError)):
+            await connect("127.0.0.1", r1.eventer.port, "plain", client_token="t", timeout=3)
+        rogue_trust = client_context(str(pki["dir"] / "rogue-ca.pem"))
+        with pytest.raises(ssl.SSLCertVerificationError):
+            await connect("127.0.0.1", r1.eventer.port, "x", client_token="t", ssl=rogue_trust)
+        # HTTPS probes.
+        async with aiohttp.ClientSession() as http:
+            url = f"https://127.0.0.1:{r1.http.port}/healthz"
+            async with http.get(url, ssl=ca) as res:
+                assert res.status == 200
+    finally:
+        await n2.stop()
+        await n1.stop()
+
+
+async def test_peer_with_a_certificate_from_another_ca_is_refused(tmp_path, pki):
+    n1, n2 = pair(tmp_path, pki["r1"], pki["rogue"])
+    try:
+        for node in (n1, n2):
+            await node.start(wait=False)
+        for node in (n1, n2):
+            await until(lambda n=node: n.start_task.done(), "started")
+        # Both directions fail the handshake: neither link ever syncs.
+        await until(
+            lambda: all(
+                p["state"] == "disconnected" and p["last_error"]
+                for n in (n1, n2)
+                for p in n.replica.syncer.state()
+            ),
+            "links refused",
+        )
+        errors = [p["last_error"] for n in (n1, n2) for p in n.replica.syncer.state()]
+        assert any("CERTIFICATE_VERIFY_FAILED" in e or "certificate" in e.lower() for e in errors)
+        assert all(p["state"] != "synced" for n in (n1, n2) for p in n.replica.syncer.state())
+    finally:
+        await n2.stop()
+        await n1.stop()

@@ -1,0 +1,302 @@
+"""Event BUS wire layer and event mapping (engine-free, ZeroMQ-free)."""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+
+import msgpack
+import pytest
+from eventfleet_server.bus import mapping, wire
+from eventfleet_server.bus.wire import IntegerEncoding, WireError
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    Timestamp,
+)
+from hypothesis import given
+from hypothesis import strategies as st
+
+UUID = "0b6d3a55-9c0e-4e3e-8f5c-2d7a1e0c9b11"
+
+
+# -- integers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "value"),
+    [
+        (b"", 0),
+        (b"0", 0),
+        (b"42", 42),
+        (b"12345678", 12345678),  # 8 digits: decimal, not big-endian
+        ((42).to_bytes(8, "big"), 42),
+        ((2**63 - 1).to_bytes(8, "big"), 2**63 - 1),
+        (b"9223372036854775807", 2**63 - 1),
+    ],
+)
+def test_decode_int_accepts_both_encodings(frame, value):
+    assert wire.decode_int(frame) == value
+
+
+@pytest.mark.parametrize(
+    ("frame", "fragment"),
+    [
+        (b"-1", "neither"),
+        (b"1.5", "neither"),
+        (b"abc", "neither"),
+        (b"\x00\x01", "neither"),
+        (b"9223372036854775808", "out of range"),
+        (b"99999999999999999999", "out of range"),
+        ((2**63).to_bytes(8, "big"), "out of range"),
+    ],
+)
+def test_decode_int_refuses_with_the_bad_value(frame, fragment):
+    with pytest.raises(WireError) as e:
+        wire.decode_int(frame)
+    assert fragment in str(e.value) and e.value.reason == "bad_message"
+
+
+@given(st.integers(0, 2**63 - 1), st.sampled_from(list(IntegerEncoding)))
+def test_integers_round_trip(value, encoding):
+    assert wire.decode_int(wire.encode_int(value, encoding)) == value
+
+
+def test_encodings_are_the_reference_and_the_rfc_forms():
+    assert wire.encode_int(7, IntegerEncoding.REFERENCE) == b"7"
+    assert wire.encode_int(7, IntegerEncoding.RFC) == b"\x00" * 7 + b"\x07"
+
+
+# -- subtrees ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "subtrees"),
+    [
+        (b"", ()),
+        (b";", ()),
+        (b"/a/", ("/a/",)),
+        (b"/a/;/b/c/", ("/a/", "/b/c/")),
+        (b"/a/,/b/c/", ("/a/", "/b/c/")),
+        (b"/a/,/b/;/c/", ("/a/", "/b/", "/c/")),
+    ],
+)
+def test_subtrees_split_on_both_separators(frame, subtrees):
+    assert wire.parse_subtrees(frame) == subtrees
+
+
+def test_subtree_matching_is_a_path_prefix_and_empty_matches_all():
+    assert wire.matches("/a/b/c", ("/a/b/",))
+    assert not wire.matches("/a/bc", ("/a/b/",))
+    assert wire.matches("/anything", ())
+    assert wire.matches("/x/1", ("/a/", "/x/"))
+
+
+@pytest.mark.parametrize("frame", [b"a/", b"/a/;b/", b"\xff"])
+def test_subtrees_refused(frame):
+    with pytest.raises(WireError) as e:
+        wire.parse_subtrees(frame)
+    assert e.value.reason == "bad_subscription"
+
+
+# -- topics ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("topic", "event_type"),
+    [
+        ("/a/b/c", ("a", "b", "c")),
+        ("/a", ("a",)),
+        ("/a/b/", ("a", "b", "")),
+        ("/a//b", ("a", "", "b")),
+        ("/a%2Fb/c", ("a/b", "c")),
+        ("/100%25", ("100%",)),
+    ],
+)
+def test_topics_map_to_types_and_back(topic, event_type):
+    assert wire.topic_to_type(topic) == event_type
+    assert wire.type_to_topic(event_type) == topic
+
+
+@given(st.lists(st.text(min_size=0, max_size=8).filter(lambda s: s not in ("?", "*")), min_size=1))
+def test_every_type_round_trips_through_its_topic(segments):
+    event_type = tuple(segments)
+    assert wire.topic_to_type(wire.type_to_topic(event_type)) == event_type
+
+
+@pytest.mark.parametrize("topic", ["", "a/b", "/a/*", "/?/b", "/a%41", "/a%2f"])
+def test_bad_topics_are_refused(topic):
+    with pytest.raises(WireError) as e:
+        wire.topic_to_type(topic)
+    assert e.value.reason == "bad_topic" and repr(topic[:5])[:-1] in str(e.value)
+
+
+# -- timestamps --------------------------------------------------------------------------
+
+
+def test_timestamps():
+    t = Timestamp(1714564800, 123456)
+    text = wire.timestamp_to_iso(t)
+    assert text == "2024-05-01T12:00:00.123456Z"
+    assert wire.timestamp_from_iso(text.encode()) == t
+    assert wire.timestamp_from_iso(b"2024-05-01T12:00:00.123Z") == Timestamp(1714564800, 123000)
+    assert wire.timestamp_from_iso(b"2024-05-01T14:00:00+02:00") == Timestamp(1714564800, 0)
+    assert wire.timestamp_from_iso(b"2024-05-01T12:00:00") == Timestamp(1714564800, 0)
+    assert wire.timestamp_from_iso(b"") is None
+    with pytest.raises(WireError):
+        wire.timestamp_from_iso(b"yesterday")
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def pub_frames(**over) -> list[bytes]:
+    frames = {
+        "topic": b"/a/b",
+        "seq": b"",
+        "producer": b"p1",
+        "ts": b"2024-05-01T12:00:00Z",
+        "uuid": UUID.encode(),
+        "data": msgpack.packb({"x": 1}),
+    }
+    frames.update(over)
+    return list(frames.values())
+
+
+def test_parse_pub_dealer_and_delimited_shapes():
+    pub = wire.parse_pub(pub_frames())
+    assert (pub.topic, pub.event_type, pub.producer, pub.uuid) == ("/a/b", ("a", "b"), "p1", UUID)
+    assert pub.source_timestamp == Timestamp(1714564800, 0)
+    assert wire.parse_pub([b"", *pub_frames()]) == pub  # REQ-style empty delimiter
+    assert wire.parse_pub(pub_frames(seq=(5).to_bytes(8, "big"))) == pub  # sequence ignored
+    upper = wire.parse_pub(pub_frames(uuid=UUID.upper().encode()))
+    assert upper.uuid == UUID  # canonical form, so dedup does not depend on case
+
+
+@pytest.mark.parametrize(
+    ("frames", "reason"),
+    [
+        (pub_frames()[:5], "bad_frame"),
+        ([*pub_frames(), b"extra"], "bad_frame"),
+        (pub_frames(topic=b"a/b"), "bad_topic"),
+        (pub_frames(topic=b"/\xff"), "bad_topic"),
+        (pub_frames(seq=b"x"), "bad_message"),
+        (pub_frames(producer=b"\xff"), "bad_message"),
+        (pub_frames(ts=b"noon"), "bad_message"),
+        (pub_frames(uuid=b"123"), "bad_message"),
+    ],
+)
+def test_parse_pub_refusals(frames, reason):
+    with pytest.raises(WireError) as e:
+        wire.parse_pub(frames)
+    assert e.value.reason == reason
+
+
+def test_parse_syncstart():
+    req = wire.parse_syncstart([b"SYNCSTART", b"/a/;/b/", b"12"])
+    assert (req.subtrees, req.sequence, req.subtrees_frame) == (("/a/", "/b/"), 12, b"/a/;/b/")
+    rfc = wire.parse_syncstart([b"SYNCSTART", b"", (12).to_bytes(8, "big")])
+    assert (rfc.subtrees, rfc.sequence) == ((), 12)
+    for frames, reason in [
+        ([], "bad_frame"),
+        ([b"SYNCSTART", b""], "bad_frame"),
+        ([b"SYNC", b"", b"0"], "bad_command"),
+        ([b"SYNCSTART", b"", b"zz"], "bad_message"),
+        ([b"SYNCSTART", b"x", b"0"], "bad_subscription"),
+    ]:
+        with pytest.raises(WireError) as e:
+            wire.parse_syncstart(frames)
+        assert e.value.reason == reason, frames
+
+
+def test_syncend_echoes_the_subtree_frame():
+    assert wire.syncend_frames(b"/a/,/b/", 9, IntegerEncoding.REFERENCE) == [
+        b"SYNCEND",
+        b"/a/,/b/",
+        b"9",
+    ]
+
+
+# -- mapping -----------------------------------------------------------------------------
+
+
+def event(payload, eid=EventId(2, 5, 77), source=None) -> Event:
+    return Event(eid, ("a", "b"), Timestamp(100, 5), source, payload)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, True, 3, -(2**63), 2**64 - 1, 1.5, "text", [1, "x", None], {"k": {"n": [1, 2]}}],
+)
+def test_json_values_become_a_json_envelope_and_come_back(value):
+    data = msgpack.packb(value)
+    payload = mapping.to_payload(UUID, "prod", data)
+    assert isinstance(payload, EventPayloadJson)
+    assert json.loads(payload.data) == {"$bus": {"uuid": UUID, "producer": "prod"}, "data": value}
+    record = mapping.to_record(event(payload))
+    assert (record.uuid, record.producer, record.from_bus) == (UUID, "prod", True)
+    assert msgpack.unpackb(record.data) == value
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb(b"\x00bytes"),
+        msgpack.packb(msgpack.ExtType(3, b"ext")),
+        msgpack.packb({1: "int key"}),
+        msgpack.packb(float("nan")),
+        msgpack.packb([1, b"nested bytes"]),
+    ],
+)
+def test_values_json_cannot_hold_become_a_binary_envelope_verbatim(data):
+    payload = mapping.to_payload(UUID, "prod", data)
+    assert isinstance(payload, EventPayloadBinary) and payload.type == "eventfleet.bus"
+    record = mapping.to_record(event(payload))
+    assert (record.uuid, record.producer, record.data) == (UUID, "prod", data)
+
+
+def test_empty_data_frame_is_nil():
+    payload = mapping.to_payload(UUID, "p", b"")
+    assert json.loads(payload.data)["data"] is None
+
+
+@pytest.mark.parametrize("data", [b"\xc1", b"\x92\x01", b"\x01\x02", b"\xa2\xff\xfe"])
+def test_bad_msgpack_is_refused(data):
+    with pytest.raises(mapping.MappingError):
+        mapping.to_payload(UUID, "p", data)
+
+
+def test_events_from_elsewhere_get_a_derived_uuid_and_their_payload_as_data():
+    eid = EventId(2, 5, 77)
+    expected = str(uuidlib.uuid5(mapping.UUID_NAMESPACE, "2/5/77"))
+    for payload, value in [
+        (EventPayloadJson('{"a": [1, 2]}'), {"a": [1, 2]}),
+        (EventPayloadJson("not json"), "not json"),
+        (EventPayloadBinary("blob", b"\x01\x02"), b"\x01\x02"),
+        (None, None),
+        # Looks like an envelope but is not one (extra key): plain data.
+        (
+            EventPayloadJson('{"$bus": {"uuid": "u", "producer": "p"}, "data": 1, "x": 2}'),
+            {"$bus": {"uuid": "u", "producer": "p"}, "data": 1, "x": 2},
+        ),
+    ]:
+        record = mapping.to_record(event(payload, eid))
+        assert record.uuid == expected and record.producer == "eventfleet/2"
+        assert not record.from_bus
+        assert msgpack.unpackb(record.data) == value
+    assert mapping.derived_uuid(eid) == expected  # deterministic: every replica agrees
+
+
+def test_envelope_written_by_an_eventer_client_is_honoured():
+    payload = EventPayloadJson(f'{{"$bus": {{"uuid": "{UUID}", "producer": "ext"}}, "data": 5}}')
+    record = mapping.to_record(event(payload))
+    assert (record.uuid, record.producer, msgpack.unpackb(record.data)) == (UUID, "ext", 5)
+    assert mapping.envelope_uuid(payload) == UUID
+    assert mapping.envelope_uuid(EventPayloadJson("[1]")) is None
+
+
+def test_producer_timestamp_is_the_source_timestamp_else_the_servers():
+    assert mapping.producer_timestamp(event(None, source=Timestamp(5, 1))) == Timestamp(5, 1)
+    assert mapping.producer_timestamp(event(None)) == Timestamp(100, 5)

@@ -1,0 +1,57 @@
+"""The local fleet's files: private directories, separate client and peer tokens, and
+the hat-compatible Eventer setting limited to loopback (or off)."""
+
+from __future__ import annotations
+
+import shutil
+import stat
+
+import pytest
+from eventfleet_server import config
+from eventfleet_server.fleet import layout
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_prepare_makes_private_dirs_and_two_tokens(tmp_path):
+    data = tmp_path / "fleet"
+    data.mkdir(mode=0o755)
+    fleet = layout.plan(2, data, base_port=40000)
+    layout.prepare(fleet)
+    assert mode(data) == 0o700
+    assert all(mode(r.data_dir) == 0o700 for r in fleet.replicas)
+    client, peer = fleet.token_file.read_text(), fleet.peer_token_file.read_text()
+    assert client.strip() and peer.strip() and client != peer
+    assert mode(fleet.token_file) == mode(fleet.peer_token_file) == 0o600
+    conf = config.load(fleet.replicas[0].config_path, environ={})
+    assert config.read_credentials(conf, environ={}) == ((client.strip(),), (peer.strip(),))
+    assert conf["eventer"]["allow_tokenless_clients"] is True
+    assert conf["eventer"]["tokenless_client_networks"] == ["127.0.0.0/8", "::1"]
+    # A second run keeps the tokens (a resumed fleet).
+    layout.prepare(layout.plan(2, data))
+    assert fleet.token_file.read_text() == client
+
+
+def test_require_client_token(tmp_path):
+    fleet = layout.plan(1, tmp_path / "f", base_port=40000, tokenless_loopback=False)
+    layout.prepare(fleet)
+    conf = config.load(fleet.replicas[0].config_path, environ={})
+    assert conf["eventer"]["allow_tokenless_clients"] is False
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+def test_tls_fleet_gets_a_ca_and_a_certificate_per_replica(tmp_path):
+    fleet = layout.plan(2, tmp_path / "f", base_port=40000, tls=True)
+    layout.prepare(fleet)
+    conf = config.load(fleet.replicas[1].config_path, environ={})
+    settings = config.ReplicaConfig.from_mapping(conf).tls.settings()
+    assert settings.cert_file.endswith("replica-2.pem")
+    # The files work: server and mutual-TLS client contexts load them.
+    settings.server_context(client_certificates=True)
+    settings.peer_client_context()
+    assert mode(fleet.tls_dir / "ca.key") == 0o600 and mode(fleet.tls_dir) == 0o700
+    ca = (fleet.tls_dir / "ca.pem").read_bytes()
+    layout.prepare(layout.plan(2, tmp_path / "f", tls=True))  # resumed: same CA
+    assert (fleet.tls_dir / "ca.pem").read_bytes() == ca
