@@ -1,7 +1,8 @@
 """The real-cluster e2e (e2e/kind/run.sh), only where kind and Docker exist.
 
-It is skipped on the project's CI machines, which have neither: there the emulator
-tests (test_operator.py, test_operator_scaling.py) stand in. Opt in with
+It is skipped on the project's CI machines, which have neither: there the tests on the
+real control plane with the node agent (test_operator.py, test_operator_scaling.py,
+test_chart_cluster.py) stand in. Opt in with
 ``EVENTFLEET_KIND_E2E=1`` on a machine with docker, kind, kubectl and helm.
 """
 

@@ -1,7 +1,8 @@
 """Safe scale-down and operator restarts, end to end with real replicas.
 
-The replicas are real processes (``FakeKubelet``) syncing over the real Syncer; the
-operator decides from their ``/status`` and ``POST /flush``, never from canned JSON.
+On the real control plane (real StatefulSet controller, real API server); the replicas
+are real processes or containers run by the node agent, syncing over the real Syncer;
+the operator decides from their ``/status`` and ``POST /flush``, never from canned JSON.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ import yaml
 
 from e2e.k8s.harness import wait_for
 
-pytest_plugins = ["e2e.k8s.fixtures"]
-pytestmark = pytest.mark.timeout(180)
+pytest_plugins = ["e2e.k8s.cluster_fixtures"]
+pytestmark = pytest.mark.timeout(300)
 
 
 def eventserver(name: str, replicas: int, **spec) -> dict:
@@ -74,9 +75,11 @@ def test_scale_down_is_held_until_the_leaving_replicas_events_are_elsewhere(
 ):
     kubectl.apply(eventserver("shrink", 3))
     pods = kubelet("shrink")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/shrink", "--timeout=60s", timeout=70)
     kubectl.run(
-        "wait", "--for=condition=PeersSynced", "eventserver/shrink", "--timeout=60s", timeout=70
+        "wait", "--for=condition=Ready", "eventserver/shrink", "--timeout=120s", timeout=130
+    )
+    kubectl.run(
+        "wait", "--for=condition=PeersSynced", "eventserver/shrink", "--timeout=120s", timeout=130
     )
 
     # A replica that stays is lost (its node went away); meanwhile clients write to the
@@ -144,7 +147,9 @@ def test_scale_down_is_held_until_the_leaving_replicas_events_are_elsewhere(
     wait_for(lambda: pods.pid(2) is None, timeout=30, what="shrink-2 to stop")
     for ordinal in (0, 1):
         assert covers(pods.status(ordinal)["last_ids"].get("3"), own), ordinal
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/shrink", "--timeout=60s", timeout=70)
+    kubectl.run(
+        "wait", "--for=condition=Ready", "eventserver/shrink", "--timeout=120s", timeout=130
+    )
 
 
 def test_changes_made_while_the_operator_is_down_converge_on_restart(kubectl, operator):

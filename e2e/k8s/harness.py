@@ -152,8 +152,18 @@ class Api:
 class Kubectl:
     """The real kubectl against one kubeconfig and namespace."""
 
-    def __init__(self, binary: str, kubeconfig: pathlib.Path, namespace: str = "default") -> None:
+    def __init__(
+        self,
+        binary: str,
+        kubeconfig: pathlib.Path,
+        namespace: str = "default",
+        *,
+        validate: bool = False,
+    ) -> None:
         self.binary, self.kubeconfig, self.namespace = binary, kubeconfig, namespace
+        # The emulator serves no OpenAPI, so kubectl cannot validate against it; the real
+        # API server does, and there kubectl validates strictly (unknown fields fail).
+        self.validate = validate
 
     def run(
         self, *args: str, input: str | None = None, timeout: float = 30.0, check: bool = True
@@ -179,8 +189,8 @@ class Kubectl:
 
     def apply(self, doc: dict[str, Any] | str, *extra: str) -> subprocess.CompletedProcess:
         text = doc if isinstance(doc, str) else yaml.safe_dump(doc)
-        # No OpenAPI documents on the emulator: client-side validation cannot run.
-        return self.run("apply", "--validate=false", "-f", "-", *extra, input=text)
+        validate = "--validate=strict" if self.validate else "--validate=false"
+        return self.run("apply", validate, "-f", "-", *extra, input=text)
 
 
 class OperatorProcess:

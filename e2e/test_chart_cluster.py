@@ -1,17 +1,17 @@
-"""The Helm chart against the project's Kubernetes API emulator, with real binaries.
+"""The Helm chart on a real control plane, with real binaries.
 
-Real `helm` and `kubectl` (scripts/tools/k8s-binaries.sh) install, upgrade and uninstall
-the chart, and the real operator is started with exactly the command, arguments and
-environment of the Deployment the chart installed. The emulator (e2e/k8s/) stores and
-serves objects like an API server but runs no controllers: no pod ever starts, so these
-tests prove that the API server accepts what the chart renders, that Helm's release
-lifecycle works, and that the operator starts and reconciles with the chart's arguments
-and within the chart's RBAC — not that a fleet comes up.
+Real `helm` and `kubectl` (scripts/tools/k8s-binaries.sh) install, upgrade, uninstall and
+reinstall the chart on a real kube-apiserver with etcd and the controller manager
+(``e2e.k8s.controlplane``, one fresh control plane per test, since the chart installs
+cluster-scoped objects). Helm validates against the server's OpenAPI and uses
+server-side apply with strict field validation; the API server enforces the CRD schema,
+its CEL rules and RBAC. The real operator is started with exactly the command,
+arguments and environment of the Deployment the chart installed, and with a token of
+the chart's ServiceAccount, so the chart's RBAC is what the API server enforces on it.
 
-Two things differ from a real cluster, both because the emulator serves no OpenAPI
-document: `helm` runs with `--disable-openapi-validation` and without
-`--create-namespace` (Helm validates the namespace it creates even with that flag), and
-`kubectl apply` runs with `--validate=false`.
+Not real here: no kubelet runs the chart's Deployment (the operator runs as a local
+process with the Deployment's command line instead), and prometheus-operator's
+PrometheusRule CRD is a schema-less stand-in (see below).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ import urllib.request
 import pytest
 import yaml
 
-from e2e.k8s.harness import EmulatorProcess
+from e2e.k8s.controlplane import ControlPlane, available
+from e2e.k8s.harness import ROOT
+from e2e.k8s.node import NodeAgent, podman_available
 from tests.unit.chart.chartlib import CHART, EVERYTHING_ON, REPO, helm, tool
 
 RELEASE = "ef"
@@ -41,13 +43,18 @@ WAIT = 60  # seconds; every wait below is bounded by this
 
 
 @pytest.fixture
-def emulator(tmp_path):
-    """A fresh emulator process on 127.0.0.1: (kubeconfig path, audit log path)."""
-    proc = EmulatorProcess(tmp_path).start(timeout=WAIT)
+def cluster(tmp_path):
+    """A fresh control plane on 127.0.0.1: (admin kubeconfig path, the ControlPlane)."""
+    reason = available()
+    if reason:
+        pytest.skip(reason)
+    workdir = tmp_path / "controlplane"
+    workdir.mkdir()
+    plane = ControlPlane(workdir).start()
     try:
-        yield proc.kubeconfig, proc.audit_log
+        yield plane.kubeconfig, plane
     finally:
-        proc.stop()
+        plane.stop()
 
 
 @pytest.fixture
@@ -94,7 +101,6 @@ def install(home, kubeconfig, *extra: str, command: str = "install"):
         str(CHART),
         "--namespace",
         NAMESPACE,
-        "--disable-openapi-validation",
         *extra,
     )
 
@@ -108,7 +114,6 @@ def apply_example(kubeconfig, namespace: str) -> None:
     kubectl(
         kubeconfig,
         "apply",
-        "--validate=false",
         "-n",
         namespace,
         "-f",
@@ -126,8 +131,8 @@ def _servicemonitor_crd() -> pathlib.Path:
 
 
 # A stand-in for prometheus-operator's PrometheusRule CRD, which is not among the
-# upstream CRDs the project keeps: it only makes the kind exist in the emulator (no
-# schema), so the chart's PrometheusRule can be installed. Its content is checked by
+# upstream CRDs the project keeps: it only makes the kind exist (no schema), so the
+# chart's PrometheusRule can be installed. Its content is checked by
 # tests/unit/chart/test_chart_alerts.py with promtool instead.
 PROMETHEUSRULE_STANDIN_CRD = {
     "apiVersion": "apiextensions.k8s.io/v1",
@@ -161,19 +166,16 @@ PROMETHEUSRULE_STANDIN_CRD = {
 
 def install_monitoring_crds(kubeconfig) -> None:
     """The prometheus-operator kinds the everything-on values create."""
-    kubectl(kubeconfig, "create", "--validate=false", "-f", str(_servicemonitor_crd()))
-    kubectl(
-        kubeconfig,
-        "create",
-        "--validate=false",
-        "-f",
-        "-",
-        stdin=json.dumps(PROMETHEUSRULE_STANDIN_CRD),
-    )
+    kubectl(kubeconfig, "create", "-f", str(_servicemonitor_crd()))
+    kubectl(kubeconfig, "create", "-f", "-", stdin=json.dumps(PROMETHEUSRULE_STANDIN_CRD))
+    for crd in ("servicemonitors", "prometheusrules"):
+        kubectl(
+            kubeconfig, "wait", "--for=condition=Established", f"crd/{crd}.monitoring.coreos.com"
+        )
 
 
-def test_install_upgrade_uninstall_reinstall(emulator, home):
-    kubeconfig, _ = emulator
+def test_install_upgrade_uninstall_reinstall(cluster, home):
+    kubeconfig, _ = cluster
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring")
 
     # Install with the defaults.
@@ -202,14 +204,8 @@ def test_install_upgrade_uninstall_reinstall(emulator, home):
         str(CHART),
         "--namespace",
         NAMESPACE,
-        "--disable-openapi-validation",
         "--values",
         str(EVERYTHING_ON),
-        # Client-side apply for this step only: with server-side apply Helm asks for
-        # strict field validation, and the emulator then refuses `metadata` on custom
-        # resources whose CRD lists it (the ServiceMonitor's does); a real API server
-        # accepts it. Every other helm call here uses Helm 4's default server-side apply.
-        "--server-side=false",
     )
     args = get(kubeconfig, "deployment", full, NAMESPACE)["spec"]["template"]["spec"]["containers"][
         0
@@ -319,61 +315,35 @@ def _fetch(url: str) -> str | None:
         return None
 
 
-def granted(manifest: list[dict]):
-    """(namespace or None for cluster-wide, PolicyRule) for every rule the chart binds."""
-    roles = {
-        (d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in manifest
-    }
-    out = []
-    for b in manifest:
-        if b["kind"] not in ("ClusterRoleBinding", "RoleBinding"):
-            continue
-        ref = b["roleRef"]
-        ref_ns = b["metadata"]["namespace"] if ref["kind"] == "Role" else None
-        role = roles[(ref["kind"], ref_ns, ref["name"])]
-        scope = b["metadata"].get("namespace") if b["kind"] == "RoleBinding" else None
-        out += [(scope, rule) for rule in role.get("rules", [])]
-    return out
-
-
-def allowed(entry: dict, grants) -> bool:
-    for scope, rule in grants:
-        if scope is not None and entry["namespace"] != scope:
-            continue
-        if not {entry["group"], "*"} & set(rule.get("apiGroups", [])):
-            continue
-        if not {entry["resource"], "*"} & set(rule.get("resources", [])):
-            continue
-        if {entry["verb"], "*"} & set(rule["verbs"]):
-            return True
-    return False
-
-
 VARIANTS = {
     # id: (helm arguments, namespaces the operator reconciles; None: every namespace)
     "defaults": ((), {NAMESPACE}),
     "all-namespaces": (("--set", "operator.allNamespaces=true"), None),
     "watch-namespaces": (("--set", "operator.watchNamespaces[0]=fleet-a"), {"fleet-a"}),
-    # See the upgrade above for --server-side=false (the ServiceMonitor).
-    "everything-on": (("--values", str(EVERYTHING_ON), "--server-side=false"), {"fleet-a"}),
+    "everything-on": (("--values", str(EVERYTHING_ON)), {"fleet-a"}),
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
-    emulator, home, tmp_path, variant
+    cluster, home, tmp_path, variant
 ):
-    kubeconfig, audit = emulator
+    kubeconfig, plane = cluster
     helm_args, watched = VARIANTS[variant]
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a", "fleet-b", "monitoring", "other")
     if variant == "everything-on":
         install_monitoring_crds(kubeconfig)
     install(home, kubeconfig, *helm_args)
-    deployment = get(kubeconfig, "deployment", f"{RELEASE}-eventfleet-operator", NAMESPACE)
+    full = f"{RELEASE}-eventfleet-operator"
+    deployment = get(kubeconfig, "deployment", full, NAMESPACE)
     ports = {"health": _free_port(), "metrics": _free_port()}
-    argv, env = operator_command(deployment, kubeconfig, ports)
+    # The Deployment's ServiceAccount, as the kubelet would mount it: RBAC is the chart's.
+    account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
+    sa_kubeconfig = plane.service_account_kubeconfig(
+        NAMESPACE, account, tmp_path / "operator.kubeconfig"
+    )
+    argv, env = operator_command(deployment, sa_kubeconfig, ports)
     log = tmp_path / "operator.log"
-    audit.write_text("")  # only what the operator does from here on counts below
 
     with running(argv, env, log) as proc:
         health = f"http://127.0.0.1:{ports['health']}/healthz"
@@ -418,29 +388,35 @@ def test_operator_runs_with_the_chart_arguments_within_the_chart_rbac(
             )
             assert "eventfleet_operator_fleet_desired_replicas" in text
 
-    # Every API request the operator made is one the chart's RBAC grants in that scope.
-    manifest = chart_helm(home, kubeconfig, "get", "manifest", RELEASE, "-n", NAMESPACE)
-    grants = granted([d for d in yaml.safe_load_all(manifest.stdout) if d])
-    requests = [
-        json.loads(line)
-        for line in audit.read_text().splitlines()
-        if json.loads(line)["userAgent"].startswith(("kopf/", "eventfleet-operator/"))
-    ]
+    # The API server enforced the chart's RBAC on every request of the operator's
+    # ServiceAccount: none was forbidden (its audit log records each one).
+    user = f"system:serviceaccount:{NAMESPACE}:{account}"
+    requests = [e for e in plane.audit() if e["user"]["username"] == user]
     assert requests, "the audit log saw no request from the operator"
-    denied = {
-        (r["verb"], r["group"], r["resource"], r["namespace"])
-        for r in requests
-        if not allowed(r, grants)
-    }
-    assert denied == set(), f"requests the chart's RBAC would forbid: {sorted(denied)}"
+    denied = sorted(
+        {
+            (e["verb"], e.get("objectRef", {}).get("apiGroup", ""),
+             e.get("objectRef", {}).get("resource", e["requestURI"]),
+             e.get("objectRef", {}).get("namespace"))
+            for e in requests
+            if e["responseStatus"]["code"] == 403
+        }
+    )  # fmt: skip
+    assert denied == [], f"requests the chart's RBAC forbade: {denied}"
+    # And the grants are no wider than the variant says: outside the watched namespaces
+    # the operator's identity may not write StatefulSets.
+    if watched:
+        can = kubectl(kubeconfig, "auth", "can-i", "create", "statefulsets", "-n", "other",
+                      f"--as={user}", check=False)  # fmt: skip
+        assert can.stdout.strip() == "no"
 
 
-def test_helm_upgrade_upgrades_the_crd(emulator, home, tmp_path):
+def test_helm_upgrade_upgrades_the_crd(cluster, home, tmp_path):
     """The point of shipping the CRD as a template: a newer chart's schema is applied.
 
     (Helm would install a chart's crds/ directory once and never upgrade it.)
     """
-    kubeconfig, _ = emulator
+    kubeconfig, _ = cluster
     create_namespaces(kubeconfig, NAMESPACE)
     install(home, kubeconfig)
     newer = tmp_path / "chart"
@@ -459,7 +435,6 @@ def test_helm_upgrade_upgrades_the_crd(emulator, home, tmp_path):
         str(newer),
         "--namespace",
         NAMESPACE,
-        "--disable-openapi-validation",
     )
     live = get(kubeconfig, "crd", "eventservers.eventfleet.io")
     (served,) = [v for v in live["spec"]["versions"] if v.get("storage")]
@@ -471,3 +446,61 @@ def test_helm_upgrade_upgrades_the_crd(emulator, home, tmp_path):
     apply_example(kubeconfig, NAMESPACE)
     stored = get(kubeconfig, "eventserver", "demo", NAMESPACE)
     assert stored["spec"]["addedInANewerRelease"] == "yes"
+
+
+def test_the_chart_deployment_runs_the_operator_image_as_a_pod(cluster, home, tmp_path):
+    """helm install with the chart's own image reference (eventfleet/operator:<appVersion>,
+    here the image scripts/tools/images.sh built): the real Deployment and ReplicaSet
+    controllers make the pod, the node agent runs it with podman as the chart says
+    (securityContext, read-only root, the ServiceAccount token the API server mints for
+    the pod, in-cluster configuration), and it reconciles a fleet."""
+    reason = podman_available()
+    if reason:
+        pytest.skip(reason)
+    if not (ROOT / ".tools" / "containers" / "operator.image").exists():
+        pytest.skip("no operator image: run scripts/tools/images.sh")
+    kubeconfig, plane = cluster
+    create_namespaces(kubeconfig, NAMESPACE, "fleet-a")
+    install(home, kubeconfig)
+    full = f"{RELEASE}-eventfleet-operator"
+    node = NodeAgent(plane, NAMESPACE, tmp_path, tmp_path / "urls.json", runtime="podman")
+    node.start()
+    try:
+        try:
+            kubectl(kubeconfig, "wait", "-n", NAMESPACE, "--for=condition=Available",
+                    f"deployment/{full}", "--timeout=150s")  # fmt: skip
+        except (AssertionError, subprocess.TimeoutExpired):
+            logs = [node.log(p) for p in node.pods]
+            raise AssertionError(f"{node.errors}\n" + "\n".join(logs)[-4000:]) from None
+        (pod,) = get(kubeconfig, "pods", None, NAMESPACE)
+        (status,) = pod["status"]["containerStatuses"]
+        assert status["ready"] and status["image"] == "eventfleet/operator:0.1.0"
+        # The API server injected the service-account volume; the agent mounted it.
+        assert any("projected" in v for v in pod["spec"]["volumes"])
+
+        apply_example(kubeconfig, "fleet-a")
+        try:
+            wait_for_plain(lambda: get(kubeconfig, "statefulset", "demo", "fleet-a"), WAIT)
+        except TimeoutError:
+            raise AssertionError(node.log(pod["metadata"]["name"])[-4000:]) from None
+        log = node.log(pod["metadata"]["name"])
+        assert "in-cluster service account" in log, log[-2000:]
+        user = f"system:serviceaccount:{NAMESPACE}:{pod['spec']['serviceAccountName']}"
+        forbidden = [
+            e["requestURI"]
+            for e in plane.audit()
+            if e["user"]["username"] == user and e["responseStatus"]["code"] == 403
+        ]
+        assert forbidden == []
+    finally:
+        node.stop()
+
+
+def wait_for_plain(check, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = check()
+        if result:
+            return result
+        time.sleep(0.5)
+    raise TimeoutError(f"timed out after {timeout} s")
