@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from eventfleet_server import replication
+from eventfleet_server.backup import BackupError, RestoreSource
+from eventfleet_server.backup.restore import restore as restore_backup
 from eventfleet_server.bus import plugin as bus_plugin
 from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
@@ -124,9 +126,11 @@ class Replica:
             ssl_context=tls.server_context() if tls and core.tls.http else None,
         )
         await self.http.start()
+        db_path = data_dir / "events.sqlite"
+        await self._restore_if_empty(db_path)
         retention = core.storage.retention
         self.storage = await Storage.open(
-            data_dir / "events.sqlite",
+            db_path,
             synchronous=core.storage.synchronous,
             quick_check_timeout=core.storage.quick_check_timeout,
             max_db_bytes=core.storage.max_db_bytes,
@@ -189,6 +193,21 @@ class Replica:
             [p["name"] for p in self.conf.get("peers", [])],
             data_dir,
         )
+
+    async def _restore_if_empty(self, db_path: pathlib.Path) -> None:
+        """Fill an empty data directory from ``backup.restore_from`` (see
+        `eventfleet_server.backup.restore` for when and why only then)."""
+        source = RestoreSource.from_config((self.conf.get("backup") or {}).get("restore_from"))
+        if source is None or await asyncio.to_thread(db_path.exists):
+            return
+        if not self.core.allow_empty_start:
+            log.warning(
+                "backup.restore_from ignored: allow_empty_start is false (a replica of an "
+                "initialized fleet re-syncs from its peers instead of starting behind them)"
+            )
+            return
+        log.info("data directory holds no store: restoring %s", source.describe(source.key))
+        await asyncio.to_thread(restore_backup, source, db_path)
 
     async def stop(self) -> None:
         """Graceful: status stopping (clients are told), commit, close protocols (in
@@ -304,7 +323,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except (CorruptStoreError, TlsError) as e:
+            except (CorruptStoreError, TlsError, BackupError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)
