@@ -89,7 +89,70 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
     )
     if spec.replication.enabled:
         config["replication"] = replication_config(spec)
+    backup = backup_config(spec)
+    if backup:
+        config["backup"] = backup
     return config
+
+
+def _s3_section(location: Any, credentials_dir: str) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "endpoint_url": location.endpoint_url,
+        "region": location.region,
+        "bucket": location.bucket,
+        "addressing_style": location.addressing_style,
+    }
+    if location.credentials is not None:
+        section["access_key_id_file"] = f"{credentials_dir}/{naming.S3_ACCESS_KEY_FILE}"
+        section["secret_access_key_file"] = f"{credentials_dir}/{naming.S3_SECRET_KEY_FILE}"
+    return section
+
+
+def backup_config(spec: FleetSpec) -> dict[str, Any]:
+    """The replica's ``backup`` section: ``target`` from ``spec.backup.s3`` (POST /backup
+    uploads there) and ``restore_from`` from ``spec.bootstrap.fromBackup`` (an empty
+    replica of a new fleet starts from it; see docs/backup.md). Empty without either."""
+    section: dict[str, Any] = {}
+    if spec.backup is not None:
+        target = _s3_section(spec.backup.s3, naming.BACKUP_CREDENTIALS_DIR)
+        target["prefix"] = spec.backup.s3.prefix
+        section["target"] = target
+    source = spec.from_backup
+    if source is not None:
+        restore = _s3_section(source.s3, naming.RESTORE_CREDENTIALS_DIR)
+        restore["key"] = source.key
+        restore["sha256"] = source.sha256
+        section["restore_from"] = restore
+    return section
+
+
+def _s3_credentials_volumes(spec: FleetSpec) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(volume, mount)`` of each S3 credentials Secret the replicas read."""
+    out = []
+    for name, location, directory in (
+        ("backup-s3", spec.backup.s3 if spec.backup else None, naming.BACKUP_CREDENTIALS_DIR),
+        (
+            "restore-s3",
+            spec.from_backup.s3 if spec.from_backup else None,
+            naming.RESTORE_CREDENTIALS_DIR,
+        ),
+    ):
+        if location is None or location.credentials is None:
+            continue
+        creds = location.credentials
+        volume = {
+            "name": name,
+            "secret": {
+                "secretName": creds.secret_name,
+                "items": [
+                    {"key": creds.access_key_id_key, "path": naming.S3_ACCESS_KEY_FILE},
+                    {"key": creds.secret_access_key_key, "path": naming.S3_SECRET_KEY_FILE},
+                ],
+                "defaultMode": 0o440,
+            },
+        }
+        out.append((volume, {"name": name, "mountPath": directory, "readOnly": True}))
+    return out
 
 
 def _service_ports(spec: FleetSpec, service: Service) -> list[dict[str, Any]]:
@@ -244,6 +307,8 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
                 "readOnly": True,
             }
         )
+    for _, mount in _s3_credentials_volumes(spec):
+        container["volumeMounts"].append(mount)
     if spec.resources:
         container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
     return container
@@ -341,6 +406,8 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
                 },
             }
         )
+    for volume, _ in _s3_credentials_volumes(spec):
+        pod_spec["volumes"].append(volume)
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
