@@ -125,6 +125,16 @@ async def test_backup_is_refused_while_a_peer_is_not_synced(tmp_path, s3, creds)
         assert s3.keys("unsynced/") == ["unsynced/forced.sqlite"]
         status, body = await post_backup(replica, "?name=../escape")
         assert status == 400, body
+        # Pruning: DELETE removes the object of that name, admin only.
+        url = f"http://127.0.0.1:{replica.http.port}/backup?name=forced"
+        async with aiohttp.ClientSession() as session:
+            async with session.delete(url) as resp:
+                assert resp.status == 401
+            auth = {"Authorization": f"Bearer {TOKEN}"}
+            async with session.delete(url, headers=auth) as resp:
+                assert resp.status == 200, await resp.text()
+                assert (await resp.json())["key"] == "unsynced/forced.sqlite"
+        assert s3.keys("unsynced/") == []
 
 
 async def test_backup_without_a_target_is_501(tmp_path):

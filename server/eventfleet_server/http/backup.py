@@ -12,6 +12,10 @@ Answers: 200 ``{"backed_up": true, "bucket", "key", "sha256", "size", "events",
 401 no peer token; 409 a peer is not synced; 429 a backup is already running; 501 no
 ``backup.target`` configured or boto3 missing; 502 the object store failed; 500 the
 copy failed. Errors are ``{"backed_up": false, "error": "..."}``.
+
+``DELETE /backup?name=NAME`` (admin) deletes ``<prefix>NAME.sqlite`` from the target:
+how the operator prunes old backups without ever holding the S3 credentials itself.
+200 ``{"deleted": true, "key"}`` (also when the object was already gone).
 """
 
 from __future__ import annotations
@@ -86,6 +90,25 @@ class BackupRoute:
             return await self._backup(target, name)
         finally:
             self._running = False
+
+    async def delete(self, request: web.Request) -> web.Response:
+        """``DELETE /backup?name=NAME``: remove one copy of this fleet's prefix."""
+        if not self._is_admin(request):
+            return _fail("DELETE /backup needs the peer token (Authorization: Bearer)", 401)
+        target = self._target()
+        if target is None:
+            return _fail("no backup.target configured on this replica", 501)
+        name = request.query.get("name") or ""
+        if not NAME.match(name):
+            return _fail(f"name {name!r} must match {NAME.pattern}", 400)
+        key = target.key(name)
+        try:
+            await asyncio.to_thread(s3.delete, target, key)
+        except BackupError as e:
+            log.error("delete of backup %s failed: %s", key, e)
+            return _fail(str(e), 501 if str(e) == s3.INSTALL_HINT else 502)
+        log.info("backup %s deleted", target.describe(key))
+        return _json({"deleted": True, "bucket": target.bucket, "key": key})
 
     async def _backup(self, target: Target, name: str | None) -> web.Response:
         storage = self._replica.storage

@@ -88,6 +88,7 @@ class HttpServer:
         # Backups to S3 (http/backup.py): admin only, like POST /flush.
         self.backup = BackupRoute(replica, self._is_admin)
         self.mount(BACKUP_PATH, self.backup, method="POST")
+        self.mount(BACKUP_PATH, self.backup.delete, method="DELETE")
         # No access log: kubelet probes and scrapes would drown the replica's own log.
         self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=shutdown_timeout)
 
