@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import copy
+import datetime
 
+import kubernetes_validate
+import op_k8s_schema as k8s_schema
 import pytest
-from eventfleet_operator import builders, model, naming
+from eventfleet_operator import backups, builders, model, naming
+from eventfleet_operator.replicas import PeerLink, ReplicaStatus
 from op_fakes import FULL_SPEC
+
+BACKUP_CRD = k8s_schema.load_crd(
+    k8s_schema.CRD_PATH.parent / "eventfleet.io_eventserverbackups.yaml"
+)
+BACKUP_SCHEMA = k8s_schema.crd_schema(BACKUP_CRD, "v1")
 
 
 def fleet(spec, name="demo", namespace="events"):
@@ -95,3 +104,125 @@ def test_no_backup_no_section_no_volumes():
     assert "backup" not in config
     pod = builders.statefulset(spec, replicas=3, config_hash="h")["spec"]["template"]["spec"]
     assert not {"backup-s3", "restore-s3"} & {v["name"] for v in pod["volumes"]}
+
+
+# -- EventServerBackup: schedule, pruning, replica choice, status ----------------------------
+
+UTC = datetime.UTC
+
+
+def t(text):
+    return datetime.datetime.fromisoformat(text).replace(tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    "schedule, since, now, slot",
+    [
+        ("0 3 * * *", "2026-11-20 03:00", "2026-11-21 02:59", None),
+        ("0 3 * * *", "2026-11-20 03:00", "2026-11-21 03:00", "2026-11-21 03:00"),
+        ("0 3 * * *", "2026-11-20 03:00", "2026-11-23 10:00", "2026-11-23 03:00"),  # one, latest
+        ("*/15 * * * *", "2026-11-20 03:00", "2026-11-20 03:31", "2026-11-20 03:30"),
+        ("@hourly", "2026-11-20 03:00", "2026-11-20 03:59", None),
+        ("@hourly", "2026-11-20 03:00", "2026-11-20 04:00", "2026-11-20 04:00"),
+        ("@every 6h", "2026-11-20 03:00", "2026-11-20 08:59", None),
+        ("@every 6h", "2026-11-20 03:00", "2026-11-20 15:30", "2026-11-20 15:00"),
+        ("0 0 * * MON", "2026-11-20 00:00", "2026-11-24 00:00", "2026-11-23 00:00"),  # Monday
+        ("30 2 1 JAN-MAR *", "2026-01-01 00:00", "2026-02-05 00:00", "2026-02-01 02:30"),
+        ("30 2 1 JAN-MAR *", "2026-01-01 00:00", "2026-02-10 00:00", None),  # past LOOKBACK
+        ("0 0 1 * SUN", "2026-11-01 01:00", "2026-11-08 00:00", "2026-11-08 00:00"),  # either
+    ],
+)
+def test_due_slot(schedule, since, now, slot):
+    got = backups.due_slot(schedule, t(since), t(now))
+    assert got == (t(slot) if slot else None)
+
+
+def backup_obj(name, created, phase=None, scheduled=True):
+    obj = backups.manifest("demo", "events", name, scheduled=scheduled)
+    obj["metadata"]["creationTimestamp"] = created
+    if phase:
+        obj["status"] = {"phase": phase}
+    return obj
+
+
+def test_manifest_is_a_valid_eventserverbackup_not_owned_by_the_fleet():
+    obj = backups.manifest("demo", "events", "demo-202611210300", scheduled=True)
+    assert k8s_schema.errors(BACKUP_SCHEMA, obj) == []
+    assert "ownerReferences" not in obj["metadata"]  # a backup outlives its fleet
+    assert obj["metadata"]["labels"][naming.BACKUP_FLEET_LABEL] == "demo"
+    assert backups.scheduled_name("demo", t("2026-11-21 03:00")) == "demo-202611210300"
+
+
+def test_backup_crd_is_valid():
+    kubernetes_validate.validate(BACKUP_CRD, "1.33.0", strict=True)
+    assert (
+        k8s_schema.errors(
+            BACKUP_SCHEMA, {**backups.manifest("d", "n", "x", scheduled=False), "spec": {}}
+        )
+        != []
+    )
+
+
+def test_to_prune_keeps_the_newest_scheduled_and_every_on_demand_one():
+    objs = [
+        backup_obj("d-1", "2026-11-01T03:00:00Z", "Completed"),
+        backup_obj("d-2", "2026-11-02T03:00:00Z", "Completed"),
+        backup_obj("d-3", "2026-11-03T03:00:00Z", "Failed"),
+        backup_obj("d-4", "2026-11-04T03:00:00Z", "Completed"),
+        backup_obj("d-5", "2026-11-05T03:00:00Z", "Running"),
+        backup_obj("manual", "2026-10-01T03:00:00Z", "Completed", scheduled=False),
+    ]
+    assert [b["metadata"]["name"] for b in backups.to_prune(objs, 2)] == ["d-1"]
+    assert [b["metadata"]["name"] for b in backups.to_prune(objs, 1)] == ["d-1", "d-2"]
+    assert backups.to_prune(objs, 7) == []
+    assert backups.last_scheduled(objs) == t("2026-11-05 03:00")
+
+
+def status(ready=True, peers=(("demo-1", "synced"),)):
+    return ReplicaStatus(
+        server_id=1,
+        status="operational",
+        ready=ready,
+        last_ids={},
+        peers=tuple(PeerLink(n, 2, s, None, 0, 0.0) for n, s in peers),
+        events=0,
+        db_bytes=0,
+    )
+
+
+def test_pick_replica_prefers_the_highest_ready_in_sync_one():
+    assert backups.pick_replica([(0, status()), (1, status()), (2, None)]) == (1, "")
+    ordinal, why = backups.pick_replica(
+        [(0, status(peers=(("demo-1", "connecting"),))), (1, status(ready=False)), (2, None)]
+    )
+    assert ordinal is None
+    assert "0: peers not synced (demo-1=connecting)" in why
+    assert "1: not ready" in why and "2: unreachable" in why
+
+
+def test_completed_status_from_the_replica_answer():
+    answer = {
+        "backed_up": True,
+        "bucket": "bkt",
+        "key": "events/demo/b1.sqlite",
+        "sha256": "a" * 64,
+        "size": 8192,
+        "events": 51,
+        "events_sha256": "b" * 64,
+        "last_ids": {"1": {"server": 1, "session": 2, "instance": 51}},
+        "started": "2026-11-21T03:00:00.123456+00:00",
+        "finished": "2026-11-21T03:00:02.5+00:00",
+    }
+    st = backups.completed_status(answer, "demo-1", 1)
+    assert st["phase"] == "Completed" and st["replica"] == "demo-1"
+    assert st["digest"] == {
+        "sha256": "a" * 64,
+        "size": 8192,
+        "events": 51,
+        "eventsSha256": "b" * 64,
+        "lastIds": {"1": 51},
+    }
+    assert st["startedAt"] == "2026-11-21T03:00:00Z"
+    doc = backup_obj("b1", "2026-11-21T03:00:00Z")
+    doc["status"] = {k: v for k, v in st.items() if v is not None}
+    assert k8s_schema.errors(BACKUP_SCHEMA, doc) == []
