@@ -22,7 +22,10 @@ the token from the Secret. Like the real kubelet it:
   the operator's volume growth -- keeps its pods running for a few seconds, and a new
   StatefulSet of the same name adopts them);
 * reports ``status.replicas`` / ``readyReplicas`` (from each replica's ``/readyz``);
-* writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint).
+* writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint);
+* mounts the other Secret volumes of the template (the S3 key pairs of spec.backup and
+  spec.bootstrap.fromBackup) as files in the pod's directory, and points the config's
+  paths under their mount paths there.
 
 A test can ``pause`` a pod (stop it and keep it stopped, like a lost node) and
 ``resume`` it (same ports, same data directory).
@@ -175,6 +178,9 @@ class FakeKubelet(threading.Thread):
             return  # a real pod would not start without its volumes either
         token = base64.b64decode(secret["data"][volume["items"][0]["key"]]).decode()
         config = yaml.safe_load(cm["data"]["config.yaml"])
+        mounts = self._secret_mounts(template)
+        if mounts is None:
+            return  # a Secret volume's Secret is missing: the pod would not start
 
         for ordinal in range(max(replicas, len(config.get("peers") or []))):
             self.ports.setdefault(
@@ -186,7 +192,7 @@ class FakeKubelet(threading.Thread):
             if ordinal >= replicas:
                 self._stop_pod(ordinal)  # graceful: the replica flushes to its peers
         for ordinal in range(replicas):
-            changed = self._write_config(ordinal, config, token)
+            changed = self._write_config(ordinal, config, token, mounts)
             pod = self.pods.get(ordinal)
             if pod and pod.proc.poll() is None and changed:
                 os.kill(pod.proc.pid, signal.SIGHUP)  # kubelet updated the mount; reload now
@@ -232,10 +238,37 @@ class FakeKubelet(threading.Thread):
             self.restarts[ordinal] = self.restarts.get(ordinal, 0) + 1
             self._start_pod(ordinal, template_hash)
 
-    def _localise(self, ordinal: int, config: dict[str, Any]) -> dict[str, Any]:
+    def _secret_mounts(self, template: dict[str, Any]) -> dict[str, dict[str, str]] | None:
+        """``{mount path: {file: content}}`` of the Secret volumes other than the token."""
+        volumes = {v["name"]: v for v in template["spec"].get("volumes") or []}
+        out: dict[str, dict[str, str]] = {}
+        for mount in template["spec"]["containers"][0].get("volumeMounts") or []:
+            secret_ref = (volumes.get(mount["name"]) or {}).get("secret")
+            if not secret_ref or mount["name"] == "token":
+                continue
+            secret = self.api.get(self._path("secrets", secret_ref["secretName"]))
+            if secret is None:
+                return None
+            data = secret.get("data") or {}
+            items = secret_ref.get("items") or [{"key": k, "path": k} for k in data]
+            out[mount["mountPath"]] = {
+                item["path"]: base64.b64decode(data.get(item["key"], "")).decode() for item in items
+            }
+        return out
+
+    def _mount_dir(self, ordinal: int, mount_path: str) -> pathlib.Path:
+        return self.workdir / f"{self.name}-{ordinal}" / "mounts" / mount_path.strip("/")
+
+    def _localise(
+        self, ordinal: int, config: dict[str, Any], mounts: dict[str, dict[str, str]] | None = None
+    ) -> dict[str, Any]:
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         ports = self.ports[ordinal]
-        local = json.loads(json.dumps(config))
+        # Paths under a Secret volume's mount path point into the pod's copy of it.
+        text = json.dumps(config)
+        for mount_path in mounts or {}:
+            text = text.replace(f'"{mount_path}/', f'"{self._mount_dir(ordinal, mount_path)}/')
+        local = json.loads(text)
         local.update(
             host="127.0.0.1", data_dir=str(pod_dir / "data"), token_file=str(pod_dir / "token")
         )
@@ -252,13 +285,24 @@ class FakeKubelet(threading.Thread):
         local["peers"] = peers
         return local
 
-    def _write_config(self, ordinal: int, config: dict[str, Any], token: str) -> bool:
+    def _write_config(
+        self,
+        ordinal: int,
+        config: dict[str, Any],
+        token: str,
+        mounts: dict[str, dict[str, str]] | None = None,
+    ) -> bool:
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         pod_dir.mkdir(exist_ok=True)
         token_path = pod_dir / "token"
         if not token_path.exists() or token_path.read_text() != token:
             token_path.write_text(token)
-        text = yaml.safe_dump(self._localise(ordinal, config), sort_keys=False)
+        for mount_path, files in (mounts or {}).items():
+            directory = self._mount_dir(ordinal, mount_path)
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, content in files.items():
+                (directory / name).write_text(content)
+        text = yaml.safe_dump(self._localise(ordinal, config, mounts), sort_keys=False)
         path = pod_dir / "config.yaml"
         if path.exists() and path.read_text() == text:
             return False

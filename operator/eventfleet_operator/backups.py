@@ -36,7 +36,7 @@ from eventfleet_operator.replicas import ReplicaStatus, ReplicaUnreachable
 
 PLURAL = "eventserverbackups"
 KIND = "EventServerBackup"
-RESOURCE = kube.Resource(GROUP, VERSION, PLURAL, KIND)
+RESOURCE = kube.EVENTSERVERBACKUPS
 
 PENDING, RUNNING, COMPLETED, FAILED = "Pending", "Running", "Completed", "Failed"
 DONE = frozenset({COMPLETED, FAILED})

@@ -22,6 +22,7 @@ import hashlib
 import json
 import pathlib
 import sqlite3
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from eventfleet_server.storage import schema
@@ -132,10 +133,16 @@ def inspect(path: pathlib.Path, *, quick_check: bool = True) -> SnapshotInfo:
     )
 
 
-def events_digest(conn: sqlite3.Connection) -> str:
-    """SHA-256 over every event by content, in (server, instance) order."""
+def events_digest(conn: sqlite3.Connection, upto: Mapping[int, int] | None = None) -> str:
+    """SHA-256 over every event by content, in (server, instance) order.
+
+    With `upto` ({server id: instance}), only the events up to those ids: what a store
+    that went on after a restore still shares with the copy it started from.
+    """
     h = hashlib.sha256()
     for row in conn.execute(EVENTS_IN_ORDER):
+        if upto is not None and not (row[0] in upto and row[2] <= upto[row[0]]):
+            continue
         # JSON of the row: unambiguous field boundaries; bytes payloads as hex.
         fields = [v.hex() if isinstance(v, bytes) else v for v in row]
         h.update(json.dumps(fields, separators=(",", ":")).encode())

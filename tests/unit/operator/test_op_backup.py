@@ -8,7 +8,7 @@ import datetime
 import kubernetes_validate
 import op_k8s_schema as k8s_schema
 import pytest
-from eventfleet_operator import backups, builders, model, naming
+from eventfleet_operator import backups, builders, kube, model, naming
 from eventfleet_operator.replicas import PeerLink, ReplicaStatus
 from op_fakes import FULL_SPEC
 
@@ -147,6 +147,7 @@ def backup_obj(name, created, phase=None, scheduled=True):
 
 def test_manifest_is_a_valid_eventserverbackup_not_owned_by_the_fleet():
     obj = backups.manifest("demo", "events", "demo-202611210300", scheduled=True)
+    assert kube.resource_of(obj) is backups.RESOURCE  # the client can create it
     assert k8s_schema.errors(BACKUP_SCHEMA, obj) == []
     assert "ownerReferences" not in obj["metadata"]  # a backup outlives its fleet
     assert obj["metadata"]["labels"][naming.BACKUP_FLEET_LABEL] == "demo"
