@@ -227,3 +227,23 @@ def test_completed_status_from_the_replica_answer():
     doc = backup_obj("b1", "2026-11-21T03:00:00Z")
     doc["status"] = {k: v for k, v in st.items() if v is not None}
     assert k8s_schema.errors(BACKUP_SCHEMA, doc) == []
+
+
+def test_the_backup_examples_of_docs_operator_md_are_valid():
+    import pathlib
+    import re
+
+    import yaml
+
+    text = (pathlib.Path(__file__).parents[3] / "docs" / "operator.md").read_text()
+    section = text[text.index("## Backup and restore") : text.index("## Metrics")]
+    docs = [
+        d
+        for block in re.findall(r"```yaml\n(.*?)```", section, re.S)
+        for d in yaml.safe_load_all(block.replace("3f0c...", "3f0c" + "0" * 60))
+        if isinstance(d, dict) and d.get("kind") == "EventServer"
+    ]
+    assert len(docs) == 2
+    for doc in docs:
+        assert k8s_schema.errors(k8s_schema.crd_schema(k8s_schema.load_crd(), "v1"), doc) == []
+        model.parse(doc["metadata"]["name"], "default", doc["spec"])
