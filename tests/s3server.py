@@ -10,7 +10,6 @@ through the files or variables the product reads, so that path is exercised.
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -39,18 +38,14 @@ class S3Server:
         return sorted(o["Key"] for o in listing.get("Contents", []))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_s3(bucket: str = "eventfleet-backups") -> Iterator[S3Server]:
     """moto's S3 server on a free 127.0.0.1 port with `bucket` created."""
     from moto.server import ThreadedMotoServer
 
-    port = _free_port()
+    from e2e.ports import free_port  # below the ephemeral range, never handed out twice
+
+    port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     try:
