@@ -185,3 +185,32 @@ async def test_restore_refuses_a_bad_object_and_writes_nothing(tmp_path, s3, cre
     assert key in str(err.value)
     assert ("SHA-256" in str(err.value)) == (problem == "digest-mismatch")
     assert list(data_dir.iterdir()) == []
+
+
+async def test_restore_is_ignored_once_the_fleet_may_not_start_empty(tmp_path, s3, creds, caplog):
+    """Identity safety: a replica of an initialized fleet (allow_empty_start false) that
+    lost its volume re-syncs from its peers; it never starts behind its own history from
+    an old copy."""
+    async with running_replica(
+        tmp_path / "old", server_id=2, token=TOKEN, backup={"target": location(s3, creds)}
+    ) as old:
+        await register_some(old, 5)
+        status, body = await post_backup(old, "?name=old-server2")
+        assert status == 200, body
+    async with running_replica(tmp_path / "r1", server_id=1, token=TOKEN) as r1:
+        peer = {
+            "name": "r1",
+            "host": "127.0.0.1",
+            "port": r1.syncer.describe()["port"],
+            "server_id": 1,
+        }
+        async with running_replica(
+            tmp_path / "r2",
+            server_id=2,
+            token=TOKEN,
+            allow_empty_start=False,
+            peers=[peer],
+            backup={"restore_from": location(s3, creds, key=body["key"])},
+        ) as r2:
+            assert r2.storage.last_ids.get(2) is None  # nothing of the copy
+    assert any("backup.restore_from ignored" in r.getMessage() for r in caplog.records)
