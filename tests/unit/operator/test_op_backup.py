@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import datetime
 
@@ -10,7 +11,8 @@ import op_k8s_schema as k8s_schema
 import pytest
 from eventfleet_operator import backups, builders, kube, model, naming
 from eventfleet_operator.replicas import PeerLink, ReplicaStatus
-from op_fakes import FULL_SPEC
+from op_fakes import FULL_SPEC, FakeReplicas, status_doc
+from op_pass import LOG, Harness
 
 BACKUP_CRD = k8s_schema.load_crd(
     k8s_schema.CRD_PATH.parent / "eventfleet.io_eventserverbackups.yaml"
@@ -247,3 +249,124 @@ def test_the_backup_examples_of_docs_operator_md_are_valid():
     for doc in docs:
         assert k8s_schema.errors(k8s_schema.crd_schema(k8s_schema.load_crd(), "v1"), doc) == []
         model.parse(doc["metadata"]["name"], "default", doc["spec"])
+
+
+# -- the flow of one EventServerBackup and of the schedule, on the in-memory API ---------
+
+
+class BackupReplicas(FakeReplicas):
+    def __init__(self):
+        super().__init__()
+        self.deleted: list[tuple[int, str]] = []
+
+    async def backup(self, url, name, token, *, timeout):
+        ordinal = self.ordinal(url)
+        self.calls.append(("backup", ordinal, name))
+        self.tokens.append(token)
+        return {
+            "backed_up": True,
+            "bucket": "bkt",
+            "key": f"ns/demo/{name}.sqlite",
+            "sha256": "a" * 64,
+            "size": 4096,
+            "events": 7,
+            "events_sha256": "b" * 64,
+            "last_ids": {"1": {"server": 1, "session": 1, "instance": 7}},
+            "started": "2026-11-21T03:00:00+00:00",
+            "finished": "2026-11-21T03:00:01+00:00",
+        }
+
+    async def delete_backup(self, url, name, token):
+        self.deleted.append((self.ordinal(url), name))
+
+
+def harness(spec):
+    h = Harness(spec)
+    h.replicas = h.ctx.replicas = BackupReplicas()
+    h.kube.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "demo-token", "namespace": "ns"},
+            "data": {"token": base64.b64encode(b"fleet-token").decode()},
+        }
+    )
+    for ordinal, server in ((0, 1), (1, 2)):
+        other = "demo-1" if ordinal == 0 else "demo-0"
+        h.replicas.docs[ordinal] = status_doc(
+            server, {}, peers=[{"name": other, "server_id": 3 - server, "state": "synced"}]
+        )
+    return h
+
+
+WITH_BACKUP = {"replicas": 2, "backup": {"s3": {"bucket": "bkt"}}}
+
+
+async def step(h, name="b1"):
+    body = h.kube.obj("EventServerBackup", name) or h.kube.put(
+        backups.manifest("demo", "ns", name, scheduled=False)
+    )
+    return await backups.run(h.ctx, body, LOG, h.emit)
+
+
+async def test_a_backup_runs_on_the_highest_in_sync_replica_with_the_fleet_token():
+    h = harness(WITH_BACKUP)
+    status = await step(h)
+    assert status["phase"] == "Completed" and status["replica"] == "demo-1"
+    assert ("backup", 1, "b1") in h.replicas.calls
+    assert set(h.replicas.tokens) == {"fleet-token"}
+    assert h.events[-1][:2] == ("Normal", "BackupCompleted")
+
+
+async def test_a_backup_waits_for_a_synced_replica_then_gives_up():
+    h = harness(WITH_BACKUP)
+    h.replicas.docs[0]["peers"][0]["state"] = "connecting"
+    h.replicas.down.add(1)
+    h.kube.put(backups.manifest("demo", "ns", "b1", scheduled=False))
+    for attempt in range(1, backups.MAX_ATTEMPTS + 1):
+        body = h.kube.obj("EventServerBackup", "b1")
+        status = await backups.run(h.ctx, body, LOG, h.emit)
+        body["status"] = status
+        if attempt < backups.MAX_ATTEMPTS:
+            assert status["phase"] == "Pending" and status["attempts"] == attempt
+            assert "1: unreachable" in status["error"] and "demo-1=connecting" in status["error"]
+    assert status["phase"] == "Failed" and "gave up after" in status["error"]
+    assert not any(c[0] == "backup" for c in h.replicas.calls)
+    assert h.events[-1][:2] == ("Warning", "BackupFailed")
+
+
+async def test_a_backup_of_a_missing_fleet_or_one_without_spec_backup_fails():
+    h = harness({"replicas": 2})
+    status = await step(h)
+    assert status["phase"] == "Failed" and "no spec.backup" in status["error"]
+    other = backups.manifest("gone", "ns", "b2", scheduled=False)
+    status = await backups.run(h.ctx, h.kube.put(other), LOG, h.emit)
+    assert status["phase"] == "Failed" and "'gone' not found" in status["error"]
+    done = h.kube.put({**other, "metadata": {**other["metadata"], "name": "b3"}})
+    done["status"] = {"phase": "Completed"}
+    assert await backups.run(h.ctx, done, LOG, h.emit) is None  # finished: left alone
+
+
+async def test_the_schedule_creates_one_backup_per_slot_and_prunes_beyond_retention():
+    backup = {"schedule": "@every 1h", "retention": 1, "s3": {"bucket": "bkt"}}
+    spec = {"replicas": 2, "backup": backup}
+    h = harness(spec)
+    fleet = model.parse("demo", "ns", spec)
+    created = "2026-01-01T00:00:00Z"  # long ago: one slot is due now, not one per hour
+    await backups.tick(h.ctx, fleet, created, LOG, h.emit)
+    await backups.tick(h.ctx, fleet, created, LOG, h.emit)  # the same slot: nothing new
+    names = [n for k, _, n in h.kube.objects if k == "EventServerBackup"]
+    assert len(names) == 1 and names[0].startswith("demo-")
+    # Two completed scheduled backups, retention 1: the older one goes, object first.
+    for name, when in (("demo-old", "2025-12-01T00:00:00Z"), (names[0], None)):
+        obj = h.kube.obj("EventServerBackup", name) or h.kube.put(
+            backups.manifest("demo", "ns", name, scheduled=True)
+        )
+        if when:
+            obj["metadata"]["creationTimestamp"] = when
+        obj["status"] = {"phase": "Completed"}
+    await backups.tick(h.ctx, fleet, created, LOG, h.emit)
+    assert h.replicas.deleted == [(1, "demo-old")]
+    assert h.kube.obj("EventServerBackup", "demo-old") is None
+    assert h.kube.obj("EventServerBackup", names[0]) is not None
+    assert ("Normal", "BackupPruned") == h.events[-1][:2]
