@@ -84,6 +84,10 @@ def test_admission_caps_total_and_per_address():
         (TokenPolicy(("old", "new")), "old", True),
         (TokenPolicy(("old", "new")), "new", True),
         (TokenPolicy(("old", "new")), "older", False),
+        # A lone surrogate (JSON "\ud800") is a wrong token, not a UnicodeEncodeError
+        # (fuzzing of Jetstream's SessionCreate found it).
+        (TokenPolicy.of("s3cret"), "\ud800", False),
+        (TokenPolicy.of("s3cret"), "s3cret\udfff", False),
     ],
 )
 def test_token_policy(policy, presented, accepted):
