@@ -13,12 +13,13 @@ import itertools
 import logging
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from eventfleet_server.listener import (
     Admission,
     Rejections,
     RejectReason,
+    receive_text_frames,
 )
 from eventfleet_server.replication import codec
 from eventfleet_server.replication.adapter import EngineBackend
@@ -219,45 +220,34 @@ class _Connection:
             )
 
     async def _read(self) -> None:
-        ws = self._ws
+        await receive_text_frames(
+            self._ws,
+            self._on_text,
+            lambda size: self.session.refuse(
+                None,
+                RejectReason.BAD_FRAME,
+                f"binary frame of {size} bytes: AppWebsocket uses JSON text frames",
+            ),
+            rejections=self._rejections,
+            peer=self.peer,
+            size_limit=f"replication.max_message_size {self._server.config.max_message_size}",
+            stop=lambda: self._closing,
+        )
+
+    def _on_text(self, text: str) -> None:
         session = self.session
-        async for frame in ws:
-            if self._closing:
-                break
-            if frame.type == WSMsgType.TEXT:
-                text = frame.data
-                # Until login, a peer may not make us parse more than this per frame.
-                pre_login_max = self._server._limits.pre_init_max_msg_size
-                if not session.logged_in and len(text) > pre_login_max:
-                    session.refuse(
-                        None,
-                        RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame of {len(text)} bytes before login (max {pre_login_max})",
-                    )
-                    continue
-                try:
-                    msg = codec.decode(text)
-                except codec.FrameError as e:
-                    session.refuse(None, RejectReason.BAD_FRAME, str(e))
-                    continue
-                session.handle(msg)
-            elif frame.type == WSMsgType.BINARY:
-                session.refuse(
-                    None,
-                    RejectReason.BAD_FRAME,
-                    f"binary frame of {len(frame.data)} bytes: AppWebsocket uses JSON text frames",
-                )
-            elif frame.type == WSMsgType.ERROR:
-                error = frame.data
-                if getattr(error, "code", None) == WSCloseCode.MESSAGE_TOO_BIG:
-                    self._rejections.reject(
-                        RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame above replication.max_message_size "
-                        f"{self._server.config.max_message_size}; closed",
-                        self.peer,
-                    )
-                else:
-                    self._rejections.reject(
-                        RejectReason.BAD_FRAME, f"websocket error: {error}", self.peer
-                    )
-                break
+        # Until login, a peer may not make us parse more than this per frame.
+        pre_login_max = self._server._limits.pre_init_max_msg_size
+        if not session.logged_in and len(text) > pre_login_max:
+            session.refuse(
+                None,
+                RejectReason.MESSAGE_TOO_LARGE,
+                f"frame of {len(text)} bytes before login (max {pre_login_max})",
+            )
+            return
+        try:
+            msg = codec.decode(text)
+        except codec.FrameError as e:
+            session.refuse(None, RejectReason.BAD_FRAME, str(e))
+            return
+        session.handle(msg)
