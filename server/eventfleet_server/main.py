@@ -62,7 +62,7 @@ class Replica:
         config_path: pathlib.Path | None = None,
     ):
         self.conf = conf
-        self.core = ReplicaConfig.from_mapping(conf)
+        self.core = build(ReplicaConfig, conf)
         self.credentials = token if isinstance(token, Credentials) else Credentials.of(token)
         # Files to re-read on reload; a token given directly never changes.
         self._token_files = (

@@ -155,7 +155,7 @@ def config_yaml(data: bytes) -> None:
         conf = config.load(path, environ={})
     except config.ConfigError:
         return
-    config.ReplicaConfig.from_mapping(conf)
+    config.build(config.ReplicaConfig, conf)
 
 
 # -- Event BUS (ZeroMQ multipart messages) ----------------------------------------------------
