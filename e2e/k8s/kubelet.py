@@ -36,7 +36,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,16 +45,12 @@ from typing import Any
 
 import yaml
 
+from e2e.ports import free_port
+
 from .harness import ROOT, Api, stop_process
 
 HASH_ANNOTATION = "eventfleet.io/config-hash"
 _URLS_LOCK = threading.Lock()  # several fleets (kubelets) share one urls file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 ORPHAN_GRACE = 6.0  # seconds orphaned pods wait for a new StatefulSet

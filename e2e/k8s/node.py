@@ -44,7 +44,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,17 +54,13 @@ from typing import Any
 
 import yaml
 
+from e2e.ports import free_port
+
 from .controlplane import ControlPlane
 from .harness import ROOT, stop_process, wait_for
 
 PODMAN = ROOT / ".tools" / "bin" / "efpodman"
 _URLS_LOCK = threading.Lock()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def now() -> str:

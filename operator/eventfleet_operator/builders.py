@@ -448,6 +448,9 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
         if Service.CLIENT in e.services and e.protocol != "http"
     )
     http_from = [dict(operator), *(dict(p) for p in np.monitoring_from)]
+    if spec.aggregation.enabled:
+        # The Spark job reads the events through GET /export on the HTTP port.
+        http_from.append({"podSelector": {"matchLabels": _aggregation_pod_labels(spec)}})
     http_from += [dict(p) for p in np.http_from]
     clients: dict[str, Any] = {"ports": ports(Service.CLIENT, client_protocols)}
     if np.client_from:
@@ -491,10 +494,19 @@ def service_monitor(spec: FleetSpec) -> dict[str, Any]:
     }
 
 
+def _aggregation_pod_labels(spec: FleetSpec) -> dict[str, str]:
+    """Labels of the Spark driver and executor pods (also what the NetworkPolicy admits)."""
+    return naming.labels(spec.name, "aggregation")
+
+
 def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
     """spark-operator ScheduledSparkApplication running the aggregation job."""
     agg = spec.aggregation
-    eventer = f"{naming.client_service(spec.name)}.{spec.namespace}.svc:{spec.ports.eventer}"
+    client_host = f"{naming.client_service(spec.name)}.{spec.namespace}.svc"
+    eventer = f"{client_host}:{spec.ports.eventer}"
+    # The Arrow read path (GET /export); the job falls back to Eventer per slice when a
+    # replica does not serve it.
+    http = f"{client_host}:{spec.ports.http}"
     token = spec.token_ref
     token_env = [
         {
@@ -502,7 +514,7 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
             "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.key}},
         }
     ]
-    pod_labels = naming.labels(spec.name, "aggregation")
+    pod_labels = _aggregation_pod_labels(spec)
     return {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "ScheduledSparkApplication",
@@ -525,6 +537,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                 "arguments": [
                     "--eventer",
                     eventer,
+                    "--http",
+                    http,
                     "--bucket",
                     str(agg.bucket_seconds),
                     "--output",
