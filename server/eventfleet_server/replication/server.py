@@ -171,17 +171,22 @@ class _Connection:
 
     def _send(self, msg: dict[str, Any]) -> None:
         if not self._outbox.put(msg) and self._outbox.overflowed and not self._closing:
-            self._rejections.reject(
+            self._refuse_and_close(
                 RejectReason.SLOW_SUBSCRIBER,
                 f"{len(self._outbox)} messages unsent (replication.max_send_queue); closing",
-                self.peer,
+                "too slow: send queue full",
             )
-            self._closing = True
-            self._server._tasks.spawn(
-                f"{self.name}/close",
-                self.close(WSCloseCode.POLICY_VIOLATION, "too slow: send queue full"),
-                critical=False,
-            )
+
+    def _refuse_and_close(self, reason: RejectReason, detail: str, close_message: str) -> None:
+        """Count the refusal and close the connection from a task (the callers are sync:
+        a send, a timer); nothing is read or queued after this."""
+        self._rejections.reject(reason, detail, self.peer)
+        self._closing = True
+        self._server._tasks.spawn(
+            f"{self.name}/close",
+            self.close(WSCloseCode.POLICY_VIOLATION, close_message),
+            critical=False,
+        )
 
     async def close(self, code: int = WSCloseCode.OK, message: str = "") -> None:
         self._closing = True
@@ -207,16 +212,10 @@ class _Connection:
 
     def _login_expired(self) -> None:
         if not self.session.logged_in and not self._closing:
-            self._rejections.reject(
+            self._refuse_and_close(
                 RejectReason.INIT_TIMEOUT,
                 f"not logged in within {self._server._limits.init_timeout:g} s",
-                self.peer,
-            )
-            self._closing = True
-            self._server._tasks.spawn(
-                f"{self.name}/close",
-                self.close(WSCloseCode.POLICY_VIOLATION, "login timeout"),
-                critical=False,
+                "login timeout",
             )
 
     async def _read(self) -> None:
