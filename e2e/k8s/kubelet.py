@@ -178,9 +178,12 @@ class FakeKubelet(threading.Thread):
             return  # a Secret volume's Secret is missing: the pod would not start
 
         for ordinal in range(max(replicas, len(config.get("peers") or []))):
-            self.ports.setdefault(
-                ordinal, {"eventer": free_port(), "syncer": free_port(), "http": free_port()}
-            )
+            if ordinal not in self.ports:  # (setdefault would take fresh ports every sync)
+                self.ports[ordinal] = {
+                    "eventer": free_port(),
+                    "syncer": free_port(),
+                    "http": free_port(),
+                }
         self._write_urls()
 
         for ordinal in sorted(self.pods, reverse=True):

@@ -355,7 +355,8 @@ class NodeAgent(threading.Thread):
     def _alloc(self, pod: str, container_ports: list[int]) -> dict[int, int]:
         ports = self.ports.setdefault(pod, {})
         for port in container_ports:
-            ports.setdefault(port, free_port())
+            if port not in ports:  # (setdefault would take a fresh port on every call)
+                ports[port] = free_port()
         return ports
 
     def _host_port(self, pod: str, port_name: str) -> int:

@@ -64,7 +64,7 @@ class Replica:
         config_path: pathlib.Path | None = None,
     ):
         self.conf = conf
-        self.core = ReplicaConfig.from_mapping(conf)
+        self.core = build(ReplicaConfig, conf)
         self.credentials = token if isinstance(token, Credentials) else Credentials.of(token)
         # Files to re-read on reload; a token given directly never changes.
         self._token_files = (
@@ -100,9 +100,10 @@ class Replica:
         return self._protocol("syncer")
 
     @property
-    def all_protocols(self) -> list[ProtocolServer]:
-        """Every protocol created from the configuration (started or not yet)."""
-        return list(self._created)
+    def protocol_states(self) -> list[tuple[ProtocolServer, bool]]:
+        """Every protocol created from the configuration, in start order, with whether it
+        has started yet (what readiness needs, in one place)."""
+        return [(p, p.name in self.protocols) for p in self._created]
 
     def _protocol(self, name: str):
         return self.protocols.get(name) or next((p for p in self._created if p.name == name), None)
