@@ -461,7 +461,8 @@ def test_the_chart_deployment_runs_the_operator_image_as_a_pod(cluster, home, tm
         pytest.skip("no operator image: run scripts/tools/images.sh")
     kubeconfig, plane = cluster
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a")
-    install(home, kubeconfig)
+    # The default install watches its own namespace only: name the fleet's.
+    install(home, kubeconfig, "--set", "operator.watchNamespaces[0]=fleet-a")
     full = f"{RELEASE}-eventfleet-operator"
     node = NodeAgent(plane, NAMESPACE, tmp_path, tmp_path / "urls.json", runtime="podman")
     node.start()
