@@ -174,6 +174,17 @@ class FakeKubelet(threading.Thread):
         if cm is None or secret is None:
             return  # a real pod would not start without its volumes either
         token = base64.b64decode(secret["data"][volume["items"][0]["key"]]).decode()
+        peer_token = None
+        peer_volume = next(
+            (v for v in template["spec"]["volumes"] if v["name"] == "peer-token"), None
+        )
+        if peer_volume is not None:
+            peer_source = peer_volume["secret"]
+            peer_secret = self.api.get(self._path("secrets", peer_source["secretName"]))
+            if peer_secret is None:
+                return
+            key = peer_source["items"][0]["key"]
+            peer_token = base64.b64decode(peer_secret["data"][key]).decode()
         config = yaml.safe_load(cm["data"]["config.yaml"])
 
         for ordinal in range(max(replicas, len(config.get("peers") or []))):
@@ -186,7 +197,7 @@ class FakeKubelet(threading.Thread):
             if ordinal >= replicas:
                 self._stop_pod(ordinal)  # graceful: the replica flushes to its peers
         for ordinal in range(replicas):
-            changed = self._write_config(ordinal, config, token)
+            changed = self._write_config(ordinal, config, token, peer_token)
             pod = self.pods.get(ordinal)
             if pod and pod.proc.poll() is None and changed:
                 os.kill(pod.proc.pid, signal.SIGHUP)  # kubelet updated the mount; reload now
@@ -239,6 +250,8 @@ class FakeKubelet(threading.Thread):
         local.update(
             host="127.0.0.1", data_dir=str(pod_dir / "data"), token_file=str(pod_dir / "token")
         )
+        if local.get("peer_token_file"):
+            local["peer_token_file"] = str(pod_dir / "peer-token")
         local["eventer"] = {**local.get("eventer", {}), "port": ports["eventer"]}
         local["syncer"] = {**local.get("syncer", {}), "port": ports["syncer"]}
         local["http"] = {**local.get("http", {}), "port": ports["http"]}
@@ -252,16 +265,22 @@ class FakeKubelet(threading.Thread):
         local["peers"] = peers
         return local
 
-    def _write_config(self, ordinal: int, config: dict[str, Any], token: str) -> bool:
+    def _write_config(
+        self, ordinal: int, config: dict[str, Any], token: str, peer_token: str | None = None
+    ) -> bool:
+        """Write the pod's files; True when any changed (the caller sends SIGHUP, as the
+        replica would notice a changed mount by itself at its next poll)."""
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         pod_dir.mkdir(exist_ok=True)
-        token_path = pod_dir / "token"
-        if not token_path.exists() or token_path.read_text() != token:
-            token_path.write_text(token)
+        tokens_changed = False
+        for path, text in ((pod_dir / "token", token), (pod_dir / "peer-token", peer_token)):
+            if text is not None and (not path.exists() or path.read_text() != text):
+                path.write_text(text)
+                tokens_changed = True
         text = yaml.safe_dump(self._localise(ordinal, config), sort_keys=False)
         path = pod_dir / "config.yaml"
         if path.exists() and path.read_text() == text:
-            return False
+            return tokens_changed
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)  # atomic, like kubelet's symlink swap

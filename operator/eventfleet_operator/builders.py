@@ -64,6 +64,7 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
         "host": "0.0.0.0",
         "data_dir": naming.DATA_DIR,
         "token_file": naming.TOKEN_PATH,
+        "peer_token_file": naming.PEER_TOKEN_PATH,
         "allow_empty_start": allow_empty_start,
     }
     for entry in constants.PROTOCOL_PORTS:
@@ -116,8 +117,9 @@ def replication_config(spec: FleetSpec) -> dict[str, Any]:
 def config_hash(spec: FleetSpec, config: dict[str, Any]) -> str:
     """Hash of what needs a restart: the config minus hot-reloaded keys, plus the token ref."""
     restart_relevant = {k: v for k, v in config.items() if k not in HOT_RELOADED_KEYS}
-    token = spec.token_ref
+    token, peer = spec.token_ref, spec.peer_token_ref
     restart_relevant["_token_secret"] = [token.secret_name, token.key]
+    restart_relevant["_peer_token_secret"] = [peer.secret_name, peer.key]
     canonical = json.dumps(restart_relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -133,11 +135,24 @@ def configmap(spec: FleetSpec, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def token_secret(spec: FleetSpec, token: str) -> dict[str, Any]:
-    """The generated token Secret; ``token`` comes from the live Secret once it exists."""
+    """The generated client token Secret; ``token`` comes from the live Secret once it
+    exists."""
+    return _secret(spec, naming.token_secret(spec.name), "token", token)
+
+
+def peer_token_secret(spec: FleetSpec, tokens: str) -> dict[str, Any]:
+    """The generated peer token Secret (Syncer links, ``/flush``, the full ``/status``).
+
+    ``tokens`` is the file's text: one token per line, the first presented to peers.
+    """
+    return _secret(spec, naming.peer_token_secret(spec.name), "peer-token", tokens)
+
+
+def _secret(spec: FleetSpec, name: str, component: str, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(spec, naming.token_secret(spec.name), "token"),
+        "metadata": _metadata(spec, name, component),
         "type": "Opaque",
         # `data`, not `stringData`: the live object only ever has `data`, so the
         # drift check can compare like with like.
@@ -233,6 +248,7 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             # and the replica hot-reloads the peer list from this file.
             {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
             {"name": "token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
+            {"name": "peer-token", "mountPath": naming.PEER_TOKEN_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -290,7 +306,7 @@ def topology_spread(spec: FleetSpec) -> list[dict[str, Any]]:
 
 def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str, Any]:
     """The replicas. ``replicas`` is what is safe right now, not always ``spec.replicas``."""
-    token = spec.token_ref
+    token, peer = spec.token_ref, spec.peer_token_ref
     pod_labels = {
         **spec.pod_labels,
         **naming.selector_labels(spec.name),
@@ -320,6 +336,14 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
                 "secret": {
                     "secretName": token.secret_name,
                     "items": [{"key": token.key, "path": "token"}],
+                    "defaultMode": 0o440,
+                },
+            },
+            {
+                "name": "peer-token",
+                "secret": {
+                    "secretName": peer.secret_name,
+                    "items": [{"key": peer.key, "path": "token"}],
                     "defaultMode": 0o440,
                 },
             },

@@ -214,6 +214,8 @@ class FleetSpec:
     storage: Storage = Storage()
     ports: Ports = Ports()
     token: TokenRef | None = None
+    # spec.peerToken: the peer credential; None = the generated `<name>-peer-token`.
+    peer_token: TokenRef | None = None
     # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
     # and implemented: served, their ports rendered.
     enabled_protocols: tuple[str, ...] = ()
@@ -251,6 +253,11 @@ class FleetSpec:
     @property
     def token_ref(self) -> TokenRef:
         return self.token or TokenRef(secret_name=f"{self.name}-token")
+
+    @property
+    def peer_token_ref(self) -> TokenRef:
+        """The peer credential's Secret: the user's, or the generated ``<name>-peer-token``."""
+        return self.peer_token or TokenRef(secret_name=f"{self.name}-peer-token")
 
     def serves(self, entry: ProtocolPort) -> bool:
         """Does a replica of this fleet listen on ``entry``'s ports?"""
@@ -449,16 +456,35 @@ def _parse_ports(spec: Mapping[str, Any]) -> Ports:
     return parsed
 
 
-def _parse_token(spec: Mapping[str, Any]) -> TokenRef | None:
-    ref = _obj(_obj(spec, "token", "spec"), "secretRef", "spec.token")
+def _parse_token(spec: Mapping[str, Any], field: str = "token") -> TokenRef | None:
+    path = f"spec.{field}.secretRef"
+    ref = _obj(_obj(spec, field, "spec"), "secretRef", f"spec.{field}")
     if not ref:
         return None
-    name = _str(ref, "name", "spec.token.secretRef")
+    name = _str(ref, "name", path)
     if not name:
-        raise SpecError("spec.token.secretRef.name", "is required when secretRef is given")
-    return TokenRef(
-        secret_name=name, key=_str(ref, "key", "spec.token.secretRef", "token"), generated=False
-    )
+        raise SpecError(f"{path}.name", "is required when secretRef is given")
+    return TokenRef(secret_name=name, key=_str(ref, "key", path, "token"), generated=False)
+
+
+def _parse_peer_token(spec: Mapping[str, Any]) -> TokenRef | None:
+    ref = _parse_token(spec, "peerToken")
+    client = _parse_token(spec)
+    if (
+        ref is not None
+        and client is not None
+        and (ref.secret_name, ref.key)
+        == (
+            client.secret_name,
+            client.key,
+        )
+    ):
+        # One credential for both would let every client act as a peer (docs/security.md).
+        raise SpecError(
+            "spec.peerToken.secretRef",
+            f"must differ from spec.token.secretRef (both are {ref.secret_name}/{ref.key})",
+        )
+    return ref
 
 
 def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -738,6 +764,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         storage=_parse_storage(spec),
         ports=_parse_ports(spec),
         token=_parse_token(spec),
+        peer_token=_parse_peer_token(spec),
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),

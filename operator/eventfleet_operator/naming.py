@@ -31,6 +31,10 @@ CONFIG_FILE = "config.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 TOKEN_DIR = "/var/run/secrets/eventfleet"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
+# The peer credential (Syncer links, /flush, the full /status): a separate Secret and
+# mount, so a client token never opens the replicas' peer and admin doors.
+PEER_TOKEN_DIR = "/var/run/secrets/eventfleet-peer"
+PEER_TOKEN_PATH = f"{PEER_TOKEN_DIR}/token"
 REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
 REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
@@ -59,6 +63,10 @@ def configmap(name: str) -> str:
 
 def token_secret(name: str) -> str:
     return f"{name}-token"
+
+
+def peer_token_secret(name: str) -> str:
+    return f"{name}-peer-token"
 
 
 def pdb(name: str) -> str:

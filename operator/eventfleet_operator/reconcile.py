@@ -183,6 +183,8 @@ def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
         children.append((kube.PDBS, naming.pdb(spec.name)))
     if spec.network_policy.enabled:
         children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
+    if spec.peer_token_ref.generated:
+        children.insert(0, (kube.SECRETS, naming.peer_token_secret(spec.name)))
     if spec.token_ref.generated:
         children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
     return children
@@ -199,33 +201,68 @@ async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
 
 
 async def _token(
-    ctx: Context, spec: model.FleetSpec, log: logging.Logger
+    ctx: Context,
+    spec: model.FleetSpec,
+    log: logging.Logger,
+    *,
+    field: str = "spec.token",
+    seed: Callable[[str], str] | None = None,
 ) -> tuple[dict[str, Any] | None, str, str | None]:
     """The generated Secret to apply (or None), a problem with a referenced one, and the
-    token itself (the operator presents it on the replicas' admin routes)."""
-    ref = spec.token_ref
+    token that is presented (the file's first line).
+
+    ``field`` picks the credential: ``spec.token`` (clients) or ``spec.peerToken``
+    (peers; the operator presents it on the replicas' admin routes). ``seed`` turns a
+    freshly generated token into the Secret's first text (see :func:`_peer_seed`).
+    """
+    peer = field == "spec.peerToken"
+    ref = spec.peer_token_ref if peer else spec.token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if not ref.generated:
         if live is None:
-            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found", None
+            return None, f"{field}.secretRef.name: Secret {ref.secret_name!r} not found", None
         if ref.key not in (live.get("data") or {}):
             return (
                 None,
-                f"spec.token.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
+                f"{field}.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
                 None,
             )
         return None, "", _first_token(live["data"][ref.key])
-    token = ""
+    text = ""
     if live is not None:
         try:
-            token = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
+            text = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
         except ValueError:
-            token = ""
-    if not token:
-        # Generated once and then kept: rotating it would lock out every client.
-        token = secrets.token_urlsafe(32)
+            text = ""
+    if not text.strip():
+        # Generated once and then kept: replacing it would lock out every client (peer).
+        text = secrets.token_urlsafe(32)
+        if seed is not None:
+            text = seed(text)
         log.info("generated a new token for Secret %s", ref.secret_name)
-    return builders.token_secret(spec, token), "", token
+    build = builders.peer_token_secret if peer else builders.token_secret
+    first = next((line.strip() for line in text.splitlines() if line.strip()), None)
+    return build(spec, text), "", first
+
+
+def _peer_seed(
+    sts_live: Mapping[str, Any] | None, client_token: str | None
+) -> Callable[[str], str]:
+    """How a new generated peer Secret starts.
+
+    A new fleet: the new token alone. A fleet whose running pods predate the peer
+    Secret (an operator upgrade) accepts only the client token from peers and on
+    ``/flush``: the Secret then starts as ``client token, new token``, so the replaced
+    pods still present what the old ones accept (the first line) and accept the new
+    token already. Finishing the split is the peer rotation of docs/runbook.md.
+    """
+    volumes_ = (((sts_live or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    upgrade = sts_live is not None and not any(
+        v.get("name") == "peer-token" for v in volumes_.get("volumes") or []
+    )
+    if not upgrade or not client_token:
+        return lambda new: new
+    return lambda new: f"{client_token}\n{new}\n"
 
 
 def _first_token(data: str) -> str | None:
@@ -647,8 +684,8 @@ async def _roll(
 
 
 async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
-    """The fleet's token for the replicas' /status, read only (a paused fleet)."""
-    ref = spec.token_ref
+    """The fleet's peer token for the replicas' /status, read only (a paused fleet)."""
+    ref = spec.peer_token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if live is None or (ref.generated and not naming.owned_by(live, spec.uid)):
         return None
@@ -694,8 +731,13 @@ async def _apply_children(
         # Before anything is read from them or written: a same-named StatefulSet, Secret
         # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
         raise ChildNotOwned(foreign, spec.uid)
-    secret, token_error, token = await _token(ctx, spec, log)
+    secret, token_error, client_token = await _token(ctx, spec, log)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
+    # Every call of the operator to a replica (/status, /flush) presents the peer token.
+    peer_secret, peer_error, token = await _token(
+        ctx, spec, log, field="spec.peerToken", seed=_peer_seed(sts_live, client_token)
+    )
+    token_error = "; ".join(e for e in (token_error, peer_error) if e)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 
@@ -782,6 +824,7 @@ async def _apply_children(
     # Up or steady: peers first, so new replicas start with the whole mesh.
     ordered: list[dict[str, Any]] = [
         *([secret] if secret else []),
+        *([peer_secret] if peer_secret else []),
         builders.peer_service(spec),
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
@@ -869,6 +912,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         "whenDeleted", "Retain"
     )
     token_ref = ((spec.get("token") or {}).get("secretRef") or {}).get("name")
+    peer_token_ref = ((spec.get("peerToken") or {}).get("secretRef") or {}).get("name")
     uid = meta.get("uid", "")
     deleted: list[str] = []
     async with ctx.lock(namespace, name):
@@ -882,6 +926,8 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         ]
         if not token_ref:  # never delete a Secret the user owns
             targets.append((kube.SECRETS, naming.token_secret(name)))
+        if not peer_token_ref:
+            targets.append((kube.SECRETS, naming.peer_token_secret(name)))
         for optional, child in (
             (kube.SERVICEMONITORS, naming.service_monitor(name)),
             (kube.SPARKAPPS, naming.spark_app(name)),
