@@ -75,6 +75,9 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             section["enabled"] = spec.serves(entry)
         config[entry.protocol] = section
     config["syncer"]["subscriptions"] = [list(s) for s in spec.subscriptions]
+    # The hat-compatible mode: off unless spec.clients says so (docs/security.md).
+    config["eventer"]["allow_tokenless_clients"] = spec.clients.allow_tokenless
+    config["eventer"]["tokenless_client_networks"] = list(spec.clients.tokenless_networks)
     # Jetstream rides on the HTTP port (websocket at `path`): a section, no ports.
     config["jetstream"] = {
         "enabled": spec.jetstream.enabled,

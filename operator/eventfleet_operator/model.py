@@ -10,6 +10,7 @@ cross-field rules, name limits. Every problem is a :class:`SpecError` naming the
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -98,6 +99,19 @@ class TokenRef:
     secret_name: str
     key: str = "token"
     generated: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientsSpec:
+    """``spec.clients``: the hat-compatible mode (docs/security.md).
+
+    Hat components have no token setting; ``allow_tokenless`` admits Eventer clients
+    that present no token (a wrong token is still refused), only from
+    ``tokenless_networks`` (addresses or CIDRs) when that is not empty.
+    """
+
+    allow_tokenless: bool = False
+    tokenless_networks: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,6 +230,7 @@ class FleetSpec:
     token: TokenRef | None = None
     # spec.peerToken: the peer credential; None = the generated `<name>-peer-token`.
     peer_token: TokenRef | None = None
+    clients: ClientsSpec = ClientsSpec()
     # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
     # and implemented: served, their ports rendered.
     enabled_protocols: tuple[str, ...] = ()
@@ -485,6 +500,30 @@ def _parse_peer_token(spec: Mapping[str, Any]) -> TokenRef | None:
             f"must differ from spec.token.secretRef (both are {ref.secret_name}/{ref.key})",
         )
     return ref
+
+
+def _parse_clients(spec: Mapping[str, Any]) -> ClientsSpec:
+    path = "spec.clients"
+    section = _obj(spec, "clients", "spec")
+    allow = _bool(section, "allowTokenless", path, False)
+    networks = _get(section, "tokenlessNetworks", path, list) or []
+    for i, value in enumerate(networks):
+        try:
+            # As the replica reads them (listener.parse_networks): host bits allowed.
+            # A number would pass ip_network (an integer address): text only.
+            if not isinstance(value, str):
+                raise TypeError(value)
+            ipaddress.ip_network(value, strict=False)
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"{path}.tokenlessNetworks[{i}]",
+                f"must be an IP address or a CIDR network such as 10.1.0.0/16, got {value!r}",
+            ) from None
+    if networks and not allow:
+        raise SpecError(
+            f"{path}.tokenlessNetworks", "applies only with spec.clients.allowTokenless: true"
+        )
+    return ClientsSpec(allow_tokenless=allow, tokenless_networks=tuple(networks))
 
 
 def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -765,6 +804,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         ports=_parse_ports(spec),
         token=_parse_token(spec),
         peer_token=_parse_peer_token(spec),
+        clients=_parse_clients(spec),
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),
