@@ -432,3 +432,62 @@ def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
     } <= made, sorted(made)
     missing = sorted(made - allowed)
     assert missing == [], f"RBAC lacks {missing}"
+
+
+def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, operator, kubelet):
+    """The runbook's peer rotation on the generated Secret: each step reaches the real
+    replicas through their reload (the fake kubelet rewrites the mounted file and sends
+    SIGHUP, as a refreshed Secret volume plus the replica's poll would), the operator's
+    TokensLoaded condition follows it, nothing restarts, and the operator's /flush works
+    with the new token alone at the end."""
+    import base64
+
+    kubectl.apply(eventserver("rot", 2))
+    pods = kubelet("rot")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/rot", "--timeout=90s", timeout=100)
+    kubectl.run(
+        "wait", "--for=condition=TokensLoaded", "eventserver/rot", "--timeout=30s", timeout=40
+    )
+    pids = [pods.pid(0), pods.pid(1)]
+    secret = kubectl.get("secret", "rot-peer-token")
+    old = base64.b64decode(secret["data"]["token"]).decode().strip()
+    client = base64.b64decode(kubectl.get("secret", "rot-token")["data"]["token"]).decode()
+    assert old and old != client.strip()
+
+    def step(text: str) -> None:
+        before = kubectl.get("eventserver", "rot")["status"]["tokensDigest"]
+        data = base64.b64encode(text.encode()).decode()
+        kubectl.run("patch", "secret/rot-peer-token", "-p", json.dumps({"data": {"token": data}}))
+
+        def loaded():
+            es = kubectl.get("eventserver", "rot")
+            c = condition(es, "TokensLoaded")
+            return es["status"].get("tokensDigest") != before and c.get("status") == "True"
+
+        wait_for(loaded, timeout=40, what=f"every replica to load {text!r}")
+
+    step(f"{old}\nrotated-peer\n")
+    step(f"rotated-peer\n{old}\n")
+    step("rotated-peer\n")
+    assert [pods.pid(0), pods.pid(1)] == pids and not pods.restarts
+    reasons = {
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=rot")[
+            "items"
+        ]
+    }
+    # (TokensReloading may not be seen here: this kubelet reloads within a resync.)
+    assert "TokensChanged" in reasons, reasons
+    # Only the new token is valid now: the operator's flush (POST /flush) still works.
+    register(pods, 1, 2)
+    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/flush=after-rotation")
+    flushed = wait_for(
+        lambda: (
+            (kubectl.get("eventserver", "rot")["status"].get("lastFlush") or {}).get("requested")
+            == "after-rotation"
+            and kubectl.get("eventserver", "rot")["status"]["lastFlush"]
+        ),
+        timeout=60,
+        what="the flush after the rotation",
+    )
+    assert flushed["result"] == "Verified", flushed

@@ -116,6 +116,7 @@ class ConditionType(enum.StrEnum):
     HIBERNATED = "Hibernated"
     PROGRESSING = "Progressing"
     STORAGE_RESIZING = "StorageResizing"
+    TOKENS_LOADED = "TokensLoaded"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -156,6 +157,11 @@ class Reason(enum.StrEnum):
     # Hibernated (also HIBERNATING)
     NOT_HIBERNATING = "NotHibernating"
     ALL_REPLICAS_READY = "AllReplicasReady"
+    # TokensLoaded (also the Event when a token Secret changed: TOKENS_CHANGED)
+    ALL_TOKENS_LOADED = "AllTokensLoaded"
+    TOKENS_RELOADING = "TokensReloading"
+    TOKENS_UNKNOWN = "TokensUnknown"
+    TOKENS_CHANGED = "TokensChanged"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
     STATUS_UNAVAILABLE = "StatusUnavailable"

@@ -20,7 +20,17 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling, volumes
+from eventfleet_operator import (
+    builders,
+    kube,
+    metrics,
+    model,
+    naming,
+    rollout,
+    scaling,
+    tokens,
+    volumes,
+)
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -241,7 +251,7 @@ async def _token(
             text = seed(text)
         log.info("generated a new token for Secret %s", ref.secret_name)
     build = builders.peer_token_secret if peer else builders.token_secret
-    first = next((line.strip() for line in text.splitlines() if line.strip()), None)
+    first = next(iter(tokens.parse(text)), None)
     return build(spec, text), "", first
 
 
@@ -266,12 +276,51 @@ def _peer_seed(
 
 
 def _first_token(data: str) -> str | None:
-    """The token a replica presents to peers: the first non-empty line of the file."""
+    """The token a replica presents to peers: the first token of the file."""
     try:
         text = base64.b64decode(data).decode()
     except ValueError:
         return None
-    return next((line.strip() for line in text.splitlines() if line.strip()), None)
+    return next(iter(tokens.parse(text)), None)
+
+
+async def _tokens_loaded(
+    ctx: Context,
+    spec: model.FleetSpec,
+    peers: Sequence[status_mod.PeerReport],
+    previous: Mapping[str, Any],
+    emit: Emit | None = None,
+) -> tuple[status_mod.Verdict, str]:
+    """``TokensLoaded`` and the Secrets' digest: have the replicas reloaded the tokens?
+
+    A token Secret changed (a rotation step) reaches the replicas without a restart:
+    kubelet refreshes the Secret volumes and each replica re-reads them. The operator
+    only watches that happen (and says so once with an Event).
+    """
+    client_ref, peer_ref = spec.token_ref, spec.peer_token_ref
+    found = []
+    for ref in (client_ref, peer_ref):
+        live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
+        if live is not None and ref.generated and not naming.owned_by(live, spec.uid):
+            live = None
+        found.append(tokens.decode(live, "token" if ref.generated else ref.key))
+    names = f"Secrets {client_ref.secret_name} and {peer_ref.secret_name}"
+    client, peer = found
+    expected = tokens.Expected.of(client, peer) if client and peer else None
+    reports = [
+        (p.name, p.status.credentials if p.status else None, p.status is not None) for p in peers
+    ]
+    verdict = tokens.verdict(expected, reports, names)
+    digest = expected.digest() if expected else ""
+    before = str(previous.get("tokensDigest") or "")
+    if emit is not None and digest and before and digest != before:
+        emit(
+            EventType.NORMAL,
+            Reason.TOKENS_CHANGED,
+            f"{names} changed: the replicas reload the tokens without a restart "
+            "(condition TokensLoaded says when all have)",
+        )
+    return verdict, digest
 
 
 async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
@@ -431,6 +480,11 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
                 emit(EventType.NORMAL, reason, message)
         elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
             if is_true or was_true or reason is Reason.HIBERNATING:
+                emit(EventType.NORMAL, reason, message)
+        elif kind is ConditionType.TOKENS_LOADED:
+            # Only a rotation's progress: not the first check of a new fleet.
+            was_reloading = (before.get(kind) or {}).get("reason") == Reason.TOKENS_RELOADING
+            if reason is Reason.TOKENS_RELOADING or (is_true and was_reloading):
                 emit(EventType.NORMAL, reason, message)
         elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
             emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
@@ -706,8 +760,11 @@ async def _observe_only(
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
     token = await _read_token(ctx, spec)
     peers = await _observe_replicas(ctx, spec, count, token)
+    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous)
     return dataclasses.replace(
         obs,
+        tokens=tokens_c,
+        tokens_digest=digest,
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
@@ -877,6 +934,7 @@ async def _apply_children(
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target, token)
+    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await _pods(ctx, spec)
     plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
     steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
@@ -900,6 +958,8 @@ async def _apply_children(
         monitoring=monitoring,
         aggregation=aggregation,
         config_hash=config_hash,
+        tokens=tokens_c,
+        tokens_digest=digest,
     )
 
 

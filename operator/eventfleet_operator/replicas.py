@@ -79,6 +79,9 @@ class ReplicaStatus:
     peers: tuple[PeerLink, ...]
     events: int | None
     db_bytes: int | None
+    # Fingerprints of the tokens the replica has loaded ({"client": [...], "peer": [...]});
+    # None from an image that does not report them (or an anonymous /status).
+    credentials: Mapping[str, Any] | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ReplicaStatus:
@@ -118,6 +121,9 @@ class ReplicaStatus:
             peers=tuple(peers),
             events=storage.get("events"),
             db_bytes=storage.get("db_bytes"),
+            credentials=data.get("credentials")
+            if isinstance(data.get("credentials"), Mapping)
+            else None,
         )
 
     def own_last_id(self) -> EventId | None:

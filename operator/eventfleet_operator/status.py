@@ -77,6 +77,8 @@ class Observation:
     storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
+    tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
+    tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
 
 
 def now_iso() -> str:
@@ -306,6 +308,7 @@ def build(
             (ConditionType.HIBERNATED, hibernated_c),
             (ConditionType.PROGRESSING, progressing_c),
             (ConditionType.STORAGE_RESIZING, resize_c),
+            (ConditionType.TOKENS_LOADED, obs.tokens or _kept_tokens(prev_conditions)),
         )
     ]
 
@@ -336,6 +339,9 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    digest = obs.tokens_digest or previous.get("tokensDigest")
+    if digest:
+        status["tokensDigest"] = digest
     last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
     if last_flush:
         status["lastFlush"] = dict(last_flush)
@@ -344,6 +350,18 @@ def build(
         status["updateRevision"] = obs.rollout.update_revision
         status["updatedReplicas"] = obs.rollout.updated
     return status
+
+
+def _kept_tokens(previous: Sequence[Mapping[str, Any]]) -> Verdict:
+    """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
+    last = next((c for c in previous if c.get("type") == ConditionType.TOKENS_LOADED), {})
+    if last.get("reason") in (r.value for r in Reason):
+        return (
+            ConditionStatus(last["status"]),
+            Reason(last["reason"]),
+            str(last.get("message") or ""),
+        )
+    return (U, Reason.TOKENS_UNKNOWN, "not checked yet")
 
 
 def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:
