@@ -216,6 +216,10 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             },
         ],
         "ports": ports,
+        # A replica that refuses to start (a damaged store, a store of a newer schema)
+        # logs one line and exits: that line becomes the container's termination
+        # message, where the operator reads why (docs/operator.md, "Storage schema").
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # Liveness only asks "is the loop alive"; readiness waits for the initial sync, so a
         # slow sync never gets the pod killed. The startup probe covers opening a big DB.
         "startupProbe": {

@@ -141,6 +141,7 @@ class Reason(enum.StrEnum):
     HIBERNATING = "Hibernating"
     HIBERNATED = "Hibernated"
     ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    STORAGE_SCHEMA_TOO_NEW = "StorageSchemaTooNew"
     # Progressing
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
@@ -191,6 +192,7 @@ READY_PROBLEMS = frozenset(
         Reason.APPLY_FAILED,
         Reason.TOKEN_SECRET_NOT_FOUND,
         Reason.IMMUTABLE_FIELD_CHANGED,
+        Reason.STORAGE_SCHEMA_TOO_NEW,
         Reason.PROTOCOL_NOT_IMPLEMENTED,
         Reason.CHILD_NOT_OWNED,
     }

@@ -31,6 +31,7 @@ from eventfleet_operator import (
     tokens,
     volumes,
 )
+from eventfleet_operator import schema as schema_mod
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -936,6 +937,13 @@ async def _apply_children(
     peers = await _observe_replicas(ctx, spec, decision.target, token)
     tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await _pods(ctx, spec)
+    schema_version = schema_mod.highest(
+        previous.get("storageSchemaVersion"),
+        (p.status.schema_version for p in peers if p.status is not None),
+    )
+    schema_error = schema_mod.problem(
+        ((naming.pod(spec.name, o), pod) for o, pod in sorted(pods.items())), schema_version
+    )
     plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
     steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
     if plan is not None and sts_after is not None:
@@ -951,6 +959,8 @@ async def _apply_children(
         rollout=plan,
         token_error=token_error,
         immutable_error=immutable_error,
+        schema_error=schema_error,
+        schema_version=schema_version,
         not_implemented=spec.not_implemented,
         statefulset=sts_after,
         decision=decision,

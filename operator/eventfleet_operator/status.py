@@ -63,6 +63,8 @@ class Observation:
     spec_error: tuple[str, str] | None = None  # (field, message)
     token_error: str = ""
     immutable_error: str = ""
+    schema_error: str = ""  # a pod refuses a store of a newer storage schema (schema.py)
+    schema_version: int | None = None  # the highest storage schema version seen
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
     apply_error: str = ""
     ownership_error: str = ""  # children's names taken by objects this EventServer does not own
@@ -202,6 +204,8 @@ def build(
         ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
         ready_c = (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
+    elif obs.schema_error:
+        ready_c = (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
     elif obs.immutable_error:
         ready_c = (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
     elif obs.not_implemented:
@@ -339,6 +343,9 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    schema_version = obs.schema_version or previous.get("storageSchemaVersion")
+    if schema_version:
+        status["storageSchemaVersion"] = int(schema_version)
     digest = obs.tokens_digest or previous.get("tokensDigest")
     if digest:
         status["tokensDigest"] = digest

@@ -30,7 +30,7 @@ from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Credentials, Tasks, TlsError
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
-from eventfleet_server.storage import CorruptStoreError, Retention, Storage
+from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
@@ -304,7 +304,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except (CorruptStoreError, TlsError) as e:
+            except (CorruptStoreError, SchemaVersionError, TlsError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)

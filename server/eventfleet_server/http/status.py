@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eventfleet_server.http.health import readiness
+from eventfleet_server.storage.schema import SCHEMA_VERSION
 
 STATUS_VERSION = 1
 
@@ -50,6 +51,9 @@ async def status_document(replica: Any, *, full: bool = True) -> dict:
             "events": stats.events if stats else None,
             "db_bytes": stats.db_bytes if stats and full else None,
             "last_seq": stats.last_seq if stats and full else None,
+            # The store's schema (PRAGMA user_version): what a replica of an older image
+            # would refuse to open (the operator keeps the highest seen).
+            "schema_version": SCHEMA_VERSION if storage is not None else None,
         },
     }
 
