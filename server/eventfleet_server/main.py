@@ -315,7 +315,7 @@ async def run(
             log.error("stopping: %s", replica.failure)
         else:
             log.info("stop requested")
-        _arm_stop_deadline(loop)
+        _arm_stop_deadline(loop, replica.core.stop_deadline)
         for task in (starting, stopping, failing):
             if not task.done():
                 task.cancel()
@@ -326,11 +326,9 @@ async def run(
     return 1 if replica.failure else 0
 
 
-STOP_DEADLINE = 25.0
-
-
-def _arm_stop_deadline(loop: asyncio.AbstractEventLoop) -> None:
-    """A graceful stop gets STOP_DEADLINE seconds; a second SIGTERM/SIGINT ends it now.
+def _arm_stop_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    """A graceful stop gets `deadline` seconds (``stop_deadline``); a second SIGTERM/SIGINT
+    ends it now.
 
     Why: a stop stuck on a peer or a task must not leave the process running forever
     (a supervisor or kubelet would kill it anyway, later). The store needs no clean
@@ -342,7 +340,7 @@ def _arm_stop_deadline(loop: asyncio.AbstractEventLoop) -> None:
         logging.shutdown()
         os._exit(1)
 
-    loop.call_later(STOP_DEADLINE, force, f"graceful stop not done within {STOP_DEADLINE:g} s")
+    loop.call_later(deadline, force, f"graceful stop not done within {deadline:g} s")
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, force, f"{signal.Signals(sig).name} during the stop")
