@@ -104,4 +104,3 @@ async def test_the_stop_deadline_ends_a_hanging_stop(tmp_path):
         assert await _events(leaving.data_dir) >= 25
     finally:
         await _cleanup(leaving, peer)
-
