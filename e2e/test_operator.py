@@ -33,6 +33,7 @@ CHILDREN = (
     "service/{n}-peers",
     "configmap/{n}-config",
     "secret/{n}-token",
+    "secret/{n}-peer-token",
     "poddisruptionbudget/{n}",
 )
 

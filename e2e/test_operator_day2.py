@@ -7,6 +7,7 @@ kubectl and the API only, so the same tests run on a real control plane by swapp
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -440,8 +441,6 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     SIGHUP, as a refreshed Secret volume plus the replica's poll would), the operator's
     TokensLoaded condition follows it, nothing restarts, and the operator's /flush works
     with the new token alone at the end."""
-    import base64
-
     kubectl.apply(eventserver("rot", 2))
     pods = kubelet("rot")
     kubectl.run("wait", "--for=condition=Ready", "eventserver/rot", "--timeout=90s", timeout=100)
@@ -491,3 +490,46 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
         what="the flush after the rotation",
     )
     assert flushed["result"] == "Verified", flushed
+
+
+def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
+    kubectl, operator, kubelet
+):
+    """``whenDeleted: Retain``: the EventServer's children go, its volume claims and the
+    Secrets the user gave stay. (Generated Secrets going with the fleet:
+    e2e/test_operator.py's cleanup test and the unit tests.)"""
+    for name, token in (("keep-client", "client-secret\n"), ("keep-peers", "peer-secret\n")):
+        kubectl.run("create", "secret", "generic", name, f"--from-literal=token={token}")
+    kubectl.apply(
+        eventserver(
+            "keep",
+            2,
+            token={"secretRef": {"name": "keep-client"}},
+            peerToken={"secretRef": {"name": "keep-peers"}},
+            storage={"retentionPolicy": {"whenDeleted": "Retain"}},
+        )
+    )
+    pods = kubelet("keep")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/keep", "--timeout=120s", timeout=130)
+    register(pods, 0, 3)
+    claims = {"data-keep-0", "data-keep-1"}
+    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    assert kubectl.get("secret", "keep-token") is None  # the user's Secrets are used
+    assert kubectl.get("secret", "keep-peer-token") is None
+
+    kubectl.run("delete", "eventserver", "keep", "--timeout=60s", timeout=70)
+    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=60, what="stopped")
+    for kind, name in (
+        ("statefulset", "keep"),
+        ("service", "keep"),
+        ("service", "keep-peers"),
+        ("configmap", "keep-config"),
+    ):
+        assert kubectl.get(kind, name) is None, (kind, name)
+    # Kept: every claim (the data) and the user's Secrets, untouched.
+    time.sleep(2)  # a deletion of the claims would follow the pods at once
+    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    for name, token in (("keep-client", "client-secret\n"), ("keep-peers", "peer-secret\n")):
+        secret = kubectl.get("secret", name)
+        assert secret is not None, name
+        assert base64.b64decode(secret["data"]["token"]).decode() == token
