@@ -411,30 +411,6 @@ def test_growing_the_volumes_keeps_the_pods_running(kubectl, operator, kubelet):
     assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
 
 
-def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
-    """Last in the module: replay every day-2 call (pod deletes, claim patches, storage
-    classes, NetworkPolicies...) against operator/deploy/rbac.yaml."""
-    allowed: set[tuple[str, str, str]] = set()
-    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
-        if doc["kind"] in ("ClusterRole", "Role"):
-            for rule in doc["rules"]:
-                for group in rule["apiGroups"]:
-                    for resource in rule["resources"]:
-                        for verb in rule["verbs"]:
-                            allowed.add((group, resource, verb))
-    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
-    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
-    # The day-2 paths really ran in this module.
-    assert {
-        ("", "pods", "delete"),
-        ("", "persistentvolumeclaims", "patch"),
-        ("storage.k8s.io", "storageclasses", "get"),
-        ("networking.k8s.io", "networkpolicies", "delete"),
-    } <= made, sorted(made)
-    missing = sorted(made - allowed)
-    assert missing == [], f"RBAC lacks {missing}"
-
-
 def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, operator, kubelet):
     """The runbook's peer rotation on the generated Secret: each step reaches the real
     replicas through their reload (the fake kubelet rewrites the mounted file and sends
@@ -468,6 +444,23 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     step(f"{old}\nrotated-peer\n")
     step(f"rotated-peer\n{old}\n")
     step("rotated-peer\n")
+    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token).
+    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/rotate-peer-token=r1")
+    rotation = wait_for(
+        lambda: (
+            (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {})
+            if (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {}).get(
+                "step"
+            )
+            in ("Done", "Refused")
+            else None
+        ),
+        timeout=90,
+        what="the operator's peer token rotation",
+    )
+    assert rotation["step"] == "Done", rotation
+    (auto,) = base64.b64decode(kubectl.get("secret", "rot-peer-token")["data"]["token"]).split()
+    assert auto.decode() not in (old, "rotated-peer")
     assert [pods.pid(0), pods.pid(1)] == pids and not pods.restarts
     reasons = {
         e["reason"]
@@ -533,3 +526,27 @@ def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
         secret = kubectl.get("secret", name)
         assert secret is not None, name
         assert base64.b64decode(secret["data"]["token"]).decode() == token
+
+
+def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
+    """Last in the module: replay every day-2 call (pod deletes, claim patches, storage
+    classes, NetworkPolicies...) against operator/deploy/rbac.yaml."""
+    allowed: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            allowed.add((group, resource, verb))
+    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
+    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
+    # The day-2 paths really ran in this module.
+    assert {
+        ("", "pods", "delete"),
+        ("", "persistentvolumeclaims", "patch"),
+        ("storage.k8s.io", "storageclasses", "get"),
+        ("networking.k8s.io", "networkpolicies", "delete"),
+    } <= made, sorted(made)
+    missing = sorted(made - allowed)
+    assert missing == [], f"RBAC lacks {missing}"

@@ -163,6 +163,10 @@ class Reason(enum.StrEnum):
     TOKENS_RELOADING = "TokensReloading"
     TOKENS_UNKNOWN = "TokensUnknown"
     TOKENS_CHANGED = "TokensChanged"
+    # Events of eventfleet.io/rotate-peer-token
+    PEER_TOKEN_ROTATION = "PeerTokenRotation"  # a step written
+    PEER_TOKEN_ROTATED = "PeerTokenRotated"
+    PEER_TOKEN_ROTATION_REFUSED = "PeerTokenRotationRefused"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
     STATUS_UNAVAILABLE = "StatusUnavailable"

@@ -21,6 +21,9 @@ RESTART_ANNOTATION = f"{GROUP}/restart"
 # On the EventServer: a new value asks for one flush of every replica to every other one;
 # the result goes to status.lastFlush (kubectl eventfleet flush).
 FLUSH_ANNOTATION = f"{GROUP}/flush"
+# On the EventServer: a new value rotates the generated peer token (tokens.rotation_step);
+# progress in status.peerTokenRotation.
+ROTATE_PEER_TOKEN_ANNOTATION = f"{GROUP}/rotate-peer-token"
 # `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
 PAUSE_ANNOTATION = f"{GROUP}/reconcile"
 PAUSED = "paused"

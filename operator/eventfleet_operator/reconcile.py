@@ -135,11 +135,18 @@ def _owner_uid(manifest: Mapping[str, Any]) -> str:
 
 
 async def ensure(
-    ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
+    ctx: Context,
+    manifest: Mapping[str, Any],
+    log: logging.Logger,
+    read_version: str | None = None,
 ) -> Operation | None:
     """Create or repair one child; returns what it did, or None (no change).
 
-    Raises :class:`ChildNotOwned` when an object of that name exists that is not ours.
+    ``read_version``: the resourceVersion of the live object the manifest was built
+    from (a token Secret keeps the live tokens); when the object changed since, nothing
+    is written this pass, so a concurrent edit (a rotation step by hand) is never
+    reverted with what was read before it. Raises :class:`ChildNotOwned` when an object
+    of that name exists that is not ours.
     """
     resource = kube.resource_of(manifest)
     manifest = with_applied_hash(manifest)
@@ -148,6 +155,10 @@ async def ensure(
     uid = _owner_uid(manifest)
     if live is not None and uid and not naming.owned_by(live, uid):
         raise ChildNotOwned([f"{manifest['kind']} {meta['name']}"], uid)
+    if read_version is not None and live is not None:
+        if (live.get("metadata") or {}).get("resourceVersion") != read_version:
+            log.info("%s %s changed since it was read: next pass", manifest["kind"], meta["name"])
+            return None
     if up_to_date(manifest, live):
         return None
     result = await ctx.kube.apply(manifest)
@@ -218,9 +229,11 @@ async def _token(
     *,
     field: str = "spec.token",
     seed: Callable[[str], str] | None = None,
+    versions: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any] | None, str, str | None]:
     """The generated Secret to apply (or None), a problem with a referenced one, and the
-    token that is presented (the file's first line).
+    token that is presented (the file's first line). ``versions`` gets the
+    resourceVersion the generated Secret was read at (see :func:`ensure`).
 
     ``field`` picks the credential: ``spec.token`` (clients) or ``spec.peerToken``
     (peers; the operator presents it on the replicas' admin routes). ``seed`` turns a
@@ -240,6 +253,8 @@ async def _token(
             )
         return None, "", _first_token(live["data"][ref.key])
     text = ""
+    if live is not None and versions is not None:
+        versions[ref.secret_name] = str((live.get("metadata") or {}).get("resourceVersion"))
     if live is not None:
         try:
             text = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
@@ -283,6 +298,80 @@ def _first_token(data: str) -> str | None:
     except ValueError:
         return None
     return next(iter(tokens.parse(text)), None)
+
+
+async def _rotate_peer_token(
+    ctx: Context,
+    spec: model.FleetSpec,
+    request: str,
+    previous: Mapping[str, Any],
+    peer_secret: dict[str, Any] | None,
+    token: str | None,
+    log: logging.Logger,
+    emit: Emit,
+) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
+    """One pass of the rotation ``eventfleet.io/rotate-peer-token`` asks for.
+
+    Returns the peer Secret to apply, the token to present and ``status.peerTokenRotation``
+    (None: unchanged). A step is taken only when the last status says every replica runs
+    exactly the Secrets' current tokens (TokensLoaded True with the same digest), so
+    each step has reached every replica before the next is written.
+    """
+    prev = previous.get("peerTokenRotation") or {}
+    same = prev.get("requested") == request
+    if same and prev.get("step") in (tokens.DONE, tokens.REFUSED):
+        return peer_secret, token, None
+    step = str(prev.get("step") or "") if same else ""
+    if not spec.peer_token_ref.generated or peer_secret is None:
+        result = tokens.Step(
+            tokens.REFUSED,
+            None,
+            f"spec.peerToken.secretRef names your own Secret "
+            f"{spec.peer_token_ref.secret_name!r}: rotate it by hand (docs/runbook.md, "
+            "'Rotate the tokens')",
+        )
+    else:
+        live = tokens.decode(peer_secret, "token") or ()
+        client_ref = spec.token_ref
+        client_secret = await ctx.kube.get(kube.SECRETS, spec.namespace, client_ref.secret_name)
+        client = tokens.decode(
+            client_secret, client_ref.key if not client_ref.generated else "token"
+        )
+        loaded_c = next(
+            (
+                c
+                for c in previous.get("conditions") or []
+                if c.get("type") == ConditionType.TOKENS_LOADED
+            ),
+            {},
+        )
+        loaded = (
+            bool(client)
+            and loaded_c.get("status") == ConditionStatus.TRUE
+            and previous.get("tokensDigest") == tokens.Expected.of(client or (), live).digest()
+        )
+        result = tokens.rotation_step(step, live, loaded, secrets.token_urlsafe(32))
+    if result.write is not None:
+        peer_secret = builders.peer_token_secret(spec, "\n".join(result.write) + "\n")
+        token = result.write[0]
+        log.info("peer token rotation %r: %s", request, result.message)
+        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATION, f"{request}: {result.message}")
+    if result.step == tokens.DONE and prev.get("step") != tokens.DONE:
+        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATED, f"{request}: {result.message}")
+    if result.step == tokens.REFUSED and not (same and prev.get("step") == tokens.REFUSED):
+        log.warning("peer token rotation %r refused: %s", request, result.message)
+        emit(EventType.WARNING, Reason.PEER_TOKEN_ROTATION_REFUSED, f"{request}: {result.message}")
+    moved = result.step != step or not same
+    return (
+        peer_secret,
+        token,
+        {
+            "requested": request,
+            "step": result.step,
+            "message": (result.message or str(prev.get("message") or ""))[:500],
+            "time": status_mod.now_iso() if moved else str(prev.get("time") or ""),
+        },
+    )
 
 
 async def _tokens_loaded(
@@ -789,13 +878,25 @@ async def _apply_children(
         # Before anything is read from them or written: a same-named StatefulSet, Secret
         # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
         raise ChildNotOwned(foreign, spec.uid)
-    secret, token_error, client_token = await _token(ctx, spec, log)
+    read_versions: dict[str, str] = {}
+    secret, token_error, client_token = await _token(ctx, spec, log, versions=read_versions)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     # Every call of the operator to a replica (/status, /flush) presents the peer token.
     peer_secret, peer_error, token = await _token(
-        ctx, spec, log, field="spec.peerToken", seed=_peer_seed(sts_live, client_token)
+        ctx,
+        spec,
+        log,
+        field="spec.peerToken",
+        seed=_peer_seed(sts_live, client_token),
+        versions=read_versions,
     )
     token_error = "; ".join(e for e in (token_error, peer_error) if e)
+    rotation = None
+    request = str((meta.get("annotations") or {}).get(naming.ROTATE_PEER_TOKEN_ANNOTATION) or "")
+    if request and not peer_error:
+        peer_secret, token, rotation = await _rotate_peer_token(
+            ctx, spec, request, previous, peer_secret, token, log, emit
+        )
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 
@@ -890,7 +991,12 @@ async def _apply_children(
     if spec.pdb.enabled:
         ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
-        change = await ensure(ctx, manifest, log)
+        read = (
+            read_versions.get(manifest["metadata"]["name"])
+            if manifest["kind"] == "Secret"
+            else None
+        )
+        change = await ensure(ctx, manifest, log, read)
         if change:
             emit(
                 EventType.NORMAL,
@@ -970,6 +1076,7 @@ async def _apply_children(
         config_hash=config_hash,
         tokens=tokens_c,
         tokens_digest=digest,
+        peer_token_rotation=rotation,
     )
 
 

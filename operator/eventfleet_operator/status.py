@@ -81,6 +81,7 @@ class Observation:
     hibernate: bool = False  # spec.hibernate
     tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
     tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
+    peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
 
 
 def now_iso() -> str:
@@ -346,6 +347,9 @@ def build(
     schema_version = obs.schema_version or previous.get("storageSchemaVersion")
     if schema_version:
         status["storageSchemaVersion"] = int(schema_version)
+    rotation = obs.peer_token_rotation or previous.get("peerTokenRotation")
+    if rotation:
+        status["peerTokenRotation"] = dict(rotation)
     digest = obs.tokens_digest or previous.get("tokensDigest")
     if digest:
         status["tokensDigest"] = digest

@@ -116,3 +116,53 @@ def verdict(
         Reason.ALL_TOKENS_LOADED,
         f"all {len(reports)} replicas run the tokens of {secrets}",
     )
+
+
+# The operator's own peer-token rotation (annotation eventfleet.io/rotate-peer-token):
+# the runbook's three steps on the generated Secret, each taken once every replica has
+# loaded the previous one. Steps name what was just written.
+PENDING, ADDING, SWAPPING, REMOVING = "Pending", "Adding", "Swapping", "Removing"
+DONE, REFUSED = "Done", "Refused"
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One pass of a rotation: the step now, the Secret's new tokens (None: no write)."""
+
+    step: str
+    write: tuple[str, ...] | None = None
+    message: str = ""
+
+
+def rotation_step(step: str, live: Sequence[str], loaded: bool, new_token: str) -> Step:
+    """The next step of a peer-token rotation.
+
+    ``step``: the step recorded so far ("" for a new request); ``live``: the Secret's
+    tokens now; ``loaded``: every replica runs exactly ``live`` (TokensLoaded);
+    ``new_token``: a fresh token, used only when the rotation starts. At every step each
+    replica accepts what every other one presents, so Syncer links and the operator's
+    calls keep working.
+    """
+    live = tuple(live)
+    if step in (DONE, REFUSED):
+        return Step(step)
+    if not loaded:
+        return Step(step or PENDING, None, "waiting for every replica to load the current tokens")
+    if step in ("", PENDING):
+        if not live:
+            return Step(REFUSED, None, "the peer token Secret holds no token")
+        # Keep what every replica presents now (the first token), add the new one second.
+        return Step(ADDING, (live[0], new_token), "added the new peer token as the second line")
+    expected = {ADDING: 2, SWAPPING: 2, REMOVING: 1}
+    if len(live) != expected.get(step, -1):
+        return Step(
+            REFUSED,
+            None,
+            f"the peer token Secret changed during the rotation (step {step}, "
+            f"{len(live)} token(s)): stopped; finish by hand (docs/runbook.md)",
+        )
+    if step == ADDING:
+        return Step(SWAPPING, (live[1], live[0]), "the new peer token is now presented")
+    if step == SWAPPING:
+        return Step(REMOVING, (live[0],), "removed the old peer token")
+    return Step(DONE, None, "every replica runs the new peer token alone")
