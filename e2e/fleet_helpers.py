@@ -12,9 +12,7 @@ import hashlib
 import json
 import os
 import pathlib
-import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -27,6 +25,8 @@ from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventId, QueryServerParams
 from eventfleet_server.config import merge
 
+from e2e import ports
+
 PYTHON = sys.executable
 HOST = "127.0.0.1"
 BLOCK = 10  # ports per replica, as the fleet lays them out
@@ -37,33 +37,9 @@ STOP_TIMEOUT = 45.0  # above a replica's own 25 s stop deadline and the fleet's 
 # -- ports -------------------------------------------------------------------------------
 
 
-def _bindable(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-    return True
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
 def free_block(replicas: int) -> int:
-    """A base port whose `replicas` blocks of 10 ports are all free right now. Taken
-    below the kernel's ephemeral range: there an outgoing connection could take a port
-    of the block between this check and the replica's bind."""
-    high = max(_ephemeral_low(), 21_000) - BLOCK * replicas
-    for _ in range(200):
-        base = random.randrange(10_000, high, BLOCK)
-        if all(_bindable(base + i) for i in range(BLOCK * replicas)):
-            return base
-    raise RuntimeError("no free port block found")
+    """A base port whose `replicas` blocks of 10 ports are all free right now."""
+    return ports.free_block(BLOCK * replicas, align=BLOCK)
 
 
 def ports_of(base: int, index: int) -> dict[str, int]:

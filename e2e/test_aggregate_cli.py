@@ -23,7 +23,10 @@ import pytest
 pytest.importorskip("pyspark")
 pa_parquet = pytest.importorskip("pyarrow.parquet")
 
+from eventfleet_operator import builders, model  # noqa: E402
+
 from e2e.bench import servers  # noqa: E402
+from e2e.fleet_helpers import ports_of  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 BIN = pathlib.Path(sys.executable).parent
@@ -60,6 +63,16 @@ async def _aggregate_events(port: int) -> list:
     return result.events
 
 
+def operator_arguments(aggregation: dict, *, eventer: str, http: str) -> list[str]:
+    """The job's arguments from the operator's own builder, with the in-cluster Service
+    addresses swapped for the test replica's loopback endpoints."""
+    spec = model.parse("demo", "ns", {"aggregation": aggregation}, uid="u1")
+    args = list(builders.scheduled_spark_application(spec)["spec"]["template"]["arguments"])
+    for flag, value in (("--eventer", eventer), ("--http", http)):
+        args[args.index(flag) + 1] = value
+    return args
+
+
 @pytest.mark.timeout(240)
 def test_spark_submit_with_the_operator_arguments(tmp_path):
     server = servers.start_server(servers.KINDS["eventfleet"], tmp_path, "replica")
@@ -68,9 +81,11 @@ def test_spark_submit_with_the_operator_arguments(tmp_path):
         asyncio.run(_register_and_count_aggregates(server.port, 30))
         time.sleep(1.1)  # the default range ends at the last complete bucket
         output = tmp_path / "out"
-        # builders.scheduled_spark_application: --eventer, --bucket, --output, --window.
-        args = ["--eventer", f"127.0.0.1:{server.port}", "--bucket", "1"]
-        args += ["--output", str(output), "--window", "120"]
+        args = operator_arguments(
+            {"enabled": True, "bucketSeconds": 1, "windowSeconds": 120, "output": str(output)},
+            eventer=f"127.0.0.1:{server.port}",
+            http=f"127.0.0.1:{ports_of(server.port, 1)['http']}",
+        )
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         env.pop("EVENTFLEET_TOKEN", None)
         proc = subprocess.run(

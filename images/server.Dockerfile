@@ -19,7 +19,7 @@ COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
-RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server]"
+RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet server" \

@@ -49,7 +49,7 @@ def control_plane(
     cluster = ControlPlane(tmp_path_factory.mktemp("controlplane")).start()
     try:
         admin = Kubectl(kubectl_binary, cluster.kubeconfig, validate=True)
-        admin.run("apply", "--server-side", "-f", str(CRD))
+        admin.run("apply", "--server-side", "-f", str(CRD.parent))  # every CRD of crds/
         admin.run("wait", "--for=condition=Established", "crd/eventservers.eventfleet.io")
         admin.run("create", "namespace", OPERATOR_SA[0])
         Kubectl(kubectl_binary, cluster.kubeconfig, OPERATOR_SA[0]).run("apply", "-f", str(RBAC))

@@ -19,7 +19,6 @@ import json
 import os
 import pathlib
 import secrets
-import socket
 import ssl
 import subprocess
 import time
@@ -28,6 +27,8 @@ import urllib.request
 from typing import Any
 
 import yaml
+
+from e2e.ports import free_port
 
 from .harness import ROOT, stop_process, wait_for
 
@@ -60,12 +61,6 @@ def available() -> str | None:
     if missing:
         return f"no {', '.join(missing)} in {BIN}: run scripts/tools/k8s-control-plane.sh"
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _openssl(*args: str, cwd: pathlib.Path) -> None:

@@ -34,7 +34,10 @@ def emulator(
     """The API emulator with the EventServer CRD applied by the real kubectl."""
     proc = EmulatorProcess(tmp_path_factory.mktemp("emulator")).start()
     try:
-        Kubectl(kubectl_binary, proc.kubeconfig).run("apply", "--validate=false", "-f", str(CRD))
+        # Every CRD of crds/ (EventServer, EventServerBackup): a directory apply.
+        Kubectl(kubectl_binary, proc.kubeconfig).run(
+            "apply", "--validate=false", "-f", str(CRD.parent)
+        )
         yield proc
     finally:
         proc.stop()

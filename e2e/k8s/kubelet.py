@@ -22,7 +22,10 @@ the token from the Secret. Like the real kubelet it:
   the operator's volume growth -- keeps its pods running for a few seconds, and a new
   StatefulSet of the same name adopts them);
 * reports ``status.replicas`` / ``readyReplicas`` (from each replica's ``/readyz``);
-* writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint).
+* writes the operator's ``--replica-urls-file`` (pod -> its HTTP endpoint);
+* mounts the other Secret volumes of the template (the S3 key pairs of spec.backup and
+  spec.bootstrap.fromBackup) as files in the pod's directory, and points the config's
+  paths under their mount paths there.
 
 A test can ``pause`` a pod (stop it and keep it stopped, like a lost node) and
 ``resume`` it (same ports, same data directory).
@@ -36,7 +39,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -46,16 +48,12 @@ from typing import Any
 
 import yaml
 
+from e2e.ports import free_port
+
 from .harness import ROOT, Api, stop_process
 
 HASH_ANNOTATION = "eventfleet.io/config-hash"
 _URLS_LOCK = threading.Lock()  # several fleets (kubelets) share one urls file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 ORPHAN_GRACE = 6.0  # seconds orphaned pods wait for a new StatefulSet
@@ -174,30 +172,25 @@ class FakeKubelet(threading.Thread):
         if cm is None or secret is None:
             return  # a real pod would not start without its volumes either
         token = base64.b64decode(secret["data"][volume["items"][0]["key"]]).decode()
-        peer_token = None
-        peer_volume = next(
-            (v for v in template["spec"]["volumes"] if v["name"] == "peer-token"), None
-        )
-        if peer_volume is not None:
-            peer_source = peer_volume["secret"]
-            peer_secret = self.api.get(self._path("secrets", peer_source["secretName"]))
-            if peer_secret is None:
-                return
-            key = peer_source["items"][0]["key"]
-            peer_token = base64.b64decode(peer_secret["data"][key]).decode()
         config = yaml.safe_load(cm["data"]["config.yaml"])
+        mounts = self._secret_mounts(template)
+        if mounts is None:
+            return  # a Secret volume's Secret is missing: the pod would not start
 
         for ordinal in range(max(replicas, len(config.get("peers") or []))):
-            self.ports.setdefault(
-                ordinal, {"eventer": free_port(), "syncer": free_port(), "http": free_port()}
-            )
+            if ordinal not in self.ports:  # (setdefault would take fresh ports every sync)
+                self.ports[ordinal] = {
+                    "eventer": free_port(),
+                    "syncer": free_port(),
+                    "http": free_port(),
+                }
         self._write_urls()
 
         for ordinal in sorted(self.pods, reverse=True):
             if ordinal >= replicas:
                 self._stop_pod(ordinal)  # graceful: the replica flushes to its peers
         for ordinal in range(replicas):
-            changed = self._write_config(ordinal, config, token, peer_token)
+            changed = self._write_config(ordinal, config, token, mounts)
             pod = self.pods.get(ordinal)
             if pod and pod.proc.poll() is None and changed:
                 os.kill(pod.proc.pid, signal.SIGHUP)  # kubelet updated the mount; reload now
@@ -243,15 +236,40 @@ class FakeKubelet(threading.Thread):
             self.restarts[ordinal] = self.restarts.get(ordinal, 0) + 1
             self._start_pod(ordinal, template_hash)
 
-    def _localise(self, ordinal: int, config: dict[str, Any]) -> dict[str, Any]:
+    def _secret_mounts(self, template: dict[str, Any]) -> dict[str, dict[str, str]] | None:
+        """``{mount path: {file: content}}`` of the Secret volumes other than the token."""
+        volumes = {v["name"]: v for v in template["spec"].get("volumes") or []}
+        out: dict[str, dict[str, str]] = {}
+        for mount in template["spec"]["containers"][0].get("volumeMounts") or []:
+            secret_ref = (volumes.get(mount["name"]) or {}).get("secret")
+            if not secret_ref or mount["name"] == "token":
+                continue
+            secret = self.api.get(self._path("secrets", secret_ref["secretName"]))
+            if secret is None:
+                return None
+            data = secret.get("data") or {}
+            items = secret_ref.get("items") or [{"key": k, "path": k} for k in data]
+            out[mount["mountPath"]] = {
+                item["path"]: base64.b64decode(data.get(item["key"], "")).decode() for item in items
+            }
+        return out
+
+    def _mount_dir(self, ordinal: int, mount_path: str) -> pathlib.Path:
+        return self.workdir / f"{self.name}-{ordinal}" / "mounts" / mount_path.strip("/")
+
+    def _localise(
+        self, ordinal: int, config: dict[str, Any], mounts: dict[str, dict[str, str]] | None = None
+    ) -> dict[str, Any]:
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         ports = self.ports[ordinal]
-        local = json.loads(json.dumps(config))
+        # Paths under a Secret volume's mount path point into the pod's copy of it.
+        text = json.dumps(config)
+        for mount_path in mounts or {}:
+            text = text.replace(f'"{mount_path}/', f'"{self._mount_dir(ordinal, mount_path)}/')
+        local = json.loads(text)
         local.update(
             host="127.0.0.1", data_dir=str(pod_dir / "data"), token_file=str(pod_dir / "token")
         )
-        if local.get("peer_token_file"):
-            local["peer_token_file"] = str(pod_dir / "peer-token")
         local["eventer"] = {**local.get("eventer", {}), "port": ports["eventer"]}
         local["syncer"] = {**local.get("syncer", {}), "port": ports["syncer"]}
         local["http"] = {**local.get("http", {}), "port": ports["http"]}
@@ -266,21 +284,33 @@ class FakeKubelet(threading.Thread):
         return local
 
     def _write_config(
-        self, ordinal: int, config: dict[str, Any], token: str, peer_token: str | None = None
+        self,
+        ordinal: int,
+        config: dict[str, Any],
+        token: str,
+        mounts: dict[str, dict[str, str]] | None = None,
     ) -> bool:
         """Write the pod's files; True when any changed (the caller sends SIGHUP, as the
         replica would notice a changed mount by itself at its next poll)."""
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         pod_dir.mkdir(exist_ok=True)
-        tokens_changed = False
-        for path, text in ((pod_dir / "token", token), (pod_dir / "peer-token", peer_token)):
-            if text is not None and (not path.exists() or path.read_text() != text):
-                path.write_text(text)
-                tokens_changed = True
-        text = yaml.safe_dump(self._localise(ordinal, config), sort_keys=False)
+        files_changed = False
+        token_path = pod_dir / "token"
+        if not token_path.exists() or token_path.read_text() != token:
+            token_path.write_text(token)
+            files_changed = True
+        for mount_path, files in (mounts or {}).items():
+            directory = self._mount_dir(ordinal, mount_path)
+            directory.mkdir(parents=True, exist_ok=True)
+            for name, content in files.items():
+                file = directory / name
+                if not file.exists() or file.read_text() != content:
+                    file.write_text(content)  # e.g. a rotated peer token
+                    files_changed = True
+        text = yaml.safe_dump(self._localise(ordinal, config, mounts), sort_keys=False)
         path = pod_dir / "config.yaml"
         if path.exists() and path.read_text() == text:
-            return tokens_changed
+            return files_changed
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)  # atomic, like kubelet's symlink swap

@@ -44,7 +44,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -55,17 +54,13 @@ from typing import Any
 
 import yaml
 
+from e2e.ports import free_port
+
 from .controlplane import ControlPlane
 from .harness import ROOT, stop_process, wait_for
 
 PODMAN = ROOT / ".tools" / "bin" / "efpodman"
 _URLS_LOCK = threading.Lock()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def now() -> str:
@@ -360,7 +355,8 @@ class NodeAgent(threading.Thread):
     def _alloc(self, pod: str, container_ports: list[int]) -> dict[int, int]:
         ports = self.ports.setdefault(pod, {})
         for port in container_ports:
-            ports.setdefault(port, free_port())
+            if port not in ports:  # (setdefault would take a fresh port on every call)
+                ports[port] = free_port()
         return ports
 
     def _host_port(self, pod: str, port_name: str) -> int:

@@ -93,7 +93,70 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
     )
     if spec.replication.enabled:
         config["replication"] = replication_config(spec)
+    backup = backup_config(spec)
+    if backup:
+        config["backup"] = backup
     return config
+
+
+def _s3_section(location: Any, credentials_dir: str) -> dict[str, Any]:
+    section: dict[str, Any] = {
+        "endpoint_url": location.endpoint_url,
+        "region": location.region,
+        "bucket": location.bucket,
+        "addressing_style": location.addressing_style,
+    }
+    if location.credentials is not None:
+        section["access_key_id_file"] = f"{credentials_dir}/{naming.S3_ACCESS_KEY_FILE}"
+        section["secret_access_key_file"] = f"{credentials_dir}/{naming.S3_SECRET_KEY_FILE}"
+    return section
+
+
+def backup_config(spec: FleetSpec) -> dict[str, Any]:
+    """The replica's ``backup`` section: ``target`` from ``spec.backup.s3`` (POST /backup
+    uploads there) and ``restore_from`` from ``spec.bootstrap.fromBackup`` (an empty
+    replica of a new fleet starts from it; see docs/backup.md). Empty without either."""
+    section: dict[str, Any] = {}
+    if spec.backup is not None:
+        target = _s3_section(spec.backup.s3, naming.BACKUP_CREDENTIALS_DIR)
+        target["prefix"] = spec.backup.s3.prefix
+        section["target"] = target
+    source = spec.from_backup
+    if source is not None:
+        restore = _s3_section(source.s3, naming.RESTORE_CREDENTIALS_DIR)
+        restore["key"] = source.key
+        restore["sha256"] = source.sha256
+        section["restore_from"] = restore
+    return section
+
+
+def _s3_credentials_volumes(spec: FleetSpec) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """``(volume, mount)`` of each S3 credentials Secret the replicas read."""
+    out = []
+    for name, location, directory in (
+        ("backup-s3", spec.backup.s3 if spec.backup else None, naming.BACKUP_CREDENTIALS_DIR),
+        (
+            "restore-s3",
+            spec.from_backup.s3 if spec.from_backup else None,
+            naming.RESTORE_CREDENTIALS_DIR,
+        ),
+    ):
+        if location is None or location.credentials is None:
+            continue
+        creds = location.credentials
+        volume = {
+            "name": name,
+            "secret": {
+                "secretName": creds.secret_name,
+                "items": [
+                    {"key": creds.access_key_id_key, "path": naming.S3_ACCESS_KEY_FILE},
+                    {"key": creds.secret_access_key_key, "path": naming.S3_SECRET_KEY_FILE},
+                ],
+                "defaultMode": 0o440,
+            },
+        }
+        out.append((volume, {"name": name, "mountPath": directory, "readOnly": True}))
+    return out
 
 
 def _service_ports(spec: FleetSpec, service: Service) -> list[dict[str, Any]]:
@@ -267,6 +330,8 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
                 "readOnly": True,
             }
         )
+    for _, mount in _s3_credentials_volumes(spec):
+        container["volumeMounts"].append(mount)
     if spec.resources:
         container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
     return container
@@ -372,6 +437,8 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
                 },
             }
         )
+    for volume, _ in _s3_credentials_volumes(spec):
+        pod_spec["volumes"].append(volume)
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -479,6 +546,9 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
         if Service.CLIENT in e.services and e.protocol != "http"
     )
     http_from = [dict(operator), *(dict(p) for p in np.monitoring_from)]
+    if spec.aggregation.enabled:
+        # The Spark job reads the events through GET /export on the HTTP port.
+        http_from.append({"podSelector": {"matchLabels": _aggregation_pod_labels(spec)}})
     http_from += [dict(p) for p in np.http_from]
     clients: dict[str, Any] = {"ports": ports(Service.CLIENT, client_protocols)}
     if np.client_from:
@@ -522,10 +592,19 @@ def service_monitor(spec: FleetSpec) -> dict[str, Any]:
     }
 
 
+def _aggregation_pod_labels(spec: FleetSpec) -> dict[str, str]:
+    """Labels of the Spark driver and executor pods (also what the NetworkPolicy admits)."""
+    return naming.labels(spec.name, "aggregation")
+
+
 def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
     """spark-operator ScheduledSparkApplication running the aggregation job."""
     agg = spec.aggregation
-    eventer = f"{naming.client_service(spec.name)}.{spec.namespace}.svc:{spec.ports.eventer}"
+    client_host = f"{naming.client_service(spec.name)}.{spec.namespace}.svc"
+    eventer = f"{client_host}:{spec.ports.eventer}"
+    # The Arrow read path (GET /export); the job falls back to Eventer per slice when a
+    # replica does not serve it.
+    http = f"{client_host}:{spec.ports.http}"
     token = spec.token_ref
     token_env = [
         {
@@ -533,7 +612,7 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
             "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.key}},
         }
     ]
-    pod_labels = naming.labels(spec.name, "aggregation")
+    pod_labels = _aggregation_pod_labels(spec)
     return {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "ScheduledSparkApplication",
@@ -556,6 +635,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                 "arguments": [
                     "--eventer",
                     eventer,
+                    "--http",
+                    http,
                     "--bucket",
                     str(agg.bucket_seconds),
                     "--output",

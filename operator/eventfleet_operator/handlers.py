@@ -15,7 +15,7 @@ from typing import Any
 
 import kopf
 
-from eventfleet_operator import GROUP, PLURAL, VERSION, kube, metrics, naming
+from eventfleet_operator import GROUP, PLURAL, VERSION, backups, kube, metrics, model, naming
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
 from eventfleet_operator.reconcile import Context, cleanup, reconcile
@@ -148,6 +148,76 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     )
     async def on_timer(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         await run_pass(body, memo, logger)
+        await backup_schedule(body, memo, logger)
+
+    async def backup_schedule(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
+        meta = body["metadata"]
+        try:
+            spec = model.parse(meta["name"], meta["namespace"], dict(body.get("spec") or {}))
+        except model.SpecError:
+            return  # the pass reported it
+        if spec.backup is None:
+            return
+
+        def emit(type_: EventType, reason: str, message: str) -> None:
+            kopf.event(body, type=str(type_), reason=reason, message=message[:1024])
+
+        try:
+            await backups.tick(memo.ctx, spec, meta.get("creationTimestamp", ""), logger, emit)
+        except (kube.ApiError, OSError) as e:
+            logger.warning("backup schedule of %s: %s (retried next tick)", meta["name"], e)
+
+    # -- EventServerBackup: one backup, run until Completed or Failed --------------------
+    backup_resource = dict(group=GROUP, version=VERSION, plural=backups.PLURAL)
+
+    async def backup_step(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
+        meta = body["metadata"]
+        # The create handler and the retry timer must never both ask for a copy.
+        async with memo.ctx.lock(meta["namespace"], f"backup/{meta['name']}"):
+            live = await memo.ctx.kube.get(backups.RESOURCE, meta["namespace"], meta["name"])
+            if live is None:
+                return
+
+            def emit(type_: EventType, reason: str, message: str) -> None:
+                kopf.event(body, type=str(type_), reason=reason, message=message[:1024])
+
+            if (live.get("status") or {}).get("phase") not in backups.DONE:
+                running = {"phase": backups.RUNNING, "startedAt": backups.now_rfc3339()}
+                await memo.ctx.kube.patch(
+                    backups.RESOURCE,
+                    meta["namespace"],
+                    meta["name"],
+                    {"status": running},
+                    subresource="status",
+                )
+            status = await backups.run(memo.ctx, live, logger, emit)
+            if status is not None:
+                await memo.ctx.kube.patch(
+                    backups.RESOURCE,
+                    meta["namespace"],
+                    meta["name"],
+                    {"status": status},
+                    subresource="status",
+                )
+
+    @kopf.on.resume(**backup_resource, registry=registry, id="backup-resume", backoff=10)
+    @kopf.on.create(**backup_resource, registry=registry, id="backup-create", backoff=10)
+    async def on_backup(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
+        await backup_step(body, memo, logger)
+
+    @kopf.timer(
+        **backup_resource,
+        registry=registry,
+        id="backup-retry",
+        interval=config.resync_seconds,
+        initial_delay=config.resync_seconds,
+        errors=kopf.ErrorsMode.IGNORED,
+        when=lambda status, **_: (status or {}).get("phase") == backups.PENDING,
+    )
+    async def on_backup_timer(
+        body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        await backup_step(body, memo, logger)
 
     @kopf.on.delete(**resource, registry=registry, id="cleanup", backoff=5)
     async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:

@@ -56,6 +56,7 @@ class Resource:
 
 
 EVENTSERVERS = Resource("eventfleet.io", "v1", "eventservers", "EventServer")
+EVENTSERVERBACKUPS = Resource("eventfleet.io", "v1", "eventserverbackups", "EventServerBackup")
 STATEFULSETS = Resource("apps", "v1", "statefulsets", "StatefulSet")
 SERVICES = Resource("", "v1", "services", "Service")
 CONFIGMAPS = Resource("", "v1", "configmaps", "ConfigMap")
@@ -76,6 +77,7 @@ BY_KIND = {
     r.kind: r
     for r in (
         EVENTSERVERS,
+        EVENTSERVERBACKUPS,
         STATEFULSETS,
         SERVICES,
         CONFIGMAPS,

@@ -214,6 +214,46 @@ class ReplicationSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class S3Credentials:
+    """A Secret with the access key pair; mounted as files into the replicas."""
+
+    secret_name: str
+    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
+    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+
+
+@dataclasses.dataclass(frozen=True)
+class S3Location:
+    """``spec.backup.s3`` and ``spec.bootstrap.fromBackup.s3``."""
+
+    bucket: str
+    endpoint_url: str | None = None
+    region: str = "us-east-1"
+    prefix: str = ""
+    addressing_style: str = "path"
+    credentials: S3Credentials | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class BackupSpec:
+    """``spec.backup``: where copies go, how often, how many scheduled ones to keep."""
+
+    s3: S3Location
+    schedule: str | None = None  # cron (5 fields), a descriptor or "@every 6h"; None: on demand
+    retention: int = 7
+    suspend: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class FromBackup:
+    """``spec.bootstrap.fromBackup``: the copy a new fleet starts from."""
+
+    s3: S3Location
+    key: str
+    sha256: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class FleetSpec:
     """Everything the builders need, immutable, with every default applied."""
 
@@ -261,6 +301,8 @@ class FleetSpec:
     topology_spread: tuple[Mapping[str, Any], ...] | None = None
     # Managed: StatefulSet OnDelete, the operator replaces pods one at a time.
     update_strategy: str = "Managed"
+    backup: BackupSpec | None = None
+    from_backup: FromBackup | None = None
     # The EventServer's eventfleet.io/restart annotation (not in the spec): a new value
     # changes the pod template, which rolls every pod.
     restart: str = ""
@@ -776,6 +818,75 @@ def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]
     return tuple(dict(t) for t in tolerations)
 
 
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+ADDRESSING_STYLES = ("path", "virtual", "auto")
+
+
+def _parse_s3(parent: Mapping[str, Any], path: str, *, default_prefix: str = "") -> S3Location:
+    s3 = _get(parent, "s3", path, dict)
+    path = f"{path}.s3"
+    if not s3:
+        raise SpecError(path, "is required")
+    bucket = _str(s3, "bucket", path)
+    if not bucket or not 3 <= len(bucket) <= 63:
+        raise SpecError(f"{path}.bucket", f"must be a 3-63 character bucket name, got {bucket!r}")
+    endpoint = _str(s3, "endpointURL", path) or None
+    if endpoint is not None and not re.match(r"^https?://[^/\s]+", endpoint):
+        raise SpecError(f"{path}.endpointURL", f"must be an http(s) URL, got {endpoint!r}")
+    creds = _get(s3, "credentialsSecret", path, dict)
+    credentials = None
+    if creds is not None:
+        where = f"{path}.credentialsSecret"
+        secret = _str(creds, "name", where)
+        if not secret:
+            raise SpecError(f"{where}.name", "is required")
+        credentials = S3Credentials(
+            secret_name=secret,
+            access_key_id_key=_str(creds, "accessKeyIdKey", where, "AWS_ACCESS_KEY_ID"),
+            secret_access_key_key=_str(creds, "secretAccessKeyKey", where, "AWS_SECRET_ACCESS_KEY"),
+        )
+    prefix = _str(s3, "prefix", path)
+    return S3Location(
+        bucket=bucket,
+        endpoint_url=endpoint,
+        region=_str(s3, "region", path, "us-east-1"),
+        prefix=default_prefix if prefix is None else prefix,
+        addressing_style=_str(s3, "addressingStyle", path, "path", ADDRESSING_STYLES),
+        credentials=credentials,
+    )
+
+
+def _parse_backup(spec: Mapping[str, Any], name: str, namespace: str) -> BackupSpec | None:
+    backup = _get(spec, "backup", "spec", dict)
+    if backup is None:
+        return None
+    path = "spec.backup"
+    schedule = _str(backup, "schedule", path) or None
+    if schedule is not None:
+        validate_cron(schedule, f"{path}.schedule")
+    return BackupSpec(
+        s3=_parse_s3(backup, path, default_prefix=f"{namespace}/{name}/"),
+        schedule=schedule,
+        retention=_int(backup, "retention", path, 7, 1, 1000),
+        suspend=_bool(backup, "suspend", path, False),
+    )
+
+
+def _parse_from_backup(spec: Mapping[str, Any]) -> FromBackup | None:
+    bootstrap = _obj(spec, "bootstrap", "spec")
+    source = _get(bootstrap, "fromBackup", "spec.bootstrap", dict)
+    if source is None:
+        return None
+    path = "spec.bootstrap.fromBackup"
+    key = _str(source, "key", path)
+    if not key:
+        raise SpecError(f"{path}.key", "is required (the object key of the copy)")
+    sha256 = _str(source, "sha256", path) or None
+    if sha256 is not None and not _SHA256.match(sha256):
+        raise SpecError(f"{path}.sha256", f"must be 64 lower-case hex digits, got {sha256!r}")
+    return FromBackup(s3=_parse_s3(source, path), key=key, sha256=sha256)
+
+
 def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str = "") -> FleetSpec:
     """Parse and validate an ``EventServer`` spec; raises :class:`SpecError`."""
     validate_name(name)
@@ -842,4 +953,6 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
             "Managed",
             UPDATE_STRATEGIES,
         ),
+        backup=_parse_backup(spec, name, namespace),
+        from_backup=_parse_from_backup(spec),
     )

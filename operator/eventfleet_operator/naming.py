@@ -41,6 +41,14 @@ PEER_TOKEN_PATH = f"{PEER_TOKEN_DIR}/token"
 REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
 REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
+# The S3 access key pairs of spec.backup.s3 and spec.bootstrap.fromBackup.s3 (files).
+BACKUP_CREDENTIALS_DIR = "/var/run/secrets/eventfleet-backup"
+RESTORE_CREDENTIALS_DIR = "/var/run/secrets/eventfleet-restore"
+S3_ACCESS_KEY_FILE = "access-key-id"
+S3_SECRET_KEY_FILE = "secret-access-key"
+# EventServerBackup objects: the fleet they belong to and whether the schedule made them.
+BACKUP_FLEET_LABEL = f"{GROUP}/eventserver"
+BACKUP_SCHEDULED_LABEL = f"{GROUP}/scheduled"
 SPARK_MAIN = "local:///opt/eventfleet/aggregate.py"
 
 # spark-operator names each run `<name>-<unix nanos>` (+20 characters) and derives the

@@ -10,6 +10,7 @@ the replicas needed)::
     kubectl eventfleet restart NAME                 # managed rollout of every pod
     kubectl eventfleet pause NAME | resume NAME     # eventfleet.io/reconcile=paused
     kubectl eventfleet hibernate NAME | wake NAME   # spec.hibernate
+    kubectl eventfleet backup NAME [--wait]         # an on-demand EventServerBackup
 
 Credentials and namespace: ``--kubeconfig``, ``--context``, ``-n/--namespace`` as for
 kubectl; otherwise ``KUBECONFIG`` (or ``~/.kube/config``) and its context's namespace.
@@ -61,6 +62,22 @@ class Api:
         try:
             return self.custom.patch_namespaced_custom_object(
                 GROUP, VERSION, namespace, PLURAL, name, dict(body)
+            )
+        except self._k.client.ApiException as e:
+            raise PluginError(_api_error(e, namespace, name)) from None
+
+    def create_backup(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return self.custom.create_namespaced_custom_object(
+                GROUP, VERSION, namespace, "eventserverbackups", dict(body)
+            )
+        except self._k.client.ApiException as e:
+            raise PluginError(_api_error(e, namespace, body["metadata"]["name"])) from None
+
+    def get_backup(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, "eventserverbackups", name
             )
         except self._k.client.ApiException as e:
             raise PluginError(_api_error(e, namespace, name)) from None
@@ -226,6 +243,38 @@ def cmd_wake(api: Api, args: argparse.Namespace) -> str:
     return f"eventserver/{args.name} waking up"
 
 
+def cmd_backup(api: Api, args: argparse.Namespace) -> str:
+    from eventfleet_operator import backups  # the operator's module; loaded only here
+
+    es = api.get(args.namespace, args.name)
+    if not (es.get("spec") or {}).get("backup"):
+        raise PluginError(f"eventserver/{args.name} has no spec.backup (the S3 target)")
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y%m%d%H%M%S")
+    name = args.backup_name or f"{args.name}-manual-{stamp}"
+    api.create_backup(
+        args.namespace, backups.manifest(args.name, args.namespace, name, scheduled=False)
+    )
+    if not args.wait:
+        return (
+            f"eventserverbackup/{name} created; kubectl get eventserverbackup {name} -w follows it"
+        )
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        status = api.get_backup(args.namespace, name).get("status") or {}
+        if status.get("phase") == backups.COMPLETED:
+            digest = status.get("digest") or {}
+            return (
+                f"eventserverbackup/{name} completed from {status.get('replica')}: "
+                f"{digest.get('events')} events, {digest.get('size')} bytes at "
+                f"s3://{status.get('bucket')}/{status.get('objectKey')} "
+                f"(sha256 {digest.get('sha256')})"
+            )
+        if status.get("phase") == backups.FAILED:
+            raise PluginError(f"eventserverbackup/{name} failed: {status.get('error')}")
+        time.sleep(1.0)
+    raise PluginError(f"eventserverbackup/{name} not finished within {args.timeout}s")
+
+
 COMMANDS = {
     "status": (cmd_status, "replicas, revisions, conditions and per-replica sync state"),
     "flush": (cmd_flush, "flush every replica to every other one and verify (waits)"),
@@ -234,6 +283,7 @@ COMMANDS = {
     "resume": (cmd_resume, "reconcile again"),
     "hibernate": (cmd_hibernate, "flush, verify, scale to 0, keep the volumes"),
     "wake": (cmd_wake, "scale back to spec.replicas"),
+    "backup": (cmd_backup, "back the fleet up now (an EventServerBackup; --wait to follow)"),
 }
 
 
@@ -252,6 +302,10 @@ def parser() -> argparse.ArgumentParser:
             one.add_argument("-o", "--output", choices=("table", "json"), default="table")
         if name == "flush":
             one.add_argument("--timeout", type=float, default=120.0, help="seconds (120)")
+        if name == "backup":
+            one.add_argument("--wait", action="store_true", help="wait until it finishes")
+            one.add_argument("--timeout", type=float, default=600.0, help="seconds (600)")
+            one.add_argument("--backup-name", help="name of the EventServerBackup")
     return p
 
 

@@ -238,3 +238,16 @@ class ReplicaClient:
         if not isinstance(data, Mapping) or data.get("flushed") is not True:
             raise ReplicaUnreachable(f"POST {base_url}/flush?peer={peer}: not flushed: {data!r}")
         return data
+
+    async def backup(
+        self, base_url: str, name: str, token: str | None, *, timeout: float
+    ) -> Mapping[str, Any]:
+        """``POST /backup?name=``: the replica copies its store to its S3 target."""
+        data = await self._call("POST", f"{base_url}/backup", timeout, {"name": name}, token)
+        if not isinstance(data, Mapping) or data.get("backed_up") is not True:
+            raise ReplicaUnreachable(f"POST {base_url}/backup?name={name}: {data!r}")
+        return data
+
+    async def delete_backup(self, base_url: str, name: str, token: str | None) -> None:
+        """``DELETE /backup?name=``: the replica deletes that copy from its S3 target."""
+        await self._call("DELETE", f"{base_url}/backup", 60.0, {"name": name}, token)

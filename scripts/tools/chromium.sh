@@ -9,6 +9,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 bindir="$root/.tools/bin"
+# shellcheck source=lib/apt.bash
+source "$root/scripts/tools/lib/apt.bash"
 
 link_binary() {
     mkdir -p "$bindir"
@@ -22,28 +24,8 @@ if PATH="/usr/bin:$PATH" command -v chromium >/dev/null; then
     exit 0
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        sudo="sudo -n"
-    else
-        echo "chromium: not installed, and installing it needs root (or password-less sudo):" >&2
-        echo "  apt-get install --no-install-recommends chromium" >&2
-        exit 1
-    fi
-fi
-if ! command -v apt-get >/dev/null; then
-    echo "chromium: not installed and this is not a Debian-like system (no apt-get)" >&2
-    exit 1
-fi
-
-export DEBIAN_FRONTEND=noninteractive
-if ! apt-cache show chromium >/dev/null 2>&1; then
-    echo "chromium: apt-get update" >&2
-    $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
-fi
-echo "chromium: apt-get install chromium (a few minutes)" >&2
-$sudo apt-get install -qq -o DPkg::Lock::Timeout=300 -y --no-install-recommends \
-    chromium fonts-liberation >/dev/null
+apt_need_root chromium chromium
+echo "chromium: installing (a few minutes)" >&2
+apt_install chromium chromium fonts-liberation
 link_binary
 echo "chromium: installed ($(chromium --version 2>/dev/null | head -1))" >&2

@@ -15,6 +15,8 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 bindir="$root/.tools/bin"
+# shellcheck source=lib/apt.bash
+source "$root/scripts/tools/lib/apt.bash"
 
 link_binaries() {
     mkdir -p "$bindir"
@@ -33,20 +35,7 @@ if PATH="/usr/bin:$PATH" command -v prometheus >/dev/null && PATH="/usr/bin:$PAT
     exit 0
 fi
 
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-    if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
-        sudo="sudo -n"
-    else
-        echo "prometheus: not installed, and installing it needs root (or password-less sudo):" >&2
-        echo "  apt-get install --no-install-recommends prometheus" >&2
-        exit 1
-    fi
-fi
-if ! command -v apt-get >/dev/null; then
-    echo "prometheus: not installed and this is not a Debian-like system (no apt-get)" >&2
-    exit 1
-fi
+apt_need_root prometheus prometheus
 
 # Forbid service starts for the duration of the install, unless the machine already has
 # its own policy (then we respect it and rely on the clean-up below).
@@ -63,15 +52,7 @@ if [ ! -e "$policy" ]; then
     own_policy=1
 fi
 
-export DEBIAN_FRONTEND=noninteractive
-apt_opts=(-o DPkg::Lock::Timeout=300 -y --no-install-recommends)
-# Update the package lists only when apt does not know the package yet (fresh CI image).
-if ! apt-cache show prometheus >/dev/null 2>&1; then
-    echo "prometheus: apt-get update" >&2
-    $sudo apt-get -o DPkg::Lock::Timeout=300 update -qq
-fi
-echo "prometheus: apt-get install prometheus" >&2
-$sudo apt-get install -qq "${apt_opts[@]}" prometheus >/dev/null
+apt_install prometheus prometheus
 
 # Belt and braces: whatever the package started (policy-rc.d pre-existing and permissive,
 # or a systemd that ignores it), stop it and keep it from starting at boot.

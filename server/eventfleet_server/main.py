@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from types import ModuleType
 
 from eventfleet_server import replication
+from eventfleet_server.backup import BackupError, RestoreSource
+from eventfleet_server.backup.restore import restore as restore_backup
 from eventfleet_server.bus import plugin as bus_plugin
 from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
@@ -62,7 +64,7 @@ class Replica:
         config_path: pathlib.Path | None = None,
     ):
         self.conf = conf
-        self.core = ReplicaConfig.from_mapping(conf)
+        self.core = build(ReplicaConfig, conf)
         self.credentials = token if isinstance(token, Credentials) else Credentials.of(token)
         # Files to re-read on reload; a token given directly never changes.
         self._token_files = (
@@ -98,9 +100,10 @@ class Replica:
         return self._protocol("syncer")
 
     @property
-    def all_protocols(self) -> list[ProtocolServer]:
-        """Every protocol created from the configuration (started or not yet)."""
-        return list(self._created)
+    def protocol_states(self) -> list[tuple[ProtocolServer, bool]]:
+        """Every protocol created from the configuration, in start order, with whether it
+        has started yet (what readiness needs, in one place)."""
+        return [(p, p.name in self.protocols) for p in self._created]
 
     def _protocol(self, name: str):
         return self.protocols.get(name) or next((p for p in self._created if p.name == name), None)
@@ -124,9 +127,11 @@ class Replica:
             ssl_context=tls.server_context() if tls and core.tls.http else None,
         )
         await self.http.start()
+        db_path = data_dir / "events.sqlite"
+        await self._restore_if_empty(db_path)
         retention = core.storage.retention
         self.storage = await Storage.open(
-            data_dir / "events.sqlite",
+            db_path,
             synchronous=core.storage.synchronous,
             quick_check_timeout=core.storage.quick_check_timeout,
             max_db_bytes=core.storage.max_db_bytes,
@@ -189,6 +194,21 @@ class Replica:
             [p["name"] for p in self.conf.get("peers", [])],
             data_dir,
         )
+
+    async def _restore_if_empty(self, db_path: pathlib.Path) -> None:
+        """Fill an empty data directory from ``backup.restore_from`` (see
+        `eventfleet_server.backup.restore` for when and why only then)."""
+        source = RestoreSource.from_config((self.conf.get("backup") or {}).get("restore_from"))
+        if source is None or await asyncio.to_thread(db_path.exists):
+            return
+        if not self.core.allow_empty_start:
+            log.warning(
+                "backup.restore_from ignored: allow_empty_start is false (a replica of an "
+                "initialized fleet re-syncs from its peers instead of starting behind them)"
+            )
+            return
+        log.info("data directory holds no store: restoring %s", source.describe(source.key))
+        await asyncio.to_thread(restore_backup, source, db_path)
 
     async def stop(self) -> None:
         """Graceful: status stopping (clients are told), commit, close protocols (in
@@ -304,7 +324,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except (CorruptStoreError, SchemaVersionError, TlsError) as e:
+            except (CorruptStoreError, SchemaVersionError, TlsError, BackupError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)

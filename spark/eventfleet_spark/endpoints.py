@@ -28,3 +28,9 @@ def parse_endpoints(text: str, what: str = "eventer") -> list[Endpoint]:
             raise ValueError(f"{what} address {item!r} is not HOST:PORT")
         out.append(Endpoint(host or "127.0.0.1", int(port)))
     return out
+
+
+def http_endpoints(text: str | None) -> tuple[Endpoint, ...]:
+    """The ``http`` option (job ``--http``, data source ``http``): the replicas' HTTP
+    endpoints for ``GET /export``; None means none (read over Eventer only)."""
+    return () if text is None else tuple(parse_endpoints(text, "http"))

@@ -16,7 +16,7 @@ import pathlib
 from eventfleet_server.common.jsonfmt import timestamp_from_iso
 from eventfleet_server.common.model import timestamp_to_us
 
-from eventfleet_spark.endpoints import TOKEN_ENV, parse_endpoints
+from eventfleet_spark.endpoints import TOKEN_ENV, http_endpoints, parse_endpoints
 
 DEFAULT_PREFIX = ("eventfleet", "aggregate", "{bucket}")
 DEFAULT_WINDOW_SECONDS = 3600
@@ -51,8 +51,7 @@ class JobOptions:
 
     def __post_init__(self) -> None:
         parse_endpoints(self.eventer)  # raises ValueError naming the bad address
-        if self.http is not None:
-            parse_endpoints(self.http, "http")
+        http_endpoints(self.http)
         for name in ("bucket_seconds", "window_seconds", "page_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:

@@ -60,7 +60,7 @@ from eventfleet_server.common.model import timestamp_to_us
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from eventfleet_spark import timeplan
-from eventfleet_spark.endpoints import Endpoint, parse_endpoints
+from eventfleet_spark.endpoints import Endpoint, http_endpoints, parse_endpoints
 from eventfleet_spark.eventer_io import read_span
 from eventfleet_spark.partial import PARTIAL_SCHEMA_DDL, PartialAggregator
 from eventfleet_spark.schema import (
@@ -178,7 +178,7 @@ class ReadOptions:
             token=get("token"),
             timeout=number("timeout", 30.0, float, 0.001),
             retries=number("retries", 3, int, 0),
-            http=tuple(parse_endpoints(get("http"), "http")) if get("http") is not None else (),
+            http=http_endpoints(get("http")),
         )
 
     def slice_partitions(self) -> list[SlicePartition]:

@@ -6,10 +6,13 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import pathlib
 import tempfile
+from types import SimpleNamespace
 
 from eventfleet_server import config
+from eventfleet_server.bus import wire as bus_wire
 from eventfleet_server.chatter import connection as chatter_connection
 from eventfleet_server.common import codec
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
@@ -20,6 +23,13 @@ from eventfleet_server.eventer.decode import (
     decode_register,
 )
 from eventfleet_server.eventer.server import _check_query
+from eventfleet_server.jetstream import wire as jetstream_wire
+from eventfleet_server.jetstream.protocol import JetstreamProtocol
+from eventfleet_server.jetstream.server import JetstreamServer
+from eventfleet_server.listener import Rejections, RejectReason, TokenPolicy
+from eventfleet_server.replication import codec as replication_codec
+from eventfleet_server.replication.login import Credentials, FailedLogins
+from eventfleet_server.replication.publisher import PublisherSession
 from eventfleet_server.syncer import protocol as syncer_protocol
 
 
@@ -145,7 +155,160 @@ def config_yaml(data: bytes) -> None:
         conf = config.load(path, environ={})
     except config.ConfigError:
         return
-    config.ReplicaConfig.from_mapping(conf)
+    config.build(config.ReplicaConfig, conf)
+
+
+# -- Event BUS (ZeroMQ multipart messages) ----------------------------------------------------
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """A multipart message from flat bytes: a length byte, then that many bytes, per frame
+    (a short last frame takes what is left). Any bytes make some message, so the fuzzer
+    reaches every frame count and frame content."""
+    frames = []
+    pos = 0
+    while pos < len(data):
+        n = data[pos]
+        frames.append(data[pos + 1 : pos + 1 + n])
+        pos += 1 + n
+    return frames
+
+
+def join_frames(frames: list[bytes]) -> bytes:
+    """The inverse of `split_frames` (frames of at most 255 bytes)."""
+    return b"".join(bytes((len(f),)) + f for f in frames)
+
+
+def bus_int(data: bytes) -> None:
+    """A sequence frame in either encoding; a decoded value re-encodes to itself."""
+    try:
+        value = bus_wire.decode_int(data)
+    except bus_wire.WireError as e:
+        assert e.reason == "bad_message"
+        return
+    assert 0 <= value <= bus_wire.MAX_SEQUENCE
+    for encoding in bus_wire.IntegerEncoding:
+        assert bus_wire.decode_int(bus_wire.encode_int(value, encoding)) == value
+
+
+def bus_syncstart(data: bytes) -> None:
+    """SYNCSTART on the snapshot socket, with and without the command frame in front."""
+    frames = split_frames(data)
+    for message in (frames, [bus_wire.SYNCSTART, *frames]):
+        try:
+            start = bus_wire.parse_syncstart(message)
+        except bus_wire.WireError:
+            continue
+        assert start.subtrees_frame == message[1]
+        assert all(s.startswith("/") for s in start.subtrees)
+        assert 0 <= start.sequence <= bus_wire.MAX_SEQUENCE
+
+
+def bus_pub(data: bytes) -> None:
+    """A PUB (six frames, or seven with a leading empty delimiter)."""
+    try:
+        pub = bus_wire.parse_pub(split_frames(data))
+    except bus_wire.WireError:
+        return
+    # The topic <-> type mapping is one-to-one: what was accepted maps back to itself.
+    assert bus_wire.type_to_topic(pub.event_type) == pub.topic
+    if pub.source_timestamp is not None:
+        assert 0 <= pub.source_timestamp.us < 1_000_000
+
+
+# -- websocket protocols (JSON text frames) ----------------------------------------------------
+
+
+def _text(data: bytes) -> str:
+    # aiohttp hands a TEXT frame over as str (invalid UTF-8 never reaches the decoder);
+    # lone surrogates still can, through JSON escapes such as "\ud800".
+    return data.decode("utf-8", "replace")
+
+
+# Rejections are counted as in a server, their log lines dropped (thousands per second).
+_QUIET = logging.getLogger("tests.fuzz.rejections")
+_QUIET.disabled = True
+
+
+class _Sent(list):
+    def __call__(self, msg) -> None:
+        self.append(replication_codec.encode(msg))  # a reply must be encodable
+
+
+def replication_frame(data: bytes) -> None:
+    """An AppWebsocket frame as a peer that has not logged in sends it: the frame decoder,
+    then the session (challenge issued first, so AppLogin reaches the digest check).
+    Every refusal is a reply and a counted rejection, never an exception."""
+    text = _text(data)
+    try:
+        msg = replication_codec.decode(text)
+    except replication_codec.FrameError:
+        return
+    sent = _Sent()
+    rejections = Rejections("fuzz", logger=_QUIET)
+    session = PublisherSession(
+        SimpleNamespace(tables={}, table_configs={}),  # never reached before login
+        credentials=Credentials({"user": "secret"}),
+        failed_logins=FailedLogins(1000, 60.0),
+        challenge_ttl=60.0,
+        peer="127.0.0.1",
+        send=sent,
+        rejections=rejections,
+    )
+    session.handle({"mt": "AppChallenge"})
+    session.handle(msg)
+    assert len(sent) == 2  # the challenge, and one answer to the message
+    assert not session.logged_in  # nobody knows the challenge
+    # Anything but another AppChallenge is refused before login, and counted.
+    assert sum(rejections.counts.values()) == (msg["mt"] != "AppChallenge")
+
+
+class _Outlet:
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+
+    def send(self, messages: list[dict]) -> None:
+        jetstream_wire.encode(messages)  # a reply must be encodable
+        self.sent.extend(messages)
+
+    def close(self, code: int, reason: str) -> None:
+        pass
+
+
+def jetstream_frame(data: bytes) -> None:
+    """A Jetstream frame as the first message of a connection: the frame decoder, each
+    message's index, and SessionCreate with its token check (the unauthenticated surface)."""
+    try:
+        messages = jetstream_wire.decode(_text(data))
+    except jetstream_wire.WireError:
+        return
+    for m in messages:
+        try:
+            jetstream_wire.index_of(m)
+        except jetstream_wire.WireError:
+            pass
+        jetstream_wire.describe(m)
+    first = messages[0]
+    if first["type"] != "SessionCreate":
+        return
+    server = SimpleNamespace(_tokens=TokenPolicy.of("secret"))
+    rejections = Rejections("fuzz", logger=_QUIET)
+    protocol = JetstreamProtocol(
+        None,  # not reached by SessionCreate
+        authenticate=lambda presented: JetstreamServer._authenticate(server, presented),
+        reject=lambda reason, detail: rejections.reject(RejectReason(reason), detail),
+        scope_pattern=".*",
+        max_fragments=100,
+        resend_buffer=100,
+        session_expiry=60.0,
+    )
+    outlet = _Outlet()
+    session = protocol.create_session(first, outlet)
+    if session is not None:  # only with the right token
+        assert first["params"]["token"] == "secret" and outlet.sent[0]["sessionToken"]
+    else:  # a denial, answered and counted
+        assert sum(rejections.counts.values()) == 1
+        assert outlet.sent[0]["type"] == "SessionCreateReply" and "error" in outlet.sent[0]
 
 
 TARGETS = {
@@ -157,4 +320,9 @@ TARGETS = {
     "syncer_init": syncer_init,
     "syncer_events": syncer_events,
     "config_yaml": config_yaml,
+    "bus_int": bus_int,
+    "bus_syncstart": bus_syncstart,
+    "bus_pub": bus_pub,
+    "replication_frame": replication_frame,
+    "jetstream_frame": jetstream_frame,
 }

@@ -11,10 +11,13 @@ count per target (CI default 200); the long coverage-guided runs use atheris
 from __future__ import annotations
 
 import asyncio
+import datetime
+import json
 import os
 
 import pytest
 import yaml
+from eventfleet_server.bus import wire as bus_wire
 from eventfleet_server.chatter.connection import _parse_large
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
@@ -259,3 +262,167 @@ config_values = st.recursive(
 )
 def test_structured_config_documents(doc):
     targets.config_yaml(yaml.safe_dump(doc).encode())
+
+
+# -- Event BUS -------------------------------------------------------------------------------
+
+bus_encodings = st.sampled_from(list(bus_wire.IntegerEncoding))
+
+
+def _unambiguous(value: int, encoding) -> bool:
+    # An RFC (8-byte) value made only of ASCII digit bytes reads as decimal: ~3.5e18 and
+    # above only, never a real sequence (bus/wire.py's docstring).
+    return not bus_wire.encode_int(value, encoding).isdigit()
+
+
+@FUZZ
+@given(value=st.integers(0, bus_wire.MAX_SEQUENCE), encoding=bus_encodings)
+def test_bus_integers_round_trip_in_both_encodings(value, encoding):
+    if _unambiguous(value, encoding):
+        assert bus_wire.decode_int(bus_wire.encode_int(value, encoding)) == value
+
+
+topic_segment = st.text(st.characters(blacklist_categories=("Cs",)), max_size=8).filter(
+    lambda s: s not in ("?", "*")
+)
+event_types = st.lists(topic_segment, min_size=1, max_size=5).map(tuple)
+iso_times = st.datetimes(timezones=st.just(datetime.UTC) | st.none() | st.timezones()).map(
+    lambda d: d.isoformat()
+)
+
+
+def pub_frames(event_type, seq, encoding, producer, ts, uuid, data):
+    return [
+        bus_wire.type_to_topic(event_type).encode(),
+        bus_wire.encode_int(seq, encoding),
+        producer.encode(),
+        ts.encode(),
+        uuid.encode(),
+        data,
+    ]
+
+
+valid_pub = st.builds(
+    pub_frames,
+    event_types,
+    st.integers(0, 10**12),
+    bus_encodings,
+    st.text(max_size=10),
+    st.just("") | iso_times,
+    st.uuids().map(str),
+    st.binary(max_size=40),
+)
+valid_syncstart = st.builds(
+    lambda subtrees, sep, seq, encoding: [
+        bus_wire.SYNCSTART,
+        sep.join(subtrees).encode(),
+        bus_wire.encode_int(seq, encoding),
+    ],
+    st.lists(event_types.map(bus_wire.type_to_topic), max_size=3),
+    st.sampled_from([";", ","]),
+    st.integers(0, 10**12),
+    bus_encodings,
+)
+
+
+def _fits(frames) -> bool:
+    return all(len(f) < 256 for f in frames)  # what one length byte can frame
+
+
+@FUZZ
+@given(frames=valid_pub.filter(_fits))
+def test_valid_pub_decodes_to_what_was_sent(frames):
+    pub = bus_wire.parse_pub(frames)
+    assert pub.topic.encode() == frames[0] and pub.data == frames[5]
+    assert pub.uuid == frames[4].decode() and pub.producer.encode() == frames[2]
+    assert targets.split_frames(targets.join_frames(frames)) == frames
+
+
+@FUZZ
+@given(data=mutated(valid_pub.filter(_fits).map(targets.join_frames)))
+def test_mutated_bus_pubs(data):
+    targets.bus_pub(data)
+
+
+@FUZZ
+@given(data=mutated(valid_syncstart.filter(_fits).map(lambda f: targets.join_frames(f[1:]))))
+def test_mutated_bus_syncstarts(data):
+    targets.bus_syncstart(data)
+
+
+# -- websocket protocols ---------------------------------------------------------------------
+
+# Any JSON value, strings with lone surrogates included (JSON can carry "\ud800").
+json_text = st.text(st.characters(), max_size=8) | st.text(
+    st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF, categories=["Cs"]), max_size=3
+)
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | json_text,
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(json_text, c, max_size=3),
+    max_leaves=8,
+)
+
+
+def _fields(keys):
+    return st.dictionaries(st.sampled_from(keys), json_values | json_text, max_size=len(keys))
+
+
+replication_messages = st.builds(
+    lambda mt, fields: {**fields, "mt": mt},
+    st.sampled_from(
+        ["AppChallenge", "AppLogin", "ReplicateStart", "ReplicateNext", "ReplicateAdd", "X"]
+    )
+    | json_text,
+    _fields(["api", "src", "sip", "digest", "app", "domain", "guid", "dn", "info", "usn"]),
+) | st.fixed_dictionaries(
+    # AppLogin with string fields, so that it gets past the type checks to the digest.
+    {
+        "mt": st.just("AppLogin"),
+        "sip": st.sampled_from(["user", "nobody"]) | json_text,
+        "digest": json_text | st.text("0123456789abcdef", min_size=64, max_size=64),
+    },
+    optional={k: json_text for k in ("app", "domain", "guid", "dn")} | {"info": json_values},
+)
+
+
+@FUZZ
+@given(msg=replication_messages)
+def test_structured_replication_messages(msg):
+    targets.replication_frame(json.dumps(msg).encode())
+
+
+@FUZZ
+@given(data=mutated(replication_messages.map(lambda m: json.dumps(m).encode())))
+def test_mutated_replication_frames(data):
+    targets.replication_frame(data)
+
+
+jetstream_messages = st.builds(
+    lambda type_, fields: {**fields, "type": type_},
+    st.sampled_from(["SessionCreate", "ScopeFetch", "ScopeSync", "Ping"]) | json_text,
+    _fields(["version", "params", "index", "ack", "token", "name"]),
+) | st.builds(
+    lambda token, version: {
+        "type": "SessionCreate",
+        "version": version,
+        "params": {"token": token},
+    },
+    json_values | st.just("secret"),
+    json_values | st.just("0.0.1"),
+)
+
+
+@FUZZ
+@given(msgs=st.lists(jetstream_messages, min_size=1, max_size=3), single=st.booleans())
+def test_structured_jetstream_frames(msgs, single):
+    targets.jetstream_frame(json.dumps(msgs[0] if single else msgs).encode())
+
+
+@FUZZ
+@given(
+    data=mutated(
+        st.lists(jetstream_messages, min_size=1, max_size=3).map(lambda m: json.dumps(m).encode())
+    )
+)
+def test_mutated_jetstream_frames(data):
+    targets.jetstream_frame(data)

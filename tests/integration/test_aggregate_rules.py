@@ -239,6 +239,7 @@ def test_token_from_environment_or_file(monkeypatch, tmp_path):
     ("argv", "message"),
     [
         (["--eventer", "nohost"], "eventer address 'nohost' is not HOST:PORT"),
+        (["--eventer", "h:1", "--http", "h:1,web"], "http address 'web' is not HOST:PORT"),
         (["--eventer", "h:1", "--prefix", "a/*"], "may not contain"),
         (["--eventer", "h:1", "--prefix-depth", "-1"], "prefix depth -1"),
         (
@@ -250,6 +251,21 @@ def test_token_from_environment_or_file(monkeypatch, tmp_path):
 def test_bad_options_name_the_value(argv, message):
     with pytest.raises(ValueError, match=message):
         parse([*argv, "--bucket", "60", "--output", "o"])
+
+
+def test_http_option_means_the_same_to_the_job_and_the_data_source():
+    # One parser (endpoints.http_endpoints) behind --http and the source's `http` option.
+    from eventfleet_spark.endpoints import Endpoint
+
+    source = pytest.importorskip("eventfleet_spark.source")
+    opts = parse(["--eventer", "h:1", "--http", "a:80, :81", "--bucket", "1", "--output", "o"])
+    base = {"eventer": "h:1", "start": "0", "end": "10"}
+    read = source.ReadOptions.from_options({**base, "http": opts.http})
+    assert read.http == (Endpoint("a", 80), Endpoint("127.0.0.1", 81))
+    assert source.ReadOptions.from_options({**base, "http": ""}).http == ()
+    assert source.ReadOptions.from_options(base).http == ()
+    with pytest.raises(ValueError, match="http address 'a:0' is not HOST:PORT"):
+        source.ReadOptions.from_options({**base, "http": "a:0"})
 
 
 def test_cli_has_the_aggregate_command():

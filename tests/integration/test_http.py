@@ -85,7 +85,7 @@ def use_syncer(replica, monkeypatch):
 
 def install_syncer(replica, monkeypatch, syncer):
     """Replace the replica's Syncer protocol by `syncer` (None: no Syncer) for one test."""
-    others = [p for p in replica.all_protocols if p.name != "syncer"]
+    others = [p for p, _ in replica.protocol_states if p.name != "syncer"]
     created = [*others, syncer] if syncer is not None else others
     monkeypatch.setattr(replica, "_created", created)
     monkeypatch.setattr(replica, "protocols", {p.name: p for p in created})
@@ -228,8 +228,7 @@ def test_readiness_rules():
     class Stub:
         def __init__(self, status, syncer=None):
             self.engine = type("E", (), {"status": status})() if status else None
-            self.all_protocols = [syncer] if syncer else []
-            self.protocols = {"syncer": syncer} if syncer else {}
+            self.protocol_states = [(syncer, True)] if syncer else []
 
     assert readiness(Stub(None)) == (False, "starting: the store is being opened")
     assert readiness(Stub(Status.STARTING))[0] is False
@@ -241,7 +240,7 @@ def test_readiness_rules():
     assert readiness(Stub(Status.OPERATIONAL, lost)) == (True, None)
     # A created protocol that has not started yet holds readiness back.
     starting = Stub(Status.OPERATIONAL, FakeSyncer())
-    starting.protocols = {}
+    starting.protocol_states = [(starting.protocol_states[0][0], False)]
     assert readiness(starting) == (False, "protocol syncer is starting")
 
 

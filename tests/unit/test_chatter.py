@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from eventfleet_server import chatter
+from eventfleet_server.chatter.listener import ChatterListener
+from eventfleet_server.listener import AdmissionLimits, Rejections
 
 
 async def test_ping_answered_and_silent_peer_dropped():
@@ -39,3 +41,26 @@ async def test_ping_answered_and_silent_peer_dropped():
     w.close()
     client.close()
     server.close()
+
+
+async def test_listener_port_is_known_after_stop():
+    """/status describes every protocol while the replica drains (HTTP stops last):
+    the listener's port must not depend on the closed server's sockets."""
+
+    async def initialize(conn, msg):  # never reached: nobody connects
+        raise AssertionError("unexpected client")
+
+    listener = ChatterListener(
+        "test",
+        "127.0.0.1",
+        0,
+        init_type="Test.MsgInit",
+        initialize=initialize,
+        limits=AdmissionLimits(),
+        rejections=Rejections("test"),
+    )
+    await listener.start()
+    port = listener.port
+    assert port > 0
+    await listener.stop()
+    assert listener.port == port

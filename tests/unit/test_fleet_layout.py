@@ -46,7 +46,7 @@ def test_tls_fleet_gets_a_ca_and_a_certificate_per_replica(tmp_path):
     fleet = layout.plan(2, tmp_path / "f", base_port=40000, tls=True)
     layout.prepare(fleet)
     conf = config.load(fleet.replicas[1].config_path, environ={})
-    settings = config.ReplicaConfig.from_mapping(conf).tls.settings()
+    settings = config.build(config.ReplicaConfig, conf).tls.settings()
     assert settings.cert_file.endswith("replica-2.pem")
     # The files work: server and mutual-TLS client contexts load them.
     settings.server_context(client_certificates=True)

@@ -13,6 +13,7 @@ from eventfleet_server.listener import (
     RejectReason,
     Tasks,
     TokenPolicy,
+    receive_text_frames,
 )
 
 
@@ -84,6 +85,10 @@ def test_admission_caps_total_and_per_address():
         (TokenPolicy(("old", "new")), "old", True),
         (TokenPolicy(("old", "new")), "new", True),
         (TokenPolicy(("old", "new")), "older", False),
+        # A lone surrogate (JSON "\ud800") is a wrong token, not a UnicodeEncodeError
+        # (fuzzing of Jetstream's SessionCreate found it).
+        (TokenPolicy.of("s3cret"), "\ud800", False),
+        (TokenPolicy.of("s3cret"), "s3cret\udfff", False),
     ],
 )
 def test_token_policy(policy, presented, accepted):
@@ -131,3 +136,85 @@ async def test_a_critical_task_that_returns_is_fatal():
     tasks.spawn("merge", asyncio.sleep(0))
     await asyncio.sleep(0.01)
     assert reasons == ["replica/merge exited while its owner is running"]
+
+
+class _Frames:
+    """aiohttp's own frame type (WSMessage, WSMsgType) fed like a WebSocketResponse."""
+
+    def __init__(self, *frames):
+        self.frames = list(frames)
+        self.read = 0
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.frames:
+            raise StopAsyncIteration
+        self.read += 1
+        return self.frames.pop(0)
+
+
+def _frame(kind: str, data):
+    from aiohttp import WSMessage, WSMsgType
+
+    return WSMessage(WSMsgType[kind], data, None)
+
+
+class _TooBig(Exception):
+    code = 1009
+
+
+@pytest.mark.parametrize("async_handler", [False, True])
+async def test_websocket_receive_loop_hands_over_text_and_refuses_the_rest(async_handler):
+    texts: list[str] = []
+    binaries: list[int] = []
+
+    def on_text(text):
+        texts.append(text)
+
+    async def on_text_async(text):
+        texts.append(text)
+
+    rejections = Rejections("ws")
+    frames = _Frames(
+        _frame("TEXT", "a"),
+        _frame("BINARY", b"xyz"),
+        _frame("PING", b""),  # not ours to handle: ignored
+        _frame("TEXT", "b"),
+        _frame("ERROR", _TooBig("too big")),
+        _frame("TEXT", "never read"),
+    )
+    await receive_text_frames(
+        frames,
+        on_text_async if async_handler else on_text,
+        binaries.append,
+        rejections=rejections,
+        peer="10.0.0.1",
+        size_limit="x.max_message_size 10",
+    )
+    assert texts == ["a", "b"] and binaries == [3]
+    assert rejections.counts == {"message_too_large": 1}  # and the loop ended there
+    assert frames.frames == [_frame("TEXT", "never read")]
+
+
+async def test_websocket_receive_loop_counts_a_broken_frame_and_honours_stop():
+    rejections = Rejections("ws")
+    frames = _Frames(_frame("ERROR", ValueError("invalid UTF-8")), _frame("TEXT", "x"))
+    await receive_text_frames(
+        frames, pytest.fail, pytest.fail, rejections=rejections, peer="p", size_limit="-"
+    )
+    assert rejections.counts == {"bad_frame": 1} and frames.read == 1
+
+    texts: list[str] = []
+    frames = _Frames(_frame("TEXT", "1"), _frame("TEXT", "2"), _frame("TEXT", "3"))
+    await receive_text_frames(
+        frames,
+        texts.append,
+        pytest.fail,
+        rejections=rejections,
+        peer="p",
+        size_limit="-",
+        stop=lambda: len(texts) == 2,
+    )
+    assert texts == ["1", "2"] and frames.read == 3  # the third frame is read, not handled

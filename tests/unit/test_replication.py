@@ -70,6 +70,24 @@ def test_check_login_and_credentials():
     assert Credentials(None, "tok").password("anyone") == "tok"
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"digest": "\u00e9" * 64},  # non-ASCII digest: hmac.compare_digest raised TypeError
+        {"sip": "bob", "digest": "\u00e9"},  # the unknown-user path compares too
+        {"dn": "\ud800"},  # lone surrogate in a field: digest() raised UnicodeEncodeError
+        {"info": {"k": "\udfff"}},  # ... or in info
+    ],
+)
+def test_check_login_refuses_undigestable_text_with_login_error(bad):
+    # Found by fuzzing the AppWebsocket decoder + session (tests/fuzz): these escaped
+    # PublisherSession.handle as exceptions instead of a counted login refusal.
+    creds = Credentials({"alice": "pa"}, None)
+    msg = {"app": "x", "domain": "", "sip": "alice", "guid": "", "dn": "A", "digest": "0" * 64}
+    with pytest.raises(LoginError):
+        check_login({**msg, **bad}, "ch", creds)
+
+
 def test_failed_logins_block_then_release():
     clock = Clock()
     fl = FailedLogins(2, 10.0, clock)

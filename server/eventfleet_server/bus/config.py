@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from eventfleet_server.bus.wire import IntegerEncoding
 
@@ -26,11 +24,3 @@ class BusConfig:
     def __post_init__(self) -> None:
         # Built by `config.typed.build` from the raw (validated) section: a string here.
         object.__setattr__(self, "integer_encoding", IntegerEncoding(self.integer_encoding))
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> BusConfig:
-        """From a validated section with defaults filled in (every key present)."""
-        missing = [f.name for f in fields(cls) if f.name not in section]
-        if missing:
-            raise ValueError(f"bus section lacks {', '.join(missing)} (defaults not filled?)")
-        return cls(**{f.name: section[f.name] for f in fields(cls)})

@@ -88,14 +88,16 @@ class ChatterListener:
         self.admission = Admission(limits, rejections)
         self._ping = (ping_delay, ping_timeout)
         self._server: asyncio.Server | None = None
+        self._bound_port: int | None = None
         self._conns: set[Connection] = set()
         self.sessions: set[Any] = set()
 
     @property
     def port(self) -> int:
-        """The bound port (useful when configured as 0)."""
-        assert self._server is not None
-        return self._server.sockets[0].getsockname()[1]
+        """The bound port (useful when configured as 0); still known after `stop`, when
+        /status may be asked while the replica drains."""
+        assert self._bound_port is not None, "listener not started"
+        return self._bound_port
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
@@ -106,6 +108,7 @@ class ChatterListener:
             ssl=self._ssl,
             ssl_handshake_timeout=self.limits.init_timeout if self._ssl else None,
         )
+        self._bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
         if self._server:

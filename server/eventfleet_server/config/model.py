@@ -3,11 +3,8 @@ own packages, next to their schema fragment)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from eventfleet_server.config.typed import build
 from eventfleet_server.listener import AdmissionLimits, TlsError, TlsSettings
 
 
@@ -98,7 +95,3 @@ class ReplicaConfig:
     http: HttpConfig
     log: LogConfig
     tls: TlsConfig
-
-    @classmethod
-    def from_mapping(cls, conf: Mapping[str, Any]) -> ReplicaConfig:
-        return build(cls, conf)

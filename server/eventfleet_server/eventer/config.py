@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from eventfleet_server.config.model import AdmissionConfig
-from eventfleet_server.config.typed import build
 
 
 @dataclass(frozen=True)
@@ -28,7 +25,3 @@ class EventerConfig:
     ack_every: int
     ack_window: int
     admission: AdmissionConfig
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> EventerConfig:
-        return build(cls, section)

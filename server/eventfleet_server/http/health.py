@@ -20,8 +20,9 @@ from eventfleet_server.common.model import Status
 def readiness(replica: Any) -> tuple[bool, str | None]:
     """(ready, reason when not ready) from the engine status and every protocol's health.
 
-    Each protocol the replica created (`replica.all_protocols`) must be started and say
-    nothing against readiness (the Syncer holds it back until the initial sync is done).
+    Each protocol the replica created (`replica.protocol_states`) must be started and
+    say nothing against readiness (the Syncer holds it back until the initial sync is
+    done).
     """
     engine = getattr(replica, "engine", None)
     if engine is None:
@@ -31,12 +32,11 @@ def readiness(replica: Any) -> tuple[bool, str | None]:
     storage_problem = engine.health() if hasattr(engine, "health") else None
     if storage_problem:
         return False, storage_problem
-    started = getattr(replica, "protocols", {})
-    for proto in getattr(replica, "all_protocols", ()):
+    for proto, started in getattr(replica, "protocol_states", ()):
         reason = proto.health()
         if reason:
             return False, reason
-        if proto.name not in started:
+        if not started:
             return False, f"protocol {proto.name} is starting"
     return True, None
 

@@ -1,7 +1,8 @@
 """The replica's HTTP endpoint (aiohttp): observability routes plus protocol mount points.
 
-Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, ``POST /flush`` and
-``GET /export`` (Arrow bulk export, `eventfleet_server.http.export`).
+Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, ``POST /flush``,
+``GET /export`` (Arrow bulk export, `eventfleet_server.http.export`) and ``POST /backup``
+(a copy of the store to S3, `eventfleet_server.http.backup`).
 Protocols that speak over HTTP (websockets ``/replication``, ``/jetstream``) mount their
 own paths with `HttpServer.mount` / `HttpServer.add_routes`, at any time — before or
 after `start` — and never see each other: each owns its exact paths, a second claim on a
@@ -19,6 +20,8 @@ from typing import Any
 
 from aiohttp import web
 
+from eventfleet_server.http.backup import PATH as BACKUP_PATH
+from eventfleet_server.http.backup import BackupRoute
 from eventfleet_server.http.export import PATH as EXPORT_PATH
 from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
@@ -82,6 +85,10 @@ class HttpServer:
         # Bulk export for analytics (http/export.py); a mount, so it stays one line here.
         self.export = ExportRoute(replica)
         self.unmount_export = self.mount(EXPORT_PATH, self.export)
+        # Backups to S3 (http/backup.py): admin only, like POST /flush.
+        self.backup = BackupRoute(replica, self._is_admin)
+        self.mount(BACKUP_PATH, self.backup, method="POST")
+        self.mount(BACKUP_PATH, self.backup.delete, method="DELETE")
         # No access log: kubelet probes and scrapes would drown the replica's own log.
         self._runner = web.AppRunner(self._app, access_log=None, shutdown_timeout=shutdown_timeout)
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from eventfleet_server.config.model import AdmissionConfig
-from eventfleet_server.config.typed import build
 from eventfleet_server.jetstream.models import ModelSchema, SchemaError
 
 
@@ -46,10 +45,6 @@ class JetstreamConfig:
             self.model_schema()
         except SchemaError as e:
             raise ValueError(f"jetstream.classes: {e}") from e
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> JetstreamConfig:
-        return build(cls, section)
 
     def model_schema(self) -> ModelSchema:
         return ModelSchema.parse(self.classes, self.root_class)

@@ -30,6 +30,7 @@ from eventfleet_server.listener import (
     Rejections,
     RejectReason,
     TokenPolicy,
+    receive_text_frames,
 )
 
 if TYPE_CHECKING:
@@ -397,31 +398,28 @@ class JetstreamServer:
         return session
 
     async def _serve(self, ws: web.WebSocketResponse, conn: Connection, session: Session) -> None:
-        async for msg in ws:
-            if conn.closing or session.expired:
-                break
-            if msg.type == WSMsgType.TEXT:
-                try:
-                    messages = wire.decode(msg.data)
-                except wire.WireError as e:
-                    self.rejections.reject(RejectReason.BAD_FRAME, e.message, conn.peer)
-                    continue
-                for m in messages:
-                    await self.protocol.handle(session, m)
-            elif msg.type == WSMsgType.BINARY:
-                self.rejections.reject(
-                    RejectReason.BAD_FRAME, "binary frame (Jetstream is JSON text)", conn.peer
-                )
-            elif msg.type == WSMsgType.ERROR:
-                exc = ws.exception()
-                # aiohttp: WebSocketError(WSCloseCode.MESSAGE_TOO_BIG = 1009, ...)
-                if getattr(exc, "code", None) == 1009:
-                    self.rejections.reject(
-                        RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame over max_message_size {self.config.max_message_size}",
-                        conn.peer,
-                    )
-                break
+        async def on_text(text: str) -> None:
+            try:
+                messages = wire.decode(text)
+            except wire.WireError as e:
+                self.rejections.reject(RejectReason.BAD_FRAME, e.message, conn.peer)
+                return
+            for m in messages:
+                await self.protocol.handle(session, m)
+
+        await receive_text_frames(
+            ws,
+            on_text,
+            lambda size: self.rejections.reject(
+                RejectReason.BAD_FRAME,
+                f"binary frame of {size} bytes (Jetstream is JSON text)",
+                conn.peer,
+            ),
+            rejections=self.rejections,
+            peer=conn.peer,
+            size_limit=f"jetstream.max_message_size {self.config.max_message_size}",
+            stop=lambda: conn.closing or session.expired,
+        )
 
 
 def _connection_params(request: web.Request) -> dict[str, str]:

@@ -1,6 +1,6 @@
 """Transport-independent admission shared by every protocol: connection caps, message
 size before and after init, token policy, one vocabulary of rejection reasons with
-rate-limited logging, and guarded background tasks."""
+rate-limited logging, guarded background tasks, and the websocket receive loop."""
 
 from eventfleet_server.listener.admission import Admission, AdmissionLimits, Ticket
 from eventfleet_server.listener.reasons import RejectReason
@@ -14,6 +14,7 @@ from eventfleet_server.listener.tokens import (
     parse_networks,
     parse_tokens,
 )
+from eventfleet_server.listener.websocket import receive_text_frames
 
 __all__ = [
     "Admission",
@@ -31,4 +32,5 @@ __all__ = [
     "client_context",
     "parse_networks",
     "parse_tokens",
+    "receive_text_frames",
 ]

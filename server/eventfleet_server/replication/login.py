@@ -173,13 +173,23 @@ def check_login(msg: Mapping[str, Any], challenge: str, credentials: Credentials
     presented = msg.get("digest")
     if not isinstance(presented, str) or not presented:
         raise LoginError("AppLogin 'digest' must be a non-empty string")
+    if not presented.isascii():
+        # hmac.compare_digest raises TypeError on non-ASCII text (found by fuzzing); a
+        # hex digest is ASCII, so this is simply a wrong one.
+        raise LoginError("AppLogin 'digest' must be a hex string")
     sip = msg.get("sip", "")
     password = credentials.password(sip)
     if password is None:
         # Same text as a wrong password: do not tell which user names exist.
         hmac.compare_digest(presented, "0" * 64)
         raise LoginError("login failed: wrong digest")
-    if not hmac.compare_digest(presented.lower(), digest(msg, challenge, password)):
+    try:
+        expected = digest(msg, challenge, password)
+    except UnicodeEncodeError:
+        # A lone surrogate ("\ud800" in the JSON) in a field or in info: no client can
+        # have hashed that text as UTF-8 (found by fuzzing).
+        raise LoginError("AppLogin fields are not valid Unicode (lone surrogate)") from None
+    if not hmac.compare_digest(presented.lower(), expected):
         raise LoginError("login failed: wrong digest")
     return sip
 

@@ -13,12 +13,13 @@ import itertools
 import logging
 from typing import Any
 
-from aiohttp import WSCloseCode, WSMsgType, web
+from aiohttp import WSCloseCode, web
 
 from eventfleet_server.listener import (
     Admission,
     Rejections,
     RejectReason,
+    receive_text_frames,
 )
 from eventfleet_server.replication import codec
 from eventfleet_server.replication.adapter import EngineBackend
@@ -170,17 +171,22 @@ class _Connection:
 
     def _send(self, msg: dict[str, Any]) -> None:
         if not self._outbox.put(msg) and self._outbox.overflowed and not self._closing:
-            self._rejections.reject(
+            self._refuse_and_close(
                 RejectReason.SLOW_SUBSCRIBER,
                 f"{len(self._outbox)} messages unsent (replication.max_send_queue); closing",
-                self.peer,
+                "too slow: send queue full",
             )
-            self._closing = True
-            self._server._tasks.spawn(
-                f"{self.name}/close",
-                self.close(WSCloseCode.POLICY_VIOLATION, "too slow: send queue full"),
-                critical=False,
-            )
+
+    def _refuse_and_close(self, reason: RejectReason, detail: str, close_message: str) -> None:
+        """Count the refusal and close the connection from a task (the callers are sync:
+        a send, a timer); nothing is read or queued after this."""
+        self._rejections.reject(reason, detail, self.peer)
+        self._closing = True
+        self._server._tasks.spawn(
+            f"{self.name}/close",
+            self.close(WSCloseCode.POLICY_VIOLATION, close_message),
+            critical=False,
+        )
 
     async def close(self, code: int = WSCloseCode.OK, message: str = "") -> None:
         self._closing = True
@@ -206,58 +212,41 @@ class _Connection:
 
     def _login_expired(self) -> None:
         if not self.session.logged_in and not self._closing:
-            self._rejections.reject(
+            self._refuse_and_close(
                 RejectReason.INIT_TIMEOUT,
                 f"not logged in within {self._server._limits.init_timeout:g} s",
-                self.peer,
-            )
-            self._closing = True
-            self._server._tasks.spawn(
-                f"{self.name}/close",
-                self.close(WSCloseCode.POLICY_VIOLATION, "login timeout"),
-                critical=False,
+                "login timeout",
             )
 
     async def _read(self) -> None:
-        ws = self._ws
+        await receive_text_frames(
+            self._ws,
+            self._on_text,
+            lambda size: self.session.refuse(
+                None,
+                RejectReason.BAD_FRAME,
+                f"binary frame of {size} bytes: AppWebsocket uses JSON text frames",
+            ),
+            rejections=self._rejections,
+            peer=self.peer,
+            size_limit=f"replication.max_message_size {self._server.config.max_message_size}",
+            stop=lambda: self._closing,
+        )
+
+    def _on_text(self, text: str) -> None:
         session = self.session
-        async for frame in ws:
-            if self._closing:
-                break
-            if frame.type == WSMsgType.TEXT:
-                text = frame.data
-                # Until login, a peer may not make us parse more than this per frame.
-                pre_login_max = self._server._limits.pre_init_max_msg_size
-                if not session.logged_in and len(text) > pre_login_max:
-                    session.refuse(
-                        None,
-                        RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame of {len(text)} bytes before login (max {pre_login_max})",
-                    )
-                    continue
-                try:
-                    msg = codec.decode(text)
-                except codec.FrameError as e:
-                    session.refuse(None, RejectReason.BAD_FRAME, str(e))
-                    continue
-                session.handle(msg)
-            elif frame.type == WSMsgType.BINARY:
-                session.refuse(
-                    None,
-                    RejectReason.BAD_FRAME,
-                    f"binary frame of {len(frame.data)} bytes: AppWebsocket uses JSON text frames",
-                )
-            elif frame.type == WSMsgType.ERROR:
-                error = frame.data
-                if getattr(error, "code", None) == WSCloseCode.MESSAGE_TOO_BIG:
-                    self._rejections.reject(
-                        RejectReason.MESSAGE_TOO_LARGE,
-                        f"frame above replication.max_message_size "
-                        f"{self._server.config.max_message_size}; closed",
-                        self.peer,
-                    )
-                else:
-                    self._rejections.reject(
-                        RejectReason.BAD_FRAME, f"websocket error: {error}", self.peer
-                    )
-                break
+        # Until login, a peer may not make us parse more than this per frame.
+        pre_login_max = self._server._limits.pre_init_max_msg_size
+        if not session.logged_in and len(text) > pre_login_max:
+            session.refuse(
+                None,
+                RejectReason.MESSAGE_TOO_LARGE,
+                f"frame of {len(text)} bytes before login (max {pre_login_max})",
+            )
+            return
+        try:
+            msg = codec.decode(text)
+        except codec.FrameError as e:
+            session.refuse(None, RejectReason.BAD_FRAME, str(e))
+            return
+        session.handle(msg)

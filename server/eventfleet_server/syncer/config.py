@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from eventfleet_server.config.model import AdmissionConfig
-from eventfleet_server.config.typed import build
 
 
 @dataclass(frozen=True)
@@ -26,7 +23,3 @@ class SyncerConfig:
     shutdown_flush_timeout: float
     max_known_server_ids: int
     admission: AdmissionConfig
-
-    @classmethod
-    def from_mapping(cls, section: Mapping[str, Any]) -> SyncerConfig:
-        return build(cls, section)

@@ -124,6 +124,29 @@ FULL_SPEC: dict[str, Any] = {
     "logLevel": "DEBUG",
     "hibernate": False,
     "updateStrategy": {"type": "RollingUpdate"},
+    "backup": {
+        "schedule": "0 3 * * *",
+        "retention": 14,
+        "s3": {
+            "endpointURL": "http://minio.backup.svc:9000",
+            "region": "eu-central-1",
+            "bucket": "eventfleet-backups",
+            "prefix": "prod/demo/",
+            "addressingStyle": "path",
+            "credentialsSecret": {"name": "s3-creds", "accessKeyIdKey": "id"},
+        },
+    },
+    "bootstrap": {
+        "fromBackup": {
+            "s3": {
+                "endpointURL": "http://minio.backup.svc:9000",
+                "bucket": "old-backups",
+                "credentialsSecret": {"name": "old-s3-creds"},
+            },
+            "key": "prod/demo/demo-20260101-0300.sqlite",
+            "sha256": "ab" * 32,
+        }
+    },
     "podDisruptionBudget": {
         "enabled": True,
         "maxUnavailable": "20%",

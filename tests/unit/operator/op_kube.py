@@ -11,6 +11,7 @@ in ``writes`` as ``(verb, kind, name)``.
 from __future__ import annotations
 
 import copy
+import datetime
 import itertools
 from typing import Any
 
@@ -87,6 +88,19 @@ class FakeKube:
         meta["resourceVersion"] = str(next(self._rv))
         self.objects[key] = new
         return copy.deepcopy(new)
+
+    async def create(self, manifest: dict[str, Any]) -> dict[str, Any]:
+        meta = manifest["metadata"]
+        key = (manifest["kind"], meta["namespace"], meta["name"])
+        if key in self.objects:
+            raise kube.ApiError(409, "AlreadyExists", f"{manifest['kind']} {meta['name']} exists")
+        new = copy.deepcopy(manifest)
+        new["metadata"].setdefault(
+            "creationTimestamp",
+            datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        self.writes.append(("create", manifest["kind"], meta["name"]))
+        return self._commit(key, None, new)
 
     async def apply(self, manifest: dict[str, Any]) -> dict[str, Any]:
         meta = manifest["metadata"]

@@ -113,6 +113,8 @@ def test_spark_application_contract():
     assert tmpl["arguments"] == [
         "--eventer",
         "demo.events.svc:23012",
+        "--http",
+        "demo.events.svc:23080",
         "--bucket",
         "60",
         "--output",

@@ -124,6 +124,19 @@ def test_network_policy_rules():
     assert doc["spec"]["policyTypes"] == ["Ingress"]
 
 
+def test_network_policy_admits_the_spark_job_to_the_http_port_when_aggregating():
+    spec = model.parse("demo", "ns", {"aggregation": {"enabled": True}}, uid="u1")
+    doc = builders.network_policy(spec, builders.operator_peer("eventfleet-system", {"a": "b"}))
+    kubernetes_validate.validate(doc, "1.33.0", strict=True)
+    http = _rules(doc)[(23080,)]
+    spark = builders.scheduled_spark_application(spec)
+    driver_labels = spark["spec"]["template"]["driver"]["labels"]
+    assert {"podSelector": {"matchLabels": driver_labels}} in http
+    assert spark["spec"]["template"]["executor"]["labels"] == driver_labels
+    args = spark["spec"]["template"]["arguments"]
+    assert args[args.index("--http") + 1] == "demo.ns.svc:23080"
+
+
 def test_network_policy_restricted_clients_and_custom_monitoring():
     spec = model.parse(
         "demo",

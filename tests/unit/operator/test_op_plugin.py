@@ -137,3 +137,37 @@ def test_unknown_eventserver_is_a_clear_error(capsys, monkeypatch):
     monkeypatch.setattr(plugin, "Api", lambda *a: FakeApi(ES))
     assert plugin.main(["-n", "ns", "status", "nope"]) == 1
     assert 'eventserver "nope" not found in namespace "ns"' in capsys.readouterr().err
+
+
+def test_backup_creates_an_on_demand_eventserverbackup_and_waits_for_it():
+    es = json.loads(json.dumps(ES))
+    es["spec"]["backup"] = {"s3": {"bucket": "bkt"}}
+    api = FakeApi(es)
+    created = []
+
+    def create_backup(namespace, body):
+        created.append(body)
+        return body
+
+    def get_backup(namespace, name):
+        status = {
+            "phase": "Completed",
+            "replica": "demo-1",
+            "bucket": "bkt",
+            "objectKey": f"ns/demo/{name}.sqlite",
+            "digest": {"events": 75, "size": 4096, "sha256": "ab" * 32},
+        }
+        return {**created[-1], "status": status}
+
+    api.create_backup, api.get_backup = create_backup, get_backup
+    out = run(api, "backup", "demo", "--wait", "--backup-name", "b1", "--timeout", "5")
+    (obj,) = created
+    assert obj["kind"] == "EventServerBackup" and obj["spec"] == {"eventServer": "demo"}
+    assert obj["metadata"]["labels"]["eventfleet.io/scheduled"] == "false"
+    assert "b1 completed from demo-1: 75 events" in out and "s3://bkt/ns/demo/b1.sqlite" in out
+    assert api.patches == []  # the EventServer itself is not touched
+
+
+def test_backup_of_a_fleet_without_spec_backup_is_refused():
+    with pytest.raises(plugin.PluginError, match=r"no spec\.backup"):
+        run(FakeApi(ES), "backup", "demo")

@@ -1,0 +1,56 @@
+"""A real S3-compatible server for tests: moto in server mode on 127.0.0.1.
+
+Not a mocked client: the code under test speaks HTTP (boto3, signed requests) to
+moto's S3 implementation listening on a free loopback port, exactly as it would to
+MinIO or AWS. `running_s3()` starts it (in a thread of the test process), creates the
+bucket and stops it afterwards. moto accepts any credentials; tests still pass them
+through the files or variables the product reads, so that path is exercised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+ACCESS_KEY = "eventfleet-test-key"
+SECRET_KEY = "eventfleet-test-secret"  # moto accepts any pair
+
+
+@dataclass(frozen=True)
+class S3Server:
+    endpoint_url: str
+    bucket: str
+
+    def client(self):
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            region_name="us-east-1",
+            aws_access_key_id=ACCESS_KEY,
+            aws_secret_access_key=SECRET_KEY,
+        )
+
+    def keys(self, prefix: str = "") -> list[str]:
+        listing = self.client().list_objects_v2(Bucket=self.bucket, Prefix=prefix)
+        return sorted(o["Key"] for o in listing.get("Contents", []))
+
+
+@contextlib.contextmanager
+def running_s3(bucket: str = "eventfleet-backups") -> Iterator[S3Server]:
+    """moto's S3 server on a free 127.0.0.1 port with `bucket` created."""
+    from moto.server import ThreadedMotoServer
+
+    from e2e.ports import free_port  # below the ephemeral range, never handed out twice
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        s3 = S3Server(f"http://127.0.0.1:{port}", bucket)
+        s3.client().create_bucket(Bucket=bucket)
+        yield s3
+    finally:
+        server.stop()
