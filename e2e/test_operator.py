@@ -33,6 +33,7 @@ CHILDREN = (
     "service/{n}-peers",
     "configmap/{n}-config",
     "secret/{n}-token",
+    "secret/{n}-peer-token",
     "poddisruptionbudget/{n}",
 )
 
@@ -333,6 +334,15 @@ def test_bad_input_is_rejected_or_reported_and_the_operator_keeps_running(kubect
     # The same rule holds only when aggregation is on (and its default {} is valid).
     window["spec"]["aggregation"]["enabled"] = False
     kubectl.apply(window)
+    # The hat-compatible mode's networks: CEL's isCIDR/isIP, and only with the switch on.
+    hat = eventserver("hat", 1, clients={"allowTokenless": True, "tokenlessNetworks": ["10.1/16"]})
+    bad = kubectl.run("apply", "-f", "-", input=yaml.safe_dump(hat), check=False)
+    assert bad.returncode != 0 and "must be an IP address or a CIDR" in bad.stderr, bad.stderr
+    hat["spec"]["clients"] = {"tokenlessNetworks": ["10.1.0.0/16"]}
+    bad = kubectl.run("apply", "-f", "-", input=yaml.safe_dump(hat), check=False)
+    assert bad.returncode != 0 and "applies only with clients.allowTokenless" in bad.stderr
+    hat["spec"]["clients"] = {"allowTokenless": True, "tokenlessNetworks": ["10.1.0.0/16", "::1"]}
+    kubectl.apply(hat)
     # Strict field validation: a misspelt field is an error, not silently dropped.
     typo = eventserver("typo", 1)
     typo["spec"]["replicaz"] = 2

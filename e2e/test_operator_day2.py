@@ -7,6 +7,7 @@ kubectl and the API only, so the same tests run on a real control plane by swapp
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -421,6 +422,123 @@ def test_growing_the_volumes_keeps_the_pods_running(kubectl, operator, kubelet):
     assert ready["message"].startswith("spec.storage.size: volumes only grow")
     claim = kubectl.get("persistentvolumeclaim", "data-grow-0")
     assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+
+
+def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, operator, kubelet):
+    """The runbook's peer rotation on the generated Secret: each step reaches the real
+    replicas through their reload (the fake kubelet rewrites the mounted file and sends
+    SIGHUP, as a refreshed Secret volume plus the replica's poll would), the operator's
+    TokensLoaded condition follows it, nothing restarts, and the operator's /flush works
+    with the new token alone at the end."""
+    kubectl.apply(eventserver("rot", 2))
+    pods = kubelet("rot")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/rot", "--timeout=90s", timeout=100)
+    kubectl.run(
+        "wait", "--for=condition=TokensLoaded", "eventserver/rot", "--timeout=30s", timeout=40
+    )
+    pids = [pods.pid(0), pods.pid(1)]
+    secret = kubectl.get("secret", "rot-peer-token")
+    old = base64.b64decode(secret["data"]["token"]).decode().strip()
+    client = base64.b64decode(kubectl.get("secret", "rot-token")["data"]["token"]).decode()
+    assert old and old != client.strip()
+
+    def step(text: str) -> None:
+        before = kubectl.get("eventserver", "rot")["status"]["tokensDigest"]
+        data = base64.b64encode(text.encode()).decode()
+        kubectl.run("patch", "secret/rot-peer-token", "-p", json.dumps({"data": {"token": data}}))
+
+        def loaded():
+            es = kubectl.get("eventserver", "rot")
+            c = condition(es, "TokensLoaded")
+            return es["status"].get("tokensDigest") != before and c.get("status") == "True"
+
+        wait_for(loaded, timeout=40, what=f"every replica to load {text!r}")
+
+    step(f"{old}\nrotated-peer\n")
+    step(f"rotated-peer\n{old}\n")
+    step("rotated-peer\n")
+    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token).
+    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/rotate-peer-token=r1")
+    rotation = wait_for(
+        lambda: (
+            (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {})
+            if (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {}).get(
+                "step"
+            )
+            in ("Done", "Refused")
+            else None
+        ),
+        timeout=90,
+        what="the operator's peer token rotation",
+    )
+    assert rotation["step"] == "Done", rotation
+    (auto,) = base64.b64decode(kubectl.get("secret", "rot-peer-token")["data"]["token"]).split()
+    assert auto.decode() not in (old, "rotated-peer")
+    assert [pods.pid(0), pods.pid(1)] == pids and not pods.restarts
+    reasons = {
+        e["reason"]
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=rot")[
+            "items"
+        ]
+    }
+    # (TokensReloading may not be seen here: this kubelet reloads within a resync.)
+    assert "TokensChanged" in reasons, reasons
+    # Only the new token is valid now: the operator's flush (POST /flush) still works.
+    register(pods, 1, 2)
+    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/flush=after-rotation")
+    flushed = wait_for(
+        lambda: (
+            (kubectl.get("eventserver", "rot")["status"].get("lastFlush") or {}).get("requested")
+            == "after-rotation"
+            and kubectl.get("eventserver", "rot")["status"]["lastFlush"]
+        ),
+        timeout=60,
+        what="the flush after the rotation",
+    )
+    assert flushed["result"] == "Verified", flushed
+
+
+def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
+    kubectl, operator, kubelet
+):
+    """``whenDeleted: Retain``: the EventServer's children go, its volume claims and the
+    Secrets the user gave stay. (Generated Secrets going with the fleet:
+    e2e/test_operator.py's cleanup test and the unit tests.)"""
+    for name, token in (("keep-client", "client-secret\n"), ("keep-peers", "peer-secret\n")):
+        kubectl.run("create", "secret", "generic", name, f"--from-literal=token={token}")
+    kubectl.apply(
+        eventserver(
+            "keep",
+            2,
+            token={"secretRef": {"name": "keep-client"}},
+            peerToken={"secretRef": {"name": "keep-peers"}},
+            storage={"retentionPolicy": {"whenDeleted": "Retain"}},
+        )
+    )
+    pods = kubelet("keep")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/keep", "--timeout=120s", timeout=130)
+    register(pods, 0, 3)
+    claims = {"data-keep-0", "data-keep-1"}
+    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    assert kubectl.get("secret", "keep-token") is None  # the user's Secrets are used
+    assert kubectl.get("secret", "keep-peer-token") is None
+
+    kubectl.run("delete", "eventserver", "keep", "--timeout=60s", timeout=70)
+    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=60, what="stopped")
+    for kind, name in (
+        ("statefulset", "keep"),
+        ("service", "keep"),
+        ("service", "keep-peers"),
+        ("configmap", "keep-config"),
+    ):
+        assert kubectl.get(kind, name) is None, (kind, name)
+    # Kept: every claim (the data) and the user's Secrets, untouched.
+    time.sleep(2)  # a deletion of the claims would follow the pods at once
+    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    for name, token in (("keep-client", "client-secret\n"), ("keep-peers", "peer-secret\n")):
+        secret = kubectl.get("secret", name)
+        assert secret is not None, name
+        assert base64.b64decode(secret["data"]["token"]).decode() == token
 
 
 def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):

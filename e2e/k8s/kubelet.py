@@ -290,20 +290,27 @@ class FakeKubelet(threading.Thread):
         token: str,
         mounts: dict[str, dict[str, str]] | None = None,
     ) -> bool:
+        """Write the pod's files; True when any changed (the caller sends SIGHUP, as the
+        replica would notice a changed mount by itself at its next poll)."""
         pod_dir = self.workdir / f"{self.name}-{ordinal}"
         pod_dir.mkdir(exist_ok=True)
+        files_changed = False
         token_path = pod_dir / "token"
         if not token_path.exists() or token_path.read_text() != token:
             token_path.write_text(token)
+            files_changed = True
         for mount_path, files in (mounts or {}).items():
             directory = self._mount_dir(ordinal, mount_path)
             directory.mkdir(parents=True, exist_ok=True)
             for name, content in files.items():
-                (directory / name).write_text(content)
+                file = directory / name
+                if not file.exists() or file.read_text() != content:
+                    file.write_text(content)  # e.g. a rotated peer token
+                    files_changed = True
         text = yaml.safe_dump(self._localise(ordinal, config, mounts), sort_keys=False)
         path = pod_dir / "config.yaml"
         if path.exists() and path.read_text() == text:
-            return False
+            return files_changed
         tmp = path.with_suffix(".tmp")
         tmp.write_text(text)
         tmp.replace(path)  # atomic, like kubelet's symlink swap

@@ -23,14 +23,13 @@ Everything up to `run` and `tick` is pure (tested without a cluster).
 
 from __future__ import annotations
 
-import base64
 import datetime
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import GROUP, VERSION, kube, model, naming
+from eventfleet_operator import GROUP, VERSION, kube, model, naming, tokens
 from eventfleet_operator.constants import EventType
 from eventfleet_operator.replicas import ReplicaStatus, ReplicaUnreachable
 
@@ -266,18 +265,11 @@ def now_rfc3339() -> str:
 
 
 async def fleet_token(ctx: Any, spec: model.FleetSpec) -> str | None:
-    """The fleet's token as the replicas' admin routes want it (read only: the fleet's
-    reconciliation creates the generated Secret)."""
-    ref = spec.token_ref
+    """The fleet's peer token (the first), as the replicas' admin routes want it (read
+    only: the fleet's reconciliation creates the generated Secret)."""
+    ref = spec.peer_token_ref
     secret = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
-    data = ((secret or {}).get("data") or {}).get(ref.key)
-    if not data:
-        return None
-    try:
-        text = base64.b64decode(data).decode()
-    except ValueError:
-        return None
-    return next((line.strip() for line in text.splitlines() if line.strip()), None)
+    return next(iter(tokens.decode(secret, ref.key) or ()), None)
 
 
 async def _statuses(ctx: Any, spec: model.FleetSpec, token: str | None):

@@ -64,6 +64,7 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
         "host": "0.0.0.0",
         "data_dir": naming.DATA_DIR,
         "token_file": naming.TOKEN_PATH,
+        "peer_token_file": naming.PEER_TOKEN_PATH,
         "allow_empty_start": allow_empty_start,
     }
     for entry in constants.PROTOCOL_PORTS:
@@ -74,6 +75,9 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
             section["enabled"] = spec.serves(entry)
         config[entry.protocol] = section
     config["syncer"]["subscriptions"] = [list(s) for s in spec.subscriptions]
+    # The hat-compatible mode: off unless spec.clients says so (docs/security.md).
+    config["eventer"]["allow_tokenless_clients"] = spec.clients.allow_tokenless
+    config["eventer"]["tokenless_client_networks"] = list(spec.clients.tokenless_networks)
     # Jetstream rides on the HTTP port (websocket at `path`): a section, no ports.
     config["jetstream"] = {
         "enabled": spec.jetstream.enabled,
@@ -179,8 +183,9 @@ def replication_config(spec: FleetSpec) -> dict[str, Any]:
 def config_hash(spec: FleetSpec, config: dict[str, Any]) -> str:
     """Hash of what needs a restart: the config minus hot-reloaded keys, plus the token ref."""
     restart_relevant = {k: v for k, v in config.items() if k not in HOT_RELOADED_KEYS}
-    token = spec.token_ref
+    token, peer = spec.token_ref, spec.peer_token_ref
     restart_relevant["_token_secret"] = [token.secret_name, token.key]
+    restart_relevant["_peer_token_secret"] = [peer.secret_name, peer.key]
     canonical = json.dumps(restart_relevant, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
@@ -196,11 +201,24 @@ def configmap(spec: FleetSpec, config: dict[str, Any]) -> dict[str, Any]:
 
 
 def token_secret(spec: FleetSpec, token: str) -> dict[str, Any]:
-    """The generated token Secret; ``token`` comes from the live Secret once it exists."""
+    """The generated client token Secret; ``token`` comes from the live Secret once it
+    exists."""
+    return _secret(spec, naming.token_secret(spec.name), "token", token)
+
+
+def peer_token_secret(spec: FleetSpec, tokens: str) -> dict[str, Any]:
+    """The generated peer token Secret (Syncer links, ``/flush``, the full ``/status``).
+
+    ``tokens`` is the file's text: one token per line, the first presented to peers.
+    """
+    return _secret(spec, naming.peer_token_secret(spec.name), "peer-token", tokens)
+
+
+def _secret(spec: FleetSpec, name: str, component: str, token: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "Secret",
-        "metadata": _metadata(spec, naming.token_secret(spec.name), "token"),
+        "metadata": _metadata(spec, name, component),
         "type": "Opaque",
         # `data`, not `stringData`: the live object only ever has `data`, so the
         # drift check can compare like with like.
@@ -261,6 +279,10 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             },
         ],
         "ports": ports,
+        # A replica that refuses to start (a damaged store, a store of a newer schema)
+        # logs one line and exits: that line becomes the container's termination
+        # message, where the operator reads why (docs/operator.md, "Storage schema").
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         # Liveness only asks "is the loop alive"; readiness waits for the initial sync, so a
         # slow sync never gets the pod killed. The startup probe covers opening a big DB.
         "startupProbe": {
@@ -296,6 +318,7 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             # and the replica hot-reloads the peer list from this file.
             {"name": "config", "mountPath": naming.CONFIG_DIR, "readOnly": True},
             {"name": "token", "mountPath": naming.TOKEN_DIR, "readOnly": True},
+            {"name": "peer-token", "mountPath": naming.PEER_TOKEN_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -355,7 +378,7 @@ def topology_spread(spec: FleetSpec) -> list[dict[str, Any]]:
 
 def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str, Any]:
     """The replicas. ``replicas`` is what is safe right now, not always ``spec.replicas``."""
-    token = spec.token_ref
+    token, peer = spec.token_ref, spec.peer_token_ref
     pod_labels = {
         **spec.pod_labels,
         **naming.selector_labels(spec.name),
@@ -385,6 +408,14 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
                 "secret": {
                     "secretName": token.secret_name,
                     "items": [{"key": token.key, "path": "token"}],
+                    "defaultMode": 0o440,
+                },
+            },
+            {
+                "name": "peer-token",
+                "secret": {
+                    "secretName": peer.secret_name,
+                    "items": [{"key": peer.key, "path": "token"}],
                     "defaultMode": 0o440,
                 },
             },

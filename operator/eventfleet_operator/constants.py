@@ -116,6 +116,7 @@ class ConditionType(enum.StrEnum):
     HIBERNATED = "Hibernated"
     PROGRESSING = "Progressing"
     STORAGE_RESIZING = "StorageResizing"
+    TOKENS_LOADED = "TokensLoaded"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -140,6 +141,7 @@ class Reason(enum.StrEnum):
     HIBERNATING = "Hibernating"
     HIBERNATED = "Hibernated"
     ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    STORAGE_SCHEMA_TOO_NEW = "StorageSchemaTooNew"
     # Progressing
     ROLLING_OUT = "RollingOut"
     ROLLOUT_COMPLETE = "RolloutComplete"
@@ -156,6 +158,15 @@ class Reason(enum.StrEnum):
     # Hibernated (also HIBERNATING)
     NOT_HIBERNATING = "NotHibernating"
     ALL_REPLICAS_READY = "AllReplicasReady"
+    # TokensLoaded (also the Event when a token Secret changed: TOKENS_CHANGED)
+    ALL_TOKENS_LOADED = "AllTokensLoaded"
+    TOKENS_RELOADING = "TokensReloading"
+    TOKENS_UNKNOWN = "TokensUnknown"
+    TOKENS_CHANGED = "TokensChanged"
+    # Events of eventfleet.io/rotate-peer-token
+    PEER_TOKEN_ROTATION = "PeerTokenRotation"  # a step written
+    PEER_TOKEN_ROTATED = "PeerTokenRotated"
+    PEER_TOKEN_ROTATION_REFUSED = "PeerTokenRotationRefused"
     # PeersSynced
     NO_REPLICAS = "NoReplicas"
     STATUS_UNAVAILABLE = "StatusUnavailable"
@@ -185,6 +196,7 @@ READY_PROBLEMS = frozenset(
         Reason.APPLY_FAILED,
         Reason.TOKEN_SECRET_NOT_FOUND,
         Reason.IMMUTABLE_FIELD_CHANGED,
+        Reason.STORAGE_SCHEMA_TOO_NEW,
         Reason.PROTOCOL_NOT_IMPLEMENTED,
         Reason.CHILD_NOT_OWNED,
     }

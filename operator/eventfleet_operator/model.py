@@ -10,6 +10,7 @@ cross-field rules, name limits. Every problem is a :class:`SpecError` naming the
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -98,6 +99,19 @@ class TokenRef:
     secret_name: str
     key: str = "token"
     generated: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientsSpec:
+    """``spec.clients``: the hat-compatible mode (docs/security.md).
+
+    Hat components have no token setting; ``allow_tokenless`` admits Eventer clients
+    that present no token (a wrong token is still refused), only from
+    ``tokenless_networks`` (addresses or CIDRs) when that is not empty.
+    """
+
+    allow_tokenless: bool = False
+    tokenless_networks: tuple[str, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +268,9 @@ class FleetSpec:
     storage: Storage = Storage()
     ports: Ports = Ports()
     token: TokenRef | None = None
+    # spec.peerToken: the peer credential; None = the generated `<name>-peer-token`.
+    peer_token: TokenRef | None = None
+    clients: ClientsSpec = ClientsSpec()
     # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
     # and implemented: served, their ports rendered.
     enabled_protocols: tuple[str, ...] = ()
@@ -293,6 +310,11 @@ class FleetSpec:
     @property
     def token_ref(self) -> TokenRef:
         return self.token or TokenRef(secret_name=f"{self.name}-token")
+
+    @property
+    def peer_token_ref(self) -> TokenRef:
+        """The peer credential's Secret: the user's, or the generated ``<name>-peer-token``."""
+        return self.peer_token or TokenRef(secret_name=f"{self.name}-peer-token")
 
     def serves(self, entry: ProtocolPort) -> bool:
         """Does a replica of this fleet listen on ``entry``'s ports?"""
@@ -491,16 +513,59 @@ def _parse_ports(spec: Mapping[str, Any]) -> Ports:
     return parsed
 
 
-def _parse_token(spec: Mapping[str, Any]) -> TokenRef | None:
-    ref = _obj(_obj(spec, "token", "spec"), "secretRef", "spec.token")
+def _parse_token(spec: Mapping[str, Any], field: str = "token") -> TokenRef | None:
+    path = f"spec.{field}.secretRef"
+    ref = _obj(_obj(spec, field, "spec"), "secretRef", f"spec.{field}")
     if not ref:
         return None
-    name = _str(ref, "name", "spec.token.secretRef")
+    name = _str(ref, "name", path)
     if not name:
-        raise SpecError("spec.token.secretRef.name", "is required when secretRef is given")
-    return TokenRef(
-        secret_name=name, key=_str(ref, "key", "spec.token.secretRef", "token"), generated=False
-    )
+        raise SpecError(f"{path}.name", "is required when secretRef is given")
+    return TokenRef(secret_name=name, key=_str(ref, "key", path, "token"), generated=False)
+
+
+def _parse_peer_token(spec: Mapping[str, Any]) -> TokenRef | None:
+    ref = _parse_token(spec, "peerToken")
+    client = _parse_token(spec)
+    if (
+        ref is not None
+        and client is not None
+        and (ref.secret_name, ref.key)
+        == (
+            client.secret_name,
+            client.key,
+        )
+    ):
+        # One credential for both would let every client act as a peer (docs/security.md).
+        raise SpecError(
+            "spec.peerToken.secretRef",
+            f"must differ from spec.token.secretRef (both are {ref.secret_name}/{ref.key})",
+        )
+    return ref
+
+
+def _parse_clients(spec: Mapping[str, Any]) -> ClientsSpec:
+    path = "spec.clients"
+    section = _obj(spec, "clients", "spec")
+    allow = _bool(section, "allowTokenless", path, False)
+    networks = _get(section, "tokenlessNetworks", path, list) or []
+    for i, value in enumerate(networks):
+        try:
+            # As the replica reads them (listener.parse_networks): host bits allowed.
+            # A number would pass ip_network (an integer address): text only.
+            if not isinstance(value, str):
+                raise TypeError(value)
+            ipaddress.ip_network(value, strict=False)
+        except (TypeError, ValueError):
+            raise SpecError(
+                f"{path}.tokenlessNetworks[{i}]",
+                f"must be an IP address or a CIDR network such as 10.1.0.0/16, got {value!r}",
+            ) from None
+    if networks and not allow:
+        raise SpecError(
+            f"{path}.tokenlessNetworks", "applies only with spec.clients.allowTokenless: true"
+        )
+    return ClientsSpec(allow_tokenless=allow, tokenless_networks=tuple(networks))
 
 
 def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
@@ -849,6 +914,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         storage=_parse_storage(spec),
         ports=_parse_ports(spec),
         token=_parse_token(spec),
+        peer_token=_parse_peer_token(spec),
+        clients=_parse_clients(spec),
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),

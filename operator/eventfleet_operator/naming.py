@@ -21,6 +21,9 @@ RESTART_ANNOTATION = f"{GROUP}/restart"
 # On the EventServer: a new value asks for one flush of every replica to every other one;
 # the result goes to status.lastFlush (kubectl eventfleet flush).
 FLUSH_ANNOTATION = f"{GROUP}/flush"
+# On the EventServer: a new value rotates the generated peer token (tokens.rotation_step);
+# progress in status.peerTokenRotation.
+ROTATE_PEER_TOKEN_ANNOTATION = f"{GROUP}/rotate-peer-token"
 # `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
 PAUSE_ANNOTATION = f"{GROUP}/reconcile"
 PAUSED = "paused"
@@ -31,6 +34,10 @@ CONFIG_FILE = "config.yaml"
 CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_FILE}"
 TOKEN_DIR = "/var/run/secrets/eventfleet"
 TOKEN_PATH = f"{TOKEN_DIR}/token"
+# The peer credential (Syncer links, /flush, the full /status): a separate Secret and
+# mount, so a client token never opens the replicas' peer and admin doors.
+PEER_TOKEN_DIR = "/var/run/secrets/eventfleet-peer"
+PEER_TOKEN_PATH = f"{PEER_TOKEN_DIR}/token"
 REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
 REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
@@ -67,6 +74,10 @@ def configmap(name: str) -> str:
 
 def token_secret(name: str) -> str:
     return f"{name}-token"
+
+
+def peer_token_secret(name: str) -> str:
+    return f"{name}-peer-token"
 
 
 def pdb(name: str) -> str:

@@ -20,7 +20,18 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import builders, kube, metrics, model, naming, rollout, scaling, volumes
+from eventfleet_operator import (
+    builders,
+    kube,
+    metrics,
+    model,
+    naming,
+    rollout,
+    scaling,
+    tokens,
+    volumes,
+)
+from eventfleet_operator import schema as schema_mod
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
@@ -124,11 +135,18 @@ def _owner_uid(manifest: Mapping[str, Any]) -> str:
 
 
 async def ensure(
-    ctx: Context, manifest: Mapping[str, Any], log: logging.Logger
+    ctx: Context,
+    manifest: Mapping[str, Any],
+    log: logging.Logger,
+    read_version: str | None = None,
 ) -> Operation | None:
     """Create or repair one child; returns what it did, or None (no change).
 
-    Raises :class:`ChildNotOwned` when an object of that name exists that is not ours.
+    ``read_version``: the resourceVersion of the live object the manifest was built
+    from (a token Secret keeps the live tokens); when the object changed since, nothing
+    is written this pass, so a concurrent edit (a rotation step by hand) is never
+    reverted with what was read before it. Raises :class:`ChildNotOwned` when an object
+    of that name exists that is not ours.
     """
     resource = kube.resource_of(manifest)
     manifest = with_applied_hash(manifest)
@@ -137,6 +155,10 @@ async def ensure(
     uid = _owner_uid(manifest)
     if live is not None and uid and not naming.owned_by(live, uid):
         raise ChildNotOwned([f"{manifest['kind']} {meta['name']}"], uid)
+    if read_version is not None and live is not None:
+        if (live.get("metadata") or {}).get("resourceVersion") != read_version:
+            log.info("%s %s changed since it was read: next pass", manifest["kind"], meta["name"])
+            return None
     if up_to_date(manifest, live):
         return None
     result = await ctx.kube.apply(manifest)
@@ -183,6 +205,8 @@ def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
         children.append((kube.PDBS, naming.pdb(spec.name)))
     if spec.network_policy.enabled:
         children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
+    if spec.peer_token_ref.generated:
+        children.insert(0, (kube.SECRETS, naming.peer_token_secret(spec.name)))
     if spec.token_ref.generated:
         children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
     return children
@@ -199,42 +223,194 @@ async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
 
 
 async def _token(
-    ctx: Context, spec: model.FleetSpec, log: logging.Logger
+    ctx: Context,
+    spec: model.FleetSpec,
+    log: logging.Logger,
+    *,
+    field: str = "spec.token",
+    seed: Callable[[str], str] | None = None,
+    versions: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any] | None, str, str | None]:
     """The generated Secret to apply (or None), a problem with a referenced one, and the
-    token itself (the operator presents it on the replicas' admin routes)."""
-    ref = spec.token_ref
+    token that is presented (the file's first line). ``versions`` gets the
+    resourceVersion the generated Secret was read at (see :func:`ensure`).
+
+    ``field`` picks the credential: ``spec.token`` (clients) or ``spec.peerToken``
+    (peers; the operator presents it on the replicas' admin routes). ``seed`` turns a
+    freshly generated token into the Secret's first text (see :func:`_peer_seed`).
+    """
+    peer = field == "spec.peerToken"
+    ref = spec.peer_token_ref if peer else spec.token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if not ref.generated:
         if live is None:
-            return None, f"spec.token.secretRef.name: Secret {ref.secret_name!r} not found", None
+            return None, f"{field}.secretRef.name: Secret {ref.secret_name!r} not found", None
         if ref.key not in (live.get("data") or {}):
             return (
                 None,
-                f"spec.token.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
+                f"{field}.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
                 None,
             )
         return None, "", _first_token(live["data"][ref.key])
-    token = ""
+    text = ""
+    if live is not None and versions is not None:
+        versions[ref.secret_name] = str((live.get("metadata") or {}).get("resourceVersion"))
     if live is not None:
         try:
-            token = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
+            text = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
         except ValueError:
-            token = ""
-    if not token:
-        # Generated once and then kept: rotating it would lock out every client.
-        token = secrets.token_urlsafe(32)
+            text = ""
+    if not text.strip():
+        # Generated once and then kept: replacing it would lock out every client (peer).
+        text = secrets.token_urlsafe(32)
+        if seed is not None:
+            text = seed(text)
         log.info("generated a new token for Secret %s", ref.secret_name)
-    return builders.token_secret(spec, token), "", token
+    build = builders.peer_token_secret if peer else builders.token_secret
+    first = next(iter(tokens.parse(text)), None)
+    return build(spec, text), "", first
+
+
+def _peer_seed(
+    sts_live: Mapping[str, Any] | None, client_token: str | None
+) -> Callable[[str], str]:
+    """How a new generated peer Secret starts.
+
+    A new fleet: the new token alone. A fleet whose running pods predate the peer
+    Secret (an operator upgrade) accepts only the client token from peers and on
+    ``/flush``: the Secret then starts as ``client token, new token``, so the replaced
+    pods still present what the old ones accept (the first line) and accept the new
+    token already. Finishing the split is the peer rotation of docs/runbook.md.
+    """
+    volumes_ = (((sts_live or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    upgrade = sts_live is not None and not any(
+        v.get("name") == "peer-token" for v in volumes_.get("volumes") or []
+    )
+    if not upgrade or not client_token:
+        return lambda new: new
+    return lambda new: f"{client_token}\n{new}\n"
 
 
 def _first_token(data: str) -> str | None:
-    """The token a replica presents to peers: the first non-empty line of the file."""
+    """The token a replica presents to peers: the first token of the file."""
     try:
         text = base64.b64decode(data).decode()
     except ValueError:
         return None
-    return next((line.strip() for line in text.splitlines() if line.strip()), None)
+    return next(iter(tokens.parse(text)), None)
+
+
+async def _rotate_peer_token(
+    ctx: Context,
+    spec: model.FleetSpec,
+    request: str,
+    previous: Mapping[str, Any],
+    peer_secret: dict[str, Any] | None,
+    token: str | None,
+    log: logging.Logger,
+    emit: Emit,
+) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
+    """One pass of the rotation ``eventfleet.io/rotate-peer-token`` asks for.
+
+    Returns the peer Secret to apply, the token to present and ``status.peerTokenRotation``
+    (None: unchanged). A step is taken only when the last status says every replica runs
+    exactly the Secrets' current tokens (TokensLoaded True with the same digest), so
+    each step has reached every replica before the next is written.
+    """
+    prev = previous.get("peerTokenRotation") or {}
+    same = prev.get("requested") == request
+    if same and prev.get("step") in (tokens.DONE, tokens.REFUSED):
+        return peer_secret, token, None
+    step = str(prev.get("step") or "") if same else ""
+    if not spec.peer_token_ref.generated or peer_secret is None:
+        result = tokens.Step(
+            tokens.REFUSED,
+            None,
+            f"spec.peerToken.secretRef names your own Secret "
+            f"{spec.peer_token_ref.secret_name!r}: rotate it by hand (docs/runbook.md, "
+            "'Rotate the tokens')",
+        )
+    else:
+        live = tokens.decode(peer_secret, "token") or ()
+        client_ref = spec.token_ref
+        client_secret = await ctx.kube.get(kube.SECRETS, spec.namespace, client_ref.secret_name)
+        client = tokens.decode(
+            client_secret, client_ref.key if not client_ref.generated else "token"
+        )
+        loaded_c = next(
+            (
+                c
+                for c in previous.get("conditions") or []
+                if c.get("type") == ConditionType.TOKENS_LOADED
+            ),
+            {},
+        )
+        loaded = (
+            bool(client)
+            and loaded_c.get("status") == ConditionStatus.TRUE
+            and previous.get("tokensDigest") == tokens.Expected.of(client or (), live).digest()
+        )
+        result = tokens.rotation_step(step, live, loaded, secrets.token_urlsafe(32))
+    if result.write is not None:
+        peer_secret = builders.peer_token_secret(spec, "\n".join(result.write) + "\n")
+        token = result.write[0]
+        log.info("peer token rotation %r: %s", request, result.message)
+        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATION, f"{request}: {result.message}")
+    if result.step == tokens.DONE and prev.get("step") != tokens.DONE:
+        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATED, f"{request}: {result.message}")
+    if result.step == tokens.REFUSED and not (same and prev.get("step") == tokens.REFUSED):
+        log.warning("peer token rotation %r refused: %s", request, result.message)
+        emit(EventType.WARNING, Reason.PEER_TOKEN_ROTATION_REFUSED, f"{request}: {result.message}")
+    moved = result.step != step or not same
+    return (
+        peer_secret,
+        token,
+        {
+            "requested": request,
+            "step": result.step,
+            "message": (result.message or str(prev.get("message") or ""))[:500],
+            "time": status_mod.now_iso() if moved else str(prev.get("time") or ""),
+        },
+    )
+
+
+async def _tokens_loaded(
+    ctx: Context,
+    spec: model.FleetSpec,
+    peers: Sequence[status_mod.PeerReport],
+    previous: Mapping[str, Any],
+    emit: Emit | None = None,
+) -> tuple[status_mod.Verdict, str]:
+    """``TokensLoaded`` and the Secrets' digest: have the replicas reloaded the tokens?
+
+    A token Secret changed (a rotation step) reaches the replicas without a restart:
+    kubelet refreshes the Secret volumes and each replica re-reads them. The operator
+    only watches that happen (and says so once with an Event).
+    """
+    client_ref, peer_ref = spec.token_ref, spec.peer_token_ref
+    found = []
+    for ref in (client_ref, peer_ref):
+        live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
+        if live is not None and ref.generated and not naming.owned_by(live, spec.uid):
+            live = None
+        found.append(tokens.decode(live, "token" if ref.generated else ref.key))
+    names = f"Secrets {client_ref.secret_name} and {peer_ref.secret_name}"
+    client, peer = found
+    expected = tokens.Expected.of(client, peer) if client and peer else None
+    reports = [
+        (p.name, p.status.credentials if p.status else None, p.status is not None) for p in peers
+    ]
+    verdict = tokens.verdict(expected, reports, names)
+    digest = expected.digest() if expected else ""
+    before = str(previous.get("tokensDigest") or "")
+    if emit is not None and digest and before and digest != before:
+        emit(
+            EventType.NORMAL,
+            Reason.TOKENS_CHANGED,
+            f"{names} changed: the replicas reload the tokens without a restart "
+            "(condition TokensLoaded says when all have)",
+        )
+    return verdict, digest
 
 
 async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
@@ -394,6 +570,11 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
                 emit(EventType.NORMAL, reason, message)
         elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
             if is_true or was_true or reason is Reason.HIBERNATING:
+                emit(EventType.NORMAL, reason, message)
+        elif kind is ConditionType.TOKENS_LOADED:
+            # Only a rotation's progress: not the first check of a new fleet.
+            was_reloading = (before.get(kind) or {}).get("reason") == Reason.TOKENS_RELOADING
+            if reason is Reason.TOKENS_RELOADING or (is_true and was_reloading):
                 emit(EventType.NORMAL, reason, message)
         elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
             emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
@@ -647,8 +828,8 @@ async def _roll(
 
 
 async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
-    """The fleet's token for the replicas' /status, read only (a paused fleet)."""
-    ref = spec.token_ref
+    """The fleet's peer token for the replicas' /status, read only (a paused fleet)."""
+    ref = spec.peer_token_ref
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     if live is None or (ref.generated and not naming.owned_by(live, spec.uid)):
         return None
@@ -669,8 +850,11 @@ async def _observe_only(
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
     token = await _read_token(ctx, spec)
     peers = await _observe_replicas(ctx, spec, count, token)
+    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous)
     return dataclasses.replace(
         obs,
+        tokens=tokens_c,
+        tokens_digest=digest,
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
@@ -694,8 +878,25 @@ async def _apply_children(
         # Before anything is read from them or written: a same-named StatefulSet, Secret
         # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
         raise ChildNotOwned(foreign, spec.uid)
-    secret, token_error, token = await _token(ctx, spec, log)
+    read_versions: dict[str, str] = {}
+    secret, token_error, client_token = await _token(ctx, spec, log, versions=read_versions)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
+    # Every call of the operator to a replica (/status, /flush) presents the peer token.
+    peer_secret, peer_error, token = await _token(
+        ctx,
+        spec,
+        log,
+        field="spec.peerToken",
+        seed=_peer_seed(sts_live, client_token),
+        versions=read_versions,
+    )
+    token_error = "; ".join(e for e in (token_error, peer_error) if e)
+    rotation = None
+    request = str((meta.get("annotations") or {}).get(naming.ROTATE_PEER_TOKEN_ANNOTATION) or "")
+    if request and not peer_error:
+        peer_secret, token, rotation = await _rotate_peer_token(
+            ctx, spec, request, previous, peer_secret, token, log, emit
+        )
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 
@@ -782,6 +983,7 @@ async def _apply_children(
     # Up or steady: peers first, so new replicas start with the whole mesh.
     ordered: list[dict[str, Any]] = [
         *([secret] if secret else []),
+        *([peer_secret] if peer_secret else []),
         builders.peer_service(spec),
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
@@ -789,7 +991,12 @@ async def _apply_children(
     if spec.pdb.enabled:
         ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
-        change = await ensure(ctx, manifest, log)
+        read = (
+            read_versions.get(manifest["metadata"]["name"])
+            if manifest["kind"] == "Secret"
+            else None
+        )
+        change = await ensure(ctx, manifest, log, read)
         if change:
             emit(
                 EventType.NORMAL,
@@ -834,7 +1041,15 @@ async def _apply_children(
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target, token)
+    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await _pods(ctx, spec)
+    schema_version = schema_mod.highest(
+        previous.get("storageSchemaVersion"),
+        (p.status.schema_version for p in peers if p.status is not None),
+    )
+    schema_error = schema_mod.problem(
+        ((naming.pod(spec.name, o), pod) for o, pod in sorted(pods.items())), schema_version
+    )
     plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
     steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
     if plan is not None and sts_after is not None:
@@ -850,6 +1065,8 @@ async def _apply_children(
         rollout=plan,
         token_error=token_error,
         immutable_error=immutable_error,
+        schema_error=schema_error,
+        schema_version=schema_version,
         not_implemented=spec.not_implemented,
         statefulset=sts_after,
         decision=decision,
@@ -857,6 +1074,9 @@ async def _apply_children(
         monitoring=monitoring,
         aggregation=aggregation,
         config_hash=config_hash,
+        tokens=tokens_c,
+        tokens_digest=digest,
+        peer_token_rotation=rotation,
     )
 
 
@@ -869,6 +1089,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         "whenDeleted", "Retain"
     )
     token_ref = ((spec.get("token") or {}).get("secretRef") or {}).get("name")
+    peer_token_ref = ((spec.get("peerToken") or {}).get("secretRef") or {}).get("name")
     uid = meta.get("uid", "")
     deleted: list[str] = []
     async with ctx.lock(namespace, name):
@@ -882,6 +1103,8 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
         ]
         if not token_ref:  # never delete a Secret the user owns
             targets.append((kube.SECRETS, naming.token_secret(name)))
+        if not peer_token_ref:
+            targets.append((kube.SECRETS, naming.peer_token_secret(name)))
         for optional, child in (
             (kube.SERVICEMONITORS, naming.service_monitor(name)),
             (kube.SPARKAPPS, naming.spark_app(name)),

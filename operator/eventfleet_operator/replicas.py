@@ -79,6 +79,11 @@ class ReplicaStatus:
     peers: tuple[PeerLink, ...]
     events: int | None
     db_bytes: int | None
+    # Fingerprints of the tokens the replica has loaded ({"client": [...], "peer": [...]});
+    # None from an image that does not report them (or an anonymous /status).
+    credentials: Mapping[str, Any] | None = None
+    # The store's schema version (storage.schema_version); None from older images.
+    schema_version: int | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ReplicaStatus:
@@ -118,6 +123,12 @@ class ReplicaStatus:
             peers=tuple(peers),
             events=storage.get("events"),
             db_bytes=storage.get("db_bytes"),
+            schema_version=storage.get("schema_version")
+            if isinstance(storage.get("schema_version"), int)
+            else None,
+            credentials=data.get("credentials")
+            if isinstance(data.get("credentials"), Mapping)
+            else None,
         )
 
     def own_last_id(self) -> EventId | None:

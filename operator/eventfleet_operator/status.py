@@ -63,6 +63,8 @@ class Observation:
     spec_error: tuple[str, str] | None = None  # (field, message)
     token_error: str = ""
     immutable_error: str = ""
+    schema_error: str = ""  # a pod refuses a store of a newer storage schema (schema.py)
+    schema_version: int | None = None  # the highest storage schema version seen
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
     apply_error: str = ""
     ownership_error: str = ""  # children's names taken by objects this EventServer does not own
@@ -77,6 +79,9 @@ class Observation:
     storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
+    tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
+    tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
+    peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
 
 
 def now_iso() -> str:
@@ -200,6 +205,8 @@ def build(
         ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
         ready_c = (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
+    elif obs.schema_error:
+        ready_c = (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
     elif obs.immutable_error:
         ready_c = (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
     elif obs.not_implemented:
@@ -306,6 +313,7 @@ def build(
             (ConditionType.HIBERNATED, hibernated_c),
             (ConditionType.PROGRESSING, progressing_c),
             (ConditionType.STORAGE_RESIZING, resize_c),
+            (ConditionType.TOKENS_LOADED, obs.tokens or _kept_tokens(prev_conditions)),
         )
     ]
 
@@ -336,6 +344,15 @@ def build(
     }
     if obs.config_hash:
         status["configHash"] = obs.config_hash
+    schema_version = obs.schema_version or previous.get("storageSchemaVersion")
+    if schema_version:
+        status["storageSchemaVersion"] = int(schema_version)
+    rotation = obs.peer_token_rotation or previous.get("peerTokenRotation")
+    if rotation:
+        status["peerTokenRotation"] = dict(rotation)
+    digest = obs.tokens_digest or previous.get("tokensDigest")
+    if digest:
+        status["tokensDigest"] = digest
     last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
     if last_flush:
         status["lastFlush"] = dict(last_flush)
@@ -344,6 +361,18 @@ def build(
         status["updateRevision"] = obs.rollout.update_revision
         status["updatedReplicas"] = obs.rollout.updated
     return status
+
+
+def _kept_tokens(previous: Sequence[Mapping[str, Any]]) -> Verdict:
+    """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
+    last = next((c for c in previous if c.get("type") == ConditionType.TOKENS_LOADED), {})
+    if last.get("reason") in (r.value for r in Reason):
+        return (
+            ConditionStatus(last["status"]),
+            Reason(last["reason"]),
+            str(last.get("message") or ""),
+        )
+    return (U, Reason.TOKENS_UNKNOWN, "not checked yet")
 
 
 def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:

@@ -32,7 +32,7 @@ from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Credentials, Tasks, TlsError
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
-from eventfleet_server.storage import CorruptStoreError, Retention, Storage
+from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
@@ -324,7 +324,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except (CorruptStoreError, TlsError, BackupError) as e:
+            except (CorruptStoreError, SchemaVersionError, TlsError, BackupError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)
@@ -335,7 +335,7 @@ async def run(
             log.error("stopping: %s", replica.failure)
         else:
             log.info("stop requested")
-        _arm_stop_deadline(loop)
+        _arm_stop_deadline(loop, replica.core.stop_deadline)
         for task in (starting, stopping, failing):
             if not task.done():
                 task.cancel()
@@ -346,11 +346,9 @@ async def run(
     return 1 if replica.failure else 0
 
 
-STOP_DEADLINE = 25.0
-
-
-def _arm_stop_deadline(loop: asyncio.AbstractEventLoop) -> None:
-    """A graceful stop gets STOP_DEADLINE seconds; a second SIGTERM/SIGINT ends it now.
+def _arm_stop_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+    """A graceful stop gets `deadline` seconds (``stop_deadline``); a second SIGTERM/SIGINT
+    ends it now.
 
     Why: a stop stuck on a peer or a task must not leave the process running forever
     (a supervisor or kubelet would kill it anyway, later). The store needs no clean
@@ -362,7 +360,7 @@ def _arm_stop_deadline(loop: asyncio.AbstractEventLoop) -> None:
         logging.shutdown()
         os._exit(1)
 
-    loop.call_later(STOP_DEADLINE, force, f"graceful stop not done within {STOP_DEADLINE:g} s")
+    loop.call_later(deadline, force, f"graceful stop not done within {deadline:g} s")
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, force, f"{signal.Signals(sig).name} during the stop")

@@ -40,6 +40,7 @@ STATUS_KEYS = {
     "peers",
     "storage",
     "protocols",
+    "credentials",
 }
 
 

@@ -7,12 +7,14 @@ hat-event 0.9.44 client and aiohttp's client."""
 
 from __future__ import annotations
 
+import hashlib
 import stat
 
 import aiohttp
 import pytest
 from eventfleet_server import config
 from eventfleet_server.listener import Credentials
+from eventfleet_server.listener.tokens import token_fingerprint
 from eventfleet_server.main import Replica
 from hat.drivers import net
 from hat.event.eventer import client as hat_client
@@ -171,6 +173,15 @@ async def test_http_admin_routes_need_the_peer_token(tmp_path):
                 full = await res.json()
         assert set(anonymous) == set(full)
         assert anonymous["protocols"] is None
+        # Which tokens are loaded (the operator follows a rotation by it), never the
+        # tokens: fingerprints, for the peer-token holder only.
+        assert anonymous["credentials"] is None
+        assert full["credentials"] == {
+            "client": [token_fingerprint("client")],
+            "peer": [token_fingerprint("peer")],
+        }
+        assert token_fingerprint("peer") == hashlib.sha256(b"peer").hexdigest()[:16]
+        assert "peer" not in full["credentials"]["peer"] + full["credentials"]["client"]
         assert anonymous["storage"]["db_bytes"] is None and anonymous["storage"]["last_seq"] is None
         assert anonymous["peers"] == full["peers"]  # the sync-state events say as much
         assert anonymous["last_ids"] == full["last_ids"] and anonymous["ready"] is True

@@ -102,3 +102,62 @@ async def test_full_store_makes_the_replica_not_ready_and_it_recovers(tmp_path):
         finally:
             await http.close()
             await client.close()
+
+
+def test_replica_on_a_newer_schema_store_refuses_to_start_with_one_line(tmp_path):
+    """A store written by a newer eventfleet (higher PRAGMA user_version): the older
+    replica exits 1 with one line naming the file and both versions, and changes
+    nothing in the file."""
+    import sqlite3
+
+    from eventfleet_server.storage.schema import SCHEMA_VERSION
+
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "events.sqlite"
+
+    async def create():
+        s = await Storage.open(path)
+        await s.write(make_events(10))
+        await s.close()
+
+    asyncio.run(create())
+    newer = SCHEMA_VERSION + 1
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {newer}")
+    conn.close()  # the last connection: the WAL is checkpointed into the file
+    before = path.read_bytes()
+    conf = write_ports_config(tmp_path)
+    conf.write_text(conf.read_text() + "log: {format: json}\n")  # as on Kubernetes
+    cli = [sys.executable, "-m", "eventfleet_cli", "server", "--data-dir", str(data)]
+    result = subprocess.run(
+        [*cli, "--eventer-port", "0", "--config", str(conf)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "storage schema version" in line]
+    assert len(lines) == 1, result.stderr[-2000:]
+    assert str(path) in lines[0]
+    assert f"version {newer} is newer than this replica's {SCHEMA_VERSION}" in lines[0]
+    assert path.read_bytes() == before
+    # On Kubernetes the log's tail is the termination message (FallbackToLogsOnError,
+    # at most 2048 bytes): the operator reads the versions from it.
+    from eventfleet_operator import schema
+
+    pod = {"status": {"containerStatuses": [{"lastState": {"terminated": {
+        "exitCode": 1, "message": result.stderr[-2048:]}}}]}}  # fmt: skip
+    assert schema.refusal(pod) == (str(path), newer, SCHEMA_VERSION)
+
+
+async def test_status_reports_the_storage_schema_version(tmp_path):
+    from eventfleet_server.storage.schema import SCHEMA_VERSION
+
+    async with running_replica(tmp_path) as replica:
+        url = f"http://127.0.0.1:{replica.http.port}/status"
+        async with aiohttp.ClientSession() as http, http.get(url) as res:
+            doc = await res.json()
+    assert doc["storage"]["schema_version"] == SCHEMA_VERSION == 1

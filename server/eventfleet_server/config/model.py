@@ -88,6 +88,7 @@ class ReplicaConfig:
     token_file: str | None
     peer_token_file: str | None
     token_reload_interval: float
+    stop_deadline: float
     allow_empty_start: bool
     event_loop: str
     storage: StorageConfig

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from eventfleet_server.http.health import readiness
+from eventfleet_server.storage.schema import SCHEMA_VERSION
 
 STATUS_VERSION = 1
 
@@ -24,7 +25,8 @@ async def status_document(replica: Any, *, full: bool = True) -> dict:
     Not `full` (an anonymous caller while tokens are configured): only what an Eventer
     client can learn anyway — last ids (server queries), peers and their sync state
     (the ``('event', N, 'synced', M)`` events), the event count; ``protocols`` (ports,
-    connection counts) is null and ``storage`` has no sizes or sequence numbers.
+    connection counts) and ``credentials`` (token fingerprints) are null and
+    ``storage`` has no sizes or sequence numbers.
     """
     engine = getattr(replica, "engine", None)
     storage = getattr(replica, "storage", None)
@@ -44,12 +46,21 @@ async def status_document(replica: Any, *, full: bool = True) -> dict:
         }
         if full
         else None,
+        "credentials": _fingerprints(replica) if full else None,
         "storage": {
             "events": stats.events if stats else None,
             "db_bytes": stats.db_bytes if stats and full else None,
             "last_seq": stats.last_seq if stats and full else None,
+            # The store's schema (PRAGMA user_version): what a replica of an older image
+            # would refuse to open (the operator keeps the highest seen).
+            "schema_version": SCHEMA_VERSION if storage is not None else None,
         },
     }
+
+
+def _fingerprints(replica: Any) -> dict[str, list[str]] | None:
+    credentials = getattr(replica, "credentials", None)
+    return credentials.fingerprints() if credentials is not None else None
 
 
 def last_ids(storage: Any) -> dict[str, dict]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import ipaddress
 from collections.abc import Iterable
@@ -143,3 +144,20 @@ class Credentials:
     def check_admin(self, presented: str | None) -> bool:
         """Whether `presented` is a valid peer/admin token (True when none is configured)."""
         return TokenPolicy(self.peer).check(presented) is None
+
+    def fingerprints(self) -> dict[str, list[str]]:
+        """Fingerprints of the current tokens, in file order (the full ``/status``).
+
+        Lets the operator see which tokens each replica has loaded during a rotation
+        without the tokens themselves leaving the replica: see `token_fingerprint`.
+        """
+        return {
+            "client": [token_fingerprint(t) for t in self.client],
+            "peer": [token_fingerprint(t) for t in self.peer],
+        }
+
+
+def token_fingerprint(token: str) -> str:
+    """The first 16 hex digits of SHA-256 of the token (UTF-8): the operator computes the
+    same from the Secrets (docs/observability.md, ``credentials``)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:16]

@@ -7,9 +7,17 @@ for tables, indexes and the SQL of every query.
 from eventfleet_server.storage.db import (
     CorruptStoreError,
     Retention,
+    SchemaVersionError,
     Storage,
     StorageError,
     StorageStats,
 )
 
-__all__ = ["CorruptStoreError", "Retention", "Storage", "StorageError", "StorageStats"]
+__all__ = [
+    "CorruptStoreError",
+    "Retention",
+    "SchemaVersionError",
+    "Storage",
+    "StorageError",
+    "StorageStats",
+]

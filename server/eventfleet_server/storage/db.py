@@ -87,6 +87,27 @@ class CorruptStoreError(StorageError):
     is wrong, what to do)."""
 
 
+class SchemaVersionError(StorageError):
+    """The database file has a storage schema version this replica does not know (one
+    line: the file and both versions). Raised before anything in the file changes."""
+
+    def __init__(self, path: object, found: int, known: int) -> None:
+        self.found, self.known = found, known
+        if found > known:
+            text = (
+                f"{path}: storage schema version {found} is newer than this replica's "
+                f"{known} (the store was written by a newer eventfleet): run that version "
+                "or a newer one; a downgrade across storage schema versions is not supported"
+            )
+        else:
+            text = (
+                f"{path}: storage schema version {found} is older than this replica's "
+                f"{known} and no migration from it exists: run the eventfleet version that "
+                "wrote it, or restore the replica from a peer (docs/runbook.md, 'Restore')"
+            )
+        super().__init__(text)
+
+
 RESTORE_HINT = (
     "stop this replica, move the file aside and restore the replica from a peer "
     "(docs/runbook.md, 'Restore')"
@@ -297,9 +318,7 @@ class Storage:
         # Version first: a file of another schema is refused before anything changes it.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version not in (0, schema.SCHEMA_VERSION):
-            raise StorageError(
-                f"{self._path}: schema version {version} is not {schema.SCHEMA_VERSION}"
-            )
+            raise SchemaVersionError(self._path, version, schema.SCHEMA_VERSION)
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
             raise StorageError(f"{self._path}: journal_mode WAL refused (got {mode!r})")

@@ -72,6 +72,7 @@ FULL_SPEC: dict[str, Any] = {
     },
     "ports": {"eventer": 24012, "syncer": 24013, "bus": 24030, "http": 24080},
     "token": {"secretRef": {"name": "my-token", "key": "secret"}},
+    "clients": {"allowTokenless": True, "tokenlessNetworks": ["10.1.0.0/16", "fd00::1"]},
     "protocols": {
         "bus": {"enabled": False},
         "replication": {

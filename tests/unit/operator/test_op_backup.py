@@ -283,14 +283,16 @@ class BackupReplicas(FakeReplicas):
 def harness(spec):
     h = Harness(spec)
     h.replicas = h.ctx.replicas = BackupReplicas()
-    h.kube.put(
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "demo-token", "namespace": "ns"},
-            "data": {"token": base64.b64encode(b"fleet-token").decode()},
-        }
-    )
+    # The replicas' admin routes take the peer token, never the client token.
+    for secret, token in (("demo-token", b"client-token"), ("demo-peer-token", b"fleet-token")):
+        h.kube.put(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": secret, "namespace": "ns"},
+                "data": {"token": base64.b64encode(token).decode()},
+            }
+        )
     for ordinal, server in ((0, 1), (1, 2)):
         other = "demo-1" if ordinal == 0 else "demo-0"
         h.replicas.docs[ordinal] = status_doc(
@@ -309,7 +311,7 @@ async def step(h, name="b1"):
     return await backups.run(h.ctx, body, LOG, h.emit)
 
 
-async def test_a_backup_runs_on_the_highest_in_sync_replica_with_the_fleet_token():
+async def test_a_backup_runs_on_the_highest_in_sync_replica_with_the_peer_token():
     h = harness(WITH_BACKUP)
     status = await step(h)
     assert status["phase"] == "Completed" and status["replica"] == "demo-1"

@@ -104,6 +104,8 @@ def test_minimal_example_is_valid():
         ({"resources": {"limits": {"cpu": "lots"}}}, "spec.resources.limits.cpu"),
         ({"tolerations": [{"operator": "Maybe"}]}, "spec.tolerations.0.operator"),
         ({"unknownField": 1}, "spec"),
+        ({"clients": {"allowTokenless": "yes"}}, "spec.clients.allowTokenless"),
+        ({"clients": {"tokenlessNetworks": "10.0.0.0/8"}}, "spec.clients.tokenlessNetworks"),
         ({"storage": {"sizee": "1Gi"}}, "spec.storage"),
     ],
 )
@@ -124,6 +126,15 @@ def test_cel_rules_are_declared_for_what_openapi_cannot_say():
     assert any("metadata.name.size()" in r for r in rules)
     agg = SCHEMA["properties"]["spec"]["properties"]["aggregation"]
     assert any("windowSeconds" in r["rule"] for r in agg["x-kubernetes-validations"])
+
+
+def test_the_hat_compatible_mode_has_cel_rules_for_its_networks():
+    # CEL is evaluated by the API server (e2e/test_operator.py on the real control plane).
+    clients = SCHEMA["properties"]["spec"]["properties"]["clients"]
+    assert "allowTokenless" in clients["x-kubernetes-validations"][0]["rule"]
+    item = clients["properties"]["tokenlessNetworks"]["items"]
+    assert item["x-kubernetes-validations"][0]["rule"] == "isCIDR(self) || isIP(self)"
+    assert item["maxLength"] <= 64  # bounds the rule's CEL cost
 
 
 def test_crd_defaults_agree_with_the_operator():

@@ -186,15 +186,16 @@ async def test_flush_annotation_is_answered_once_in_the_status():
     assert ("Warning", "FlushFailed") in [(t, r) for t, r, _ in h.events]
 
 
-async def test_the_requested_flush_presents_the_fleet_token():
+async def test_the_requested_flush_presents_the_peer_token_not_the_client_token():
     h = Harness({"replicas": 2})
     await h.run()
     synced(h, 2, [3, 4])
     h.replicas.tokens.clear()
     h.annotate(flush="t1")
     await h.run()
-    secret = h.kube.obj("Secret", "demo-token")["data"]["token"]
     import base64
 
-    fleet_token = base64.b64decode(secret).decode()
-    assert h.replicas.tokens and set(h.replicas.tokens) == {fleet_token}
+    peer = base64.b64decode(h.kube.obj("Secret", "demo-peer-token")["data"]["token"]).decode()
+    client = base64.b64decode(h.kube.obj("Secret", "demo-token")["data"]["token"]).decode()
+    assert peer.strip() and peer != client
+    assert h.replicas.tokens and set(h.replicas.tokens) == {peer.strip()}

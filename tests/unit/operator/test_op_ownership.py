@@ -13,6 +13,7 @@ FOREIGN = [
     ("Service", "demo-peers", "v1"),
     ("ConfigMap", "demo-config", "v1"),
     ("Secret", "demo-token", "v1"),
+    ("Secret", "demo-peer-token", "v1"),
     ("PodDisruptionBudget", "demo", "policy/v1"),
     ("NetworkPolicy", "demo", "networking.k8s.io/v1"),
 ]
@@ -79,6 +80,7 @@ async def test_cleanup_deletes_only_what_it_owns():
         ("StatefulSet", "demo"),
         ("NetworkPolicy", "demo"),
         ("Secret", "demo-token"),
+        ("Secret", "demo-peer-token"),
     ]:
         assert h.kube.obj(kind, name) is None, (kind, name)
 

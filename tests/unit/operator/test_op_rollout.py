@@ -226,3 +226,80 @@ async def test_rolling_update_strategy_only_reports():
     h = Harness({"replicas": 1, "updateStrategy": {"type": "RollingUpdate"}})
     await h.run()
     assert h.sts()["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+
+
+def _refusing(pod, found=2, known=1):
+    """The pod's replica container stopped on a store of a newer schema (its last log
+    line is the termination message: FallbackToLogsOnError)."""
+    line = (
+        f'{{"level": "CRITICAL", "message": "cannot start: /var/lib/eventfleet/events.sqlite: '
+        f"storage schema version {found} is newer than this replica's {known} (the store "
+        f'was written by a newer eventfleet): run that version or a newer one"}}'
+    )
+    pod["status"] = {
+        "containerStatuses": [
+            {
+                "name": "replica",
+                "ready": False,
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 1, "message": line}},
+            }
+        ]
+    }
+
+
+async def test_a_downgrade_across_storage_schemas_stops_at_one_pod_with_a_condition():
+    f = Fleet(3)
+    f.all_ready()
+    for doc in f.h.replicas.docs.values():
+        doc["storage"]["schema_version"] = 2
+    await f.run()
+    status = await f.run()
+    assert status["storageSchemaVersion"] == 2
+    container = f.h.sts()["spec"]["template"]["spec"]["containers"][0]
+    assert container["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+    f.h.set_spec({"replicas": 3, "image": "eventfleet/server:0.9"})  # an older image
+    await f.h.run()
+    assert f.h.kube.obj("Pod", "demo-2") is None  # the first step: flushed and replaced
+    f.make_pods()
+    _refusing(f.h.kube.obj("Pod", "demo-2"))
+    f.all_ready(broken={2})  # it refused to start: no /status
+    for _ in range(3):
+        status = await f.run()
+    ready = f.h.condition("Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "StorageSchemaTooNew")
+    assert "demo-2 (image eventfleet/server:0.9, storage schema 1)" in ready["message"]
+    assert "/var/lib/eventfleet/events.sqlite of storage schema 2" in ready["message"]
+    assert status["storageSchemaVersion"] == 2  # never goes down
+    # No other pod was touched: the older image runs nowhere else.
+    assert (
+        f.h.kube.obj("Pod", "demo-1")["spec"]["containers"][0]["image"] != "eventfleet/server:0.9"
+    )
+    assert (
+        f.h.kube.obj("Pod", "demo-0")["spec"]["containers"][0]["image"] != "eventfleet/server:0.9"
+    )
+    assert ("Warning", "StorageSchemaTooNew") in [(t, r) for t, r, _ in f.h.events]
+
+    # Reverting the image replaces the refusing pod at once; Ready comes back.
+    f.h.set_spec({"replicas": 3})
+    await f.h.run()
+    assert f.h.kube.obj("Pod", "demo-2") is None
+    f.make_pods()
+    f.all_ready()
+    for doc in f.h.replicas.docs.values():
+        doc["storage"]["schema_version"] = 2
+    await f.run()
+    await f.run()
+    assert f.h.condition("Ready")["status"] == "True"
+
+
+def test_schema_refusal_is_read_from_either_container_state():
+    from eventfleet_operator import schema
+
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": {"message": "x"}}}]}}
+    assert schema.refusal(pod) is None
+    _refusing(pod, found=5, known=3)
+    assert schema.refusal(pod) == ("/var/lib/eventfleet/events.sqlite", 5, 3)
+    assert schema.highest(None, [None, 1, 3]) == 3 and schema.highest(4, [1]) == 4
+    assert schema.highest(None, [None]) is None
