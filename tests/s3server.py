@@ -10,6 +10,7 @@ through the files or variables the product reads, so that path is exercised.
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -50,6 +51,11 @@ def running_s3(bucket: str = "eventfleet-backups") -> Iterator[S3Server]:
     server.start()
     try:
         s3 = S3Server(f"http://127.0.0.1:{port}", bucket)
+        # moto keeps its backends in process-wide state: a server started after another
+        # in the same test process would see the earlier buckets and objects.
+        reset = urllib.request.Request(f"{s3.endpoint_url}/moto-api/reset", method="POST")
+        with urllib.request.urlopen(reset, timeout=10):
+            pass
         s3.client().create_bucket(Bucket=bucket)
         yield s3
     finally:
