@@ -489,3 +489,18 @@ async def test_sync_state_goes_through_syncing_when_there_is_history(tmp_path):
         seen = [s["state"] for s in await states()]
         assert seen[:3] == ["CONNECTED", "SYNCING", "SYNCED"]
         assert next(s for s in await states() if s["state"] == "SYNCED")["count"] >= 50
+
+
+async def test_a_peer_list_rewritten_while_the_replica_starts_is_applied(tmp_path):
+    """The replica read its peers at start; the file changes (a ConfigMap rewritten by a
+    scale-up) before its peer watcher exists. Once running it must use the new list."""
+    async with cluster(tmp_path, 2, syncer={"reload_interval": 0.1}) as (a, b):
+        a.peers = []
+        await b.start()
+        a.write_config()
+        conf = config.load(a.config_path, environ={})  # what the process read at start
+        a.peers = [b]
+        a.write_config()  # rewritten before the mesh (and its watcher) starts
+        a.replica = Replica(conf, a.token, a.config_path)
+        await asyncio.wait_for(a.replica.start(), WAIT)
+        await until(lambda: [p["state"] for p in a.replica.syncer.state()] == ["synced"], "b")

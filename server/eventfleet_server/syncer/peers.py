@@ -75,6 +75,14 @@ class PeerFileWatcher:
             await self._tasks.close()
             self._task = None
 
+    def read_peers(self) -> list[dict] | None:
+        """The file's raw ``peers`` now (None if it cannot be read or parsed)."""
+        try:
+            return list(load_file(self._path).get("peers", []))
+        except ConfigError as e:
+            log.error("peer list in %s not readable: %s", self._path, e)
+            return None
+
     def reload(self, reason: str) -> None:
         """Read the file now (SIGHUP, or a change seen by polling)."""
         self._digest = self._read_digest()

@@ -192,6 +192,20 @@ class Syncer:
                 config_path, self._config.reload_interval, self.set_peers
             )
             self._watcher.start(self._tasks)
+            # The watcher's baseline is the file as it is now, but this process read its
+            # peers at start: a ConfigMap rewritten in between (and a SIGHUP that came
+            # before the watcher existed) would otherwise never be applied.
+            raw = self._watcher.read_peers()
+            if raw is not None and self._differs(raw):
+                log.info("peer list changed while starting; applying %s", config_path)
+                self.set_peers(raw)
+
+    def _differs(self, raw: list[dict]) -> bool:
+        try:
+            peers, _ = parse_peers(raw, self.server_id)
+        except ConfigError:
+            return True  # set_peers logs the error and keeps the current peers
+        return peers != self._peers
 
     async def _initial_sync(self) -> None:
         mesh = self.mesh
