@@ -405,10 +405,13 @@ async def test_token_requires_zap_plain_credentials(tmp_path):
             await wait_live(good, good, "/z/probe")
             events, _ = await good.syncstart("/z/")
             assert events
-            await wrong.publish("/z/wrong", 1)
-            await anonymous.publish("/z/anon", 1)
+            for client, topic in ((wrong, "/z/wrong"), (anonymous, "/z/anon")):
+                # Once libzmq has dropped a refused connection the DEALER has no pipe
+                # and a send waits for one: that wait is what a refused client sees.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(client.publish(topic, 1), 2.0)
             with pytest.raises(TimeoutError):
-                await wrong.syncstart("/z/", timeout=1.0)
+                await asyncio.wait_for(wrong.syncstart("/z/", timeout=1.0), 3.0)
             await wait_rejected(replica, "bad_token", 2)
             events, _ = await good.syncstart("/z/")
             assert {e.topic for e in events} == {"/z/probe"}
