@@ -13,10 +13,9 @@ import base64
 import sqlite3
 
 import pytest
-import yaml
 from eventfleet_server.storage.snapshot import events_digest
 
-from e2e.k8s.harness import ROOT, wait_for
+from e2e.k8s.harness import operator_calls_beyond_rbac, wait_for
 from e2e.test_operator import condition, eventserver, register
 from tests.s3server import ACCESS_KEY, SECRET_KEY, running_s3
 
@@ -149,16 +148,7 @@ def test_backup_resource_and_a_fleet_bootstrapped_from_it(kubectl, operator, kub
 
 def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
     """Last in the module: the operator's backup calls against operator/deploy/rbac.yaml."""
-    allowed: set[tuple[str, str, str]] = set()
-    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
-        if doc["kind"] in ("ClusterRole", "Role"):
-            for rule in doc["rules"]:
-                for group in rule["apiGroups"]:
-                    for resource in rule["resources"]:
-                        for verb in rule["verbs"]:
-                            allowed.add((group, resource, verb))
-    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
-    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
+    made, missing = operator_calls_beyond_rbac(emulator.audit())
     assert {
         ("eventfleet.io", "eventserverbackups", "get"),
         ("eventfleet.io", "eventserverbackups", "list"),
@@ -166,5 +156,4 @@ def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
         ("eventfleet.io", "eventserverbackups", "delete"),
         ("eventfleet.io", "eventserverbackups/status", "patch"),
     } <= made, sorted(made)
-    missing = sorted(made - allowed)
     assert missing == [], f"RBAC lacks {missing}"

@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from e2e.k8s.harness import ROOT, wait_for
+from e2e.k8s.harness import operator_calls_beyond_rbac, wait_for
 from e2e.test_operator import condition, eventserver, register, strip_server_fields
 
 pytest_plugins = ["e2e.k8s.fixtures"]
@@ -544,16 +544,7 @@ def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
 def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
     """Last in the module: replay every day-2 call (pod deletes, claim patches, storage
     classes, NetworkPolicies...) against operator/deploy/rbac.yaml."""
-    allowed: set[tuple[str, str, str]] = set()
-    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
-        if doc["kind"] in ("ClusterRole", "Role"):
-            for rule in doc["rules"]:
-                for group in rule["apiGroups"]:
-                    for resource in rule["resources"]:
-                        for verb in rule["verbs"]:
-                            allowed.add((group, resource, verb))
-    calls = [e for e in emulator.audit() if e["userAgent"].startswith("eventfleet-operator/")]
-    made = {(e["group"], e["resource"], e["verb"]) for e in calls}
+    made, missing = operator_calls_beyond_rbac(emulator.audit())
     # The day-2 paths really ran in this module.
     assert {
         ("", "pods", "delete"),
@@ -561,5 +552,4 @@ def test_every_api_call_of_this_module_is_allowed_by_the_rbac(emulator):
         ("storage.k8s.io", "storageclasses", "get"),
         ("networking.k8s.io", "networkpolicies", "delete"),
     } <= made, sorted(made)
-    missing = sorted(made - allowed)
     assert missing == [], f"RBAC lacks {missing}"

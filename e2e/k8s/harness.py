@@ -260,3 +260,22 @@ class OperatorProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+def operator_calls_beyond_rbac(audit: list[dict]) -> tuple[set[tuple[str, str, str]], list]:
+    """The operator's ``(group, resource, verb)`` calls in an emulator audit log, and
+    those of them that ``operator/deploy/rbac.yaml`` does not allow (sorted)."""
+    allowed: set[tuple[str, str, str]] = set()
+    for doc in yaml.safe_load_all((ROOT / "operator" / "deploy" / "rbac.yaml").read_text()):
+        if doc["kind"] in ("ClusterRole", "Role"):
+            for rule in doc["rules"]:
+                for group in rule["apiGroups"]:
+                    for resource in rule["resources"]:
+                        for verb in rule["verbs"]:
+                            allowed.add((group, resource, verb))
+    made = {
+        (e["group"], e["resource"], e["verb"])
+        for e in audit
+        if e["userAgent"].startswith("eventfleet-operator/")
+    }
+    return made, sorted(made - allowed)
