@@ -21,7 +21,7 @@ from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.bus_client import BusClient, wait_live
-from e2e.fleet_helpers import ReplicaProc, free_block, read_all
+from e2e.fleet_helpers import ReplicaProc, free_block, read_all, status
 
 ENCODINGS = ["reference", "rfc"]
 
@@ -199,6 +199,54 @@ async def test_pub_becomes_an_event_and_eventer_events_reach_the_bus(tmp_path):
             ]
         finally:
             client.close()
+
+
+async def broadcast_count(replica: ReplicaProc) -> int:
+    return (await status(replica.http))["protocols"]["bus"]["broadcast"]
+
+
+async def register_types(replica: ReplicaProc, types: list[tuple[str, ...]]) -> None:
+    eventer = await connect(*replica.eventer, "e2e/bus-idle")
+    try:
+        await eventer.register([RegisterEvent(t, None, EventPayloadJson("1")) for t in types], True)
+    finally:
+        await eventer.close()
+
+
+async def test_broadcasts_are_built_only_while_someone_subscribes(tmp_path):
+    """Nobody subscribed: commits build no BROADCASTs (the replica spends nothing on the
+    BUS), yet nothing is lost — the snapshot has every event, and a subscriber gets the
+    live ones from its first subscription on; after it leaves, building stops again."""
+    async with running(tmp_path) as replica:
+        await register_types(replica, [("idle", str(i)) for i in range(50)])
+        assert await broadcast_count(replica) == 0
+
+        client = BusClient(bus_port(replica))
+        try:
+            client.subscribe("/")
+            await wait_live(client, client, "/probe")
+            await register_types(replica, [("live", "x")])
+            while (await client.recv()).topic != "/live/x":
+                pass
+            events, _ = await client.syncstart("/idle/")
+            assert sorted(e.topic for e in events) == sorted(f"/idle/{i}" for i in range(50))
+            assert await broadcast_count(replica) > 0
+        finally:
+            client.close()
+
+        # The unsubscription reaches the server asynchronously: bounded wait until a
+        # commit no longer builds a BROADCAST, then the following ones do not either.
+        for _ in range(100):
+            before = await broadcast_count(replica)
+            await register_types(replica, [("gone", "probe")])
+            if await broadcast_count(replica) == before:
+                break
+            await asyncio.sleep(0.1)
+        else:
+            raise AssertionError("BROADCASTs still built 10 s after the last subscriber left")
+        before = await broadcast_count(replica)
+        await register_types(replica, [("gone", str(i)) for i in range(20)])
+        assert await broadcast_count(replica) == before
 
 
 async def test_uuid_dedup_and_sequence_survive_a_restart(tmp_path):

@@ -1,12 +1,14 @@
 """The Event BUS engine adapter in-process (no sockets): the UUID index catches up with
 events committed while no adapter indexed them (a crash between a commit and its index
-write, or a store older than the index), and a PUB retried with a held UUID is dropped."""
+write, or a store older than the index), and a PUB retried with a held UUID is dropped —
+also while nobody subscribes, when the adapter skips building broadcasts."""
 
 from __future__ import annotations
 
 import uuid as uuidlib
 
 import msgpack
+import pytest
 from eventfleet_server.bus import mapping, wire
 from eventfleet_server.bus.adapter import EngineAdapter
 from eventfleet_server.common.model import RegisterEvent
@@ -16,8 +18,14 @@ from eventfleet_server.storage import Storage
 
 
 class Recorder:
-    def __init__(self):
+    """The server side of the adapter: records broadcasts, subscribers switchable."""
+
+    def __init__(self, subscribed: bool = True):
         self.sent = []
+        self.subscribed = subscribed
+
+    def has_subscribers(self) -> bool:
+        return self.subscribed
 
     def broadcast(self, items):
         self.sent.extend(items)
@@ -27,7 +35,8 @@ def pub(topic: str, uuid: str) -> wire.Publish:
     return wire.parse_pub([topic.encode(), b"", b"p", b"", uuid.encode(), msgpack.packb({"x": 1})])
 
 
-async def test_index_catches_up_and_dedups_across_adapters(tmp_path):
+@pytest.mark.parametrize("subscribed", [True, False], ids=["subscribed", "no-subscriber"])
+async def test_index_catches_up_and_dedups_across_adapters(tmp_path, subscribed):
     storage = await Storage.open(tmp_path / "e.sqlite")
     engine = Engine(storage, 1)
     await engine.start()
@@ -42,7 +51,7 @@ async def test_index_catches_up_and_dedups_across_adapters(tmp_path):
         assert await storage.find_event_keys([held]) == {}
 
         adapter = EngineAdapter(engine, dedup_memory=0, tasks=tasks)  # no memory: store only
-        recorder = Recorder()
+        recorder = Recorder(subscribed)
         adapter.attach(recorder)
         await adapter.start()
         assert (await storage.find_event_keys([held]))[held] == 1
@@ -52,18 +61,24 @@ async def test_index_catches_up_and_dedups_across_adapters(tmp_path):
         result = await adapter.publish([pub("/a", held), pub("/b", fresh), pub("/c", fresh)])
         assert result.duplicates == 2 and result.refused == []
         await engine.flush()
-        assert [(seq, item.topic, item.record.uuid) for seq, item in recorder.sent] == [
-            (2, "/b", fresh)
-        ]
+        sent = [(seq, item.topic, item.record.uuid) for seq, item in recorder.sent]
+        assert sent == ([(2, "/b", fresh)] if subscribed else [])
+        # An envelope committed by another way (a peer's event merged by the Syncer):
+        # remembered and indexed whether or not anyone subscribes.
+        merged = str(uuidlib.uuid4())
+        await engine.register_wait(
+            [RegisterEvent(("m",), None, mapping.to_payload(merged, "p", msgpack.packb(2)))]
+        )
         await adapter.stop()
+        assert (await storage.find_event_keys([merged]))[merged] == 3
         assert (await storage.find_event_keys([fresh]))[fresh] == 2
 
         # A new adapter (a restart) finds both in the store.
         again = EngineAdapter(engine, dedup_memory=0, tasks=tasks)
         again.attach(recorder)
         await again.start()
-        result = await again.publish([pub("/d", fresh), pub("/e", held)])
-        assert result.duplicates == 2
+        result = await again.publish([pub("/d", fresh), pub("/e", held), pub("/f", merged)])
+        assert result.duplicates == 3
         await again.stop()
     finally:
         await tasks.close()

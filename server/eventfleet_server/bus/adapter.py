@@ -83,6 +83,28 @@ class EngineAdapter:
     # -- commits -> broadcasts ---------------------------------------------------------
 
     def _on_sequenced(self, inserted: list[tuple[int, Event]]) -> None:
+        server = self._server
+        if server is not None and server.has_subscribers():
+            self._broadcast(inserted, server)
+        else:
+            # Nobody to broadcast to: only the dedup bookkeeping, which needs just the
+            # client UUID (found without decoding payloads that are not envelopes).
+            own = self._own
+            index_rows = self._index_rows
+            for seq, event in inserted:
+                item = own.pop(event.id, None)
+                if item is not None:
+                    index_rows.append((item.record.uuid, seq))
+                    continue
+                uuid = mapping.envelope_uuid(event.payload)
+                if uuid is not None:
+                    self._remember(uuid)
+                    index_rows.append((uuid, seq))
+        self._head = inserted[-1][0]
+        self._index_upto = self._head
+        self._index_wakeup.set()
+
+    def _broadcast(self, inserted: list[tuple[int, Event]], server: BusServer) -> None:
         out = []
         own = self._own
         for seq, event in inserted:
@@ -94,11 +116,7 @@ class EngineAdapter:
             if item.record.from_bus:
                 self._index_rows.append((item.record.uuid, seq))
             out.append((seq, item))
-        self._head = inserted[-1][0]
-        self._index_upto = self._head
-        self._index_wakeup.set()
-        if self._server is not None:
-            self._server.broadcast(out)
+        server.broadcast(out)
 
     # -- snapshot reads ----------------------------------------------------------------
 

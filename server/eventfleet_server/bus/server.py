@@ -129,6 +129,9 @@ class BusServer:
         self._collector_sync: zmq.Socket | None = None
         self._snap_queue: asyncio.Queue[tuple[bytes, wire.SyncStart]] | None = None
         self._snap_clients: set[bytes] = set()
+        # Topic prefixes with at least one subscriber (XPUB reports the first
+        # subscription to a prefix and the last one leaving, disconnects included).
+        self._subscribed: set[bytes] = set()
         self._encoding = config.integer_encoding
         # libzmq's own guard: a single frame beyond this drops the connection (memory
         # bound); messages between max_message_size and it are refused and counted.
@@ -150,7 +153,10 @@ class BusServer:
             snapshot.setsockopt(zmq.ROUTER_MANDATORY, 1)
             snapshot.sndhwm = cfg.snapshot_hwm
             snapshot.maxmsgsize = self._hard_limit
-            publisher = self._socket("publisher", zmq.PUB)
+            # XPUB, not PUB: the same wire behaviour for subscribers (ZMTP lets a SUB
+            # talk to either), but it reports subscriptions, so a replica nobody
+            # subscribes to does not encode every committed event for nobody.
+            publisher = self._socket("publisher", zmq.XPUB)
             publisher.sndhwm = cfg.pub_hwm
             collector = self._socket("collector", zmq.ROUTER)
             collector.maxmsgsize = self._hard_limit
@@ -159,8 +165,9 @@ class BusServer:
             self._close_sockets()
             raise
         # Plain (synchronous) views for the hot paths. Safe only where this code never
-        # waits on the same socket through asyncio for the other direction: PUB only
-        # sends; the collector only receives (and its loop re-checks events itself).
+        # waits on the same socket through asyncio for the other direction: the
+        # publisher is used only from here (sends and its subscription reads); the
+        # collector only receives (and its loop re-checks events itself).
         self._pub_sync = zmq.Socket.shadow(publisher.underlying)
         self._collector_sync = zmq.Socket.shadow(collector.underlying)
         self._snap_queue = asyncio.Queue()
@@ -259,10 +266,31 @@ class BusServer:
 
     # -- PUBLISHER ---------------------------------------------------------------------
 
+    def has_subscribers(self) -> bool:
+        """Whether any subscription has reached the publisher socket.
+
+        Exact at the moment of the call: the subscriptions libzmq has received are
+        read here, synchronously, so a BROADCAST sent right after this returns False
+        would have reached nobody (a PUB socket drops messages nobody subscribed to).
+        """
+        sock = self._pub_sync
+        if sock is None:
+            return False
+        subscribed = self._subscribed
+        while True:
+            try:
+                message = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return bool(subscribed)
+            if message[:1] == b"\x01":
+                subscribed.add(message[1:])
+            elif message[:1] == b"\x00":
+                subscribed.discard(message[1:])
+
     def broadcast(self, items: Sequence[tuple[int, Item]]) -> None:
         """Send BROADCASTs now, in the given (commit) order.
 
-        A PUB socket never blocks: a subscriber whose queue is at the high-water mark
+        The publisher never blocks: a subscriber whose queue is at the high-water mark
         loses the message, and sees a gap in the sequence.
         """
         sock = self._pub_sync
@@ -482,6 +510,10 @@ class BusServer:
                     self.counters.connections[name] += 1
                 elif event == zmq.EVENT_DISCONNECTED:
                     self.counters.connections[name] = max(0, self.counters.connections[name] - 1)
+                    if name == "publisher":
+                        # Read the unsubscriptions the disconnect queued, so a replica
+                        # without commits does not collect them from churning clients.
+                        self.has_subscribers()
                 elif self._token is not None:
                     self.rejections.reject(
                         "bad_token",
