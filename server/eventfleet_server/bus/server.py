@@ -17,7 +17,9 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import math
 import struct
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
@@ -37,6 +39,8 @@ _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
 _SNAPSHOT_CHUNK = 2_000  # events read from the store per step of a snapshot
 _YIELD_EVERY = 500  # messages sent before a snapshot lets the loop run others
 _STALL_POLL = 0.005
+# How often a commit reads the publisher's subscriptions (see `has_subscribers`).
+_SUBSCRIPTIONS_EVERY = 0.002
 _MONITORED = (
     zmq.EVENT_ACCEPTED
     | zmq.EVENT_DISCONNECTED
@@ -132,6 +136,7 @@ class BusServer:
         # Topic prefixes with at least one subscriber (XPUB reports the first
         # subscription to a prefix and the last one leaving, disconnects included).
         self._subscribed: set[bytes] = set()
+        self._subscriptions_read = -math.inf
         self._encoding = config.integer_encoding
         # libzmq's own guard: a single frame beyond this drops the connection (memory
         # bound); messages between max_message_size and it are refused and counted.
@@ -269,19 +274,28 @@ class BusServer:
     def has_subscribers(self) -> bool:
         """Whether any subscription has reached the publisher socket.
 
-        Exact at the moment of the call: the subscriptions libzmq has received are
-        read here, synchronously, so a BROADCAST sent right after this returns False
-        would have reached nobody (a PUB socket drops messages nobody subscribed to).
+        The subscriptions libzmq has received are read here, synchronously, at most
+        every `_SUBSCRIPTIONS_EVERY` seconds (reading costs syscalls, and this runs on
+        every commit). So a new subscription takes effect at most that long after it
+        reached the socket — as if the network had been that much slower; a PUB socket
+        drops what nobody has subscribed to yet in just the same way.
         """
+        now = time.monotonic()
+        if now - self._subscriptions_read >= _SUBSCRIPTIONS_EVERY:
+            self._subscriptions_read = now
+            self._read_subscriptions()
+        return bool(self._subscribed)
+
+    def _read_subscriptions(self) -> None:
         sock = self._pub_sync
         if sock is None:
-            return False
+            return
         subscribed = self._subscribed
         while True:
             try:
                 message = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return bool(subscribed)
+                return
             if message[:1] == b"\x01":
                 subscribed.add(message[1:])
             elif message[:1] == b"\x00":
@@ -513,7 +527,7 @@ class BusServer:
                     if name == "publisher":
                         # Read the unsubscriptions the disconnect queued, so a replica
                         # without commits does not collect them from churning clients.
-                        self.has_subscribers()
+                        self._read_subscriptions()
                 elif self._token is not None:
                     self.rejections.reject(
                         "bad_token",
