@@ -165,21 +165,23 @@ class BusClient:
         producer: str = "e2e",
         timestamp: str | None = None,
         raw_data: bytes | None = None,
+        timeout: float = 10.0,
     ) -> str:
         """Send a PUB; returns its UUID. The sequence frame is sent empty (the server
-        assigns the sequence), as the reference client does."""
+        assigns the sequence), as the reference client does. A send that cannot leave
+        within `timeout` (no pipe: the server refused or dropped the connection) raises
+        `TimeoutError` instead of waiting forever."""
         uuid = uuid or str(uuidlib.uuid4())
         data_frame = raw_data if raw_data is not None else msgpack.packb(data, use_bin_type=True)
-        await self.publisher_socket.send_multipart(
-            [
-                topic.encode(),
-                b"" if self.encoding == "reference" else encode_int(0, "rfc"),
-                producer.encode(),
-                (timestamp if timestamp is not None else now_iso()).encode(),
-                uuid.encode(),
-                data_frame,
-            ]
-        )
+        frames = [
+            topic.encode(),
+            b"" if self.encoding == "reference" else encode_int(0, "rfc"),
+            producer.encode(),
+            (timestamp if timestamp is not None else now_iso()).encode(),
+            uuid.encode(),
+            data_frame,
+        ]
+        await asyncio.wait_for(self.publisher_socket.send_multipart(frames), timeout)
         return uuid
 
     async def send_raw(self, offset: int, frames: list[bytes]) -> None:

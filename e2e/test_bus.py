@@ -457,7 +457,7 @@ async def test_token_requires_zap_plain_credentials(tmp_path):
                 # Once libzmq has dropped a refused connection the DEALER has no pipe
                 # and a send waits for one: that wait is what a refused client sees.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(client.publish(topic, 1), 2.0)
+                    await client.publish(topic, 1, timeout=2.0)
             with pytest.raises(TimeoutError):
                 await asyncio.wait_for(wrong.syncstart("/z/", timeout=1.0), 3.0)
             await wait_rejected(replica, "bad_token", 2)

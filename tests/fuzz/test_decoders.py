@@ -21,13 +21,19 @@ from eventfleet_server.bus import wire as bus_wire
 from eventfleet_server.chatter.connection import _parse_large
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
+    Event,
+    EventId,
     EventPayloadBinary,
     EventPayloadJson,
     RegisterEvent,
     Timestamp,
 )
 from eventfleet_server.common.sbsint import encode_int
-from eventfleet_server.eventer.decode import RegisterLimits, decode_register
+from eventfleet_server.eventer.decode import (
+    RegisterLimits,
+    decode_register,
+    encode_register_res,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -187,6 +193,32 @@ def test_mutated_frames(data):
 def test_valid_register_requests_decode_to_what_was_sent(events):
     decoded = asyncio.run(decode_register(encode_register(events), RegisterLimits()))
     assert decoded == events
+
+
+@FUZZ
+@given(
+    events=st.lists(register_events, min_size=1, max_size=40),
+    server=st.integers(0, 2**40),
+    session=st.integers(0, 2**40),
+    first=st.integers(1, 2**40),
+    ts=st.builds(Timestamp, st.integers(0, 2**40), st.integers(0, 999_999)),
+)
+def test_register_response_spliced_from_the_request_equals_the_codecs(
+    events, server, session, first, ts
+):
+    """The MsgRegisterRes built from the request's bytes is byte for byte the one the
+    codec encodes from the events (as registered: one session, one timestamp)."""
+    request = encode_register(events)
+    spans: list = []
+    decoded = asyncio.run(decode_register(request, RegisterLimits(), spans))
+    created = [
+        Event(EventId(server, session, first + i), e.type, ts, e.source_timestamp, e.payload)
+        for i, e in enumerate(decoded)
+    ]
+    expected = codec.repo.encode(
+        "HatEventer.MsgRegisterRes", ("events", [codec.event_to_sbs(e) for e in created])
+    )
+    assert encode_register_res(request, spans, created) == expected
 
 
 @FUZZ

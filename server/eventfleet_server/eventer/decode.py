@@ -20,7 +20,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from eventfleet_server.common import codec
-from eventfleet_server.common.model import RESERVED_TYPE_PREFIX, RegisterEvent, check_register_event
+from eventfleet_server.common.model import (
+    RESERVED_TYPE_PREFIX,
+    Event,
+    RegisterEvent,
+    check_register_event,
+)
 from eventfleet_server.common.sbsint import SbsIntError, encode_int, read_int
 
 _REQ = "HatEventer.MsgRegisterReq"
@@ -64,8 +69,9 @@ def _length(data: memoryview, pos: int, what: str) -> tuple[int, int]:
     return n, pos
 
 
-def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> int:
-    """Position after register event `i` at `pos`, checking the limits on the way.
+def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> tuple[int, int]:
+    """``(end of its type, end)`` of register event `i` at `pos`, checking the limits on
+    the way.
 
     Every integer of a typical event (counts, choices, short lengths, and not the
     timestamps) fits one byte, ``0b10xxxxxx``: those are read inline, anything longer
@@ -107,6 +113,7 @@ def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> int:
                     f"{limits.max_segment_length} characters)"
                 )
             pos += n
+        type_end = pos
         b = data[pos]  # sourceTimestamp: Optional(Timestamp)
         if b == 0x80:
             pos += 1
@@ -152,18 +159,21 @@ def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> int:
             pos += n
     except IndexError:
         raise MalformedRequest("request truncated (integer expected)") from None
-    return pos
+    return type_end, pos
 
 
 _encode_count = encode_int
 
 
-def slices(data: bytes, limits: RegisterLimits) -> Iterator[tuple[int, bytes]]:
+def slices(
+    data: bytes, limits: RegisterLimits, spans: list[tuple[int, int, int]] | None = None
+) -> Iterator[tuple[int, bytes]]:
     """``(index of the first event, a MsgRegisterReq of a few events)`` per slice.
 
     The count is checked first; each slice is walked (limits checked, no objects built)
     just before it is handed out, so the caller can yield to the loop between slices
-    and still refuse the whole request if a later event breaks a limit.
+    and still refuse the whole request if a later event breaks a limit. `spans`, if
+    given, gets ``(start, end of type, end)`` of every event in `data`.
     """
     view = data  # indexing bytes is cheaper than a memoryview; slices below copy anyway
     count, pos = _int(view, 0)
@@ -178,7 +188,10 @@ def slices(data: bytes, limits: RegisterLimits) -> Iterator[tuple[int, bytes]]:
         start = pos
         last = first
         while last < count and last - first < CHUNK_EVENTS and pos - start <= CHUNK_BYTES:
-            pos = _walk_event(view, pos, last, limits)
+            event_start = pos
+            type_end, pos = _walk_event(view, pos, last, limits)
+            if spans is not None:
+                spans.append((event_start, type_end, pos))
             last += 1
         yield first, _encode_count(last - first) + bytes(view[start:pos])
         first = last
@@ -203,12 +216,15 @@ def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None
         )
 
 
-async def decode_register(data: bytes, limits: RegisterLimits) -> list[RegisterEvent]:
+async def decode_register(
+    data: bytes, limits: RegisterLimits, spans: list[tuple[int, int, int]] | None = None
+) -> list[RegisterEvent]:
     """Decode and validate a client's ``MsgRegisterReq`` slice by slice, yielding to the
     loop between slices. Raises `RequestRefused` (a limit) or `ValueError` (a bad event);
-    either way nothing of the request is kept."""
+    either way nothing of the request is kept. `spans`: see `slices` (for
+    `encode_register_res`)."""
     events: list[RegisterEvent] = []
-    for first, chunk in slices(data, limits):
+    for first, chunk in slices(data, limits, spans):
         if first:
             # Between slices only: a one-slice request (nearly all) costs no extra loop
             # iteration, a big one never holds the loop for more than a slice.
@@ -222,6 +238,45 @@ async def decode_register(data: bytes, limits: RegisterLimits) -> list[RegisterE
             check_client_event(first + offset, event, limits)
             events.append(event)
     return events
+
+
+_EVENTS_CHOICE = encode_int(0)  # MsgRegisterRes = Choice {events: Array(Event), failure}
+
+
+def encode_register_res(
+    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
+) -> bytes | None:
+    """``MsgRegisterRes`` (the events choice) for `created`, the events registered from
+    `request`, spliced from the request's own bytes; None when it cannot be (then encode
+    the usual way).
+
+    An ``Event`` is ``id, type, timestamp, sourceTimestamp, payload`` and a
+    ``RegisterEvent`` is ``type, sourceTimestamp, payload``, each encoded field by field
+    in that order. So each answered event is its id, the request's bytes of its type,
+    the registration's timestamp (one per request), and the request's bytes of the rest:
+    no SBS values are built and nothing is encoded twice. This was a quarter of the
+    replica's CPU at batch 1000.
+    """
+    if len(spans) != len(created) or not created:
+        return None
+    head = created[0]
+    server, session, ts = head.id.server, head.id.session, head.timestamp
+    if server < 0 or ts.s < 0:
+        return None  # encode_int writes non-negative integers only
+    id_prefix = encode_int(server) + encode_int(session)
+    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
+    parts = [_EVENTS_CHOICE, encode_int(len(created))]
+    append = parts.append
+    for (start, type_end, end), event in zip(spans, created, strict=True):
+        event_id = event.id
+        if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
+            return None  # not one registration (never, from Engine.register)
+        append(id_prefix)
+        append(encode_int(event_id.instance))
+        append(request[start:type_end])
+        append(ts_bytes)
+        append(request[type_end:end])
+    return b"".join(parts)
 
 
 def encode_count(n: int) -> bytes:
