@@ -700,3 +700,39 @@ async def test_inline_writes_are_checkpointed_in_the_background(tmp_path):
     full = await Storage.open(tmp_path / "full.sqlite", synchronous="FULL")
     assert not full._inline
     await full.close()
+
+
+async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_path):
+    """In inline mode a batch above INLINE_MAX_EVENTS commits on the writer thread; small
+    writes and writer jobs (the BUS's UUID index, retention) issued meanwhile wait for
+    it instead of running on the same connection inside its transaction."""
+    storage = await Storage.open(tmp_path / "mixed.sqlite", synchronous="NORMAL")
+    try:
+        assert storage._inline
+        big = storage_db.INLINE_MAX_EVENTS * 20
+        instance = 0
+        for round_ in range(5):
+            batch = [
+                Event(
+                    EventId(1, round_ + 1, instance + i), ("big",), Timestamp(10 + i, 0), None, None
+                )
+                for i in range(1, big + 1)
+            ]
+            instance += big
+            large = asyncio.create_task(storage.write(batch))
+            await asyncio.sleep(0)  # the large write is on the thread now
+            await storage.add_event_keys([(f"key-{round_}", 1)], storage.last_seq)
+            small = Event(
+                EventId(2, round_ + 1, round_ + 1), ("small",), Timestamp(5, 0), None, None
+            )
+            await storage.write([small])
+            await large
+        assert storage.last_ids[1].instance == instance
+        assert storage.last_ids[2].instance == 5
+        result = await storage.query(QueryServerParams(2), max_results_cap=1000)
+        assert len(result.events) == 5
+        assert await storage.find_event_keys([f"key-{r}" for r in range(5)]) == {
+            f"key-{r}": 1 for r in range(5)
+        }
+    finally:
+        await storage.close()

@@ -255,9 +255,16 @@ class Storage:
         self._max_db_bytes = max_db_bytes
         self._commits_since_checkpoint = 0
         self._checkpoint_task: asyncio.Task | None = None
+        # One writer at a time on the writer connection. Inline mode still hands batches
+        # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
+        # write (a UUID index mark, a retention delete) issued meanwhile ran on the same
+        # connection from the loop's thread, inside the thread's open transaction
+        # ("cannot start a transaction within a transaction": the commit failed and the
+        # replica refused registrations).
+        self._write_lock = asyncio.Lock()
         try:
             # check_same_thread=False: inline writes use this connection from the loop's
-            # thread; the writer thread then only ever runs set-up and close.
+            # thread; the writer thread runs set-up, close and the large batches.
             self._writer = await aiosqlite.connect(
                 path, isolation_level=None, cached_statements=64, check_same_thread=False
             )
@@ -440,11 +447,12 @@ class Storage:
         if not events and not meta_items:
             return []
         self._check_open()
-        if self._inline and len(events) <= INLINE_MAX_EVENTS:
-            inserted = self._write(events, meta_items)
-            self._commits_since_checkpoint += 1
-            return inserted
-        return await _run(self._writer, self._write, events, meta_items)
+        async with self._write_lock:
+            if self._inline and len(events) <= INLINE_MAX_EVENTS:
+                inserted = self._write(events, meta_items)
+                self._commits_since_checkpoint += 1
+                return inserted
+            return await _run(self._writer, self._write, events, meta_items)
 
     async def probe_write(self) -> None:
         """One tiny committed write (a meta key): does the store accept commits again?"""
@@ -856,12 +864,14 @@ class Storage:
 
     async def _on_writer(self, fn: Callable[..., _T], *args: Any) -> _T:
         """Run `fn` where writes run: inline (then yield, so chunks interleave) or on the thread."""
-        if self._inline:
-            result = fn(*args)
-            self._commits_since_checkpoint += 1
-            await asyncio.sleep(0)
-            return result
-        return await _run(self._writer, fn, *args)
+        async with self._write_lock:
+            if self._inline:
+                result = fn(*args)
+                self._commits_since_checkpoint += 1
+            else:
+                return await _run(self._writer, fn, *args)
+        await asyncio.sleep(0)
+        return result
 
     def _delete(self, sql: str, args: tuple) -> int:
         conn = self._writer._conn
