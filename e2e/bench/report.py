@@ -293,7 +293,12 @@ def plot(results: dict, path: pathlib.Path) -> bool:
     except ImportError:
         return False
     servers = results["servers"]
-    colors = {"eventfleet": "tab:blue", "eventfleet-full": "tab:green", "reference": "tab:red"}
+    colors = {
+        "eventfleet": "tab:blue",
+        "eventfleet-full": "tab:green",
+        "eventfleet-asyncio": "tab:orange",
+        "reference": "tab:red",
+    }
     fig, axes = plt.subplots(2, 2, figsize=(12, 8), sharex=True)
     for col, clients in enumerate((1, 4)):
         for key, s in servers.items():
