@@ -207,7 +207,9 @@ async def run(args) -> dict:
     load_before = os.getloadavg()
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-repl-"))
     base = free_block(2)
-    extra = {"log": {"level": "WARNING"}}
+    # The storage mode is pinned (default NORMAL, the mode of the targets): left to the
+    # replica's default it silently became FULL when that default changed.
+    extra = {"log": {"level": "WARNING"}, "storage": {"synchronous": args.synchronous}}
     a = ReplicaProc(workdir, "a", 1, base, extra=extra)
     b = ReplicaProc(workdir, "b", 2, base + 10, extra=extra)
     lags, catchups = [], []
@@ -232,6 +234,7 @@ async def run(args) -> dict:
             f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
         ),
         "load_average": load_before,
+        "synchronous": args.synchronous,
         "repeat": args.repeat,
         "lag": median_of(lags),
         "catchup": median_of(catchups),
@@ -253,7 +256,8 @@ def markdown(r: dict) -> str:
     rates = [x["catchup_events_per_s"] for x in runs["catchup"]]
     return "\n".join(
         [
-            f"Measured {r['when']} on {r['machine']} (load average before the run: "
+            f"Measured {r['when']} on {r['machine']}, storage.synchronous "
+            f"{r.get('synchronous', '?')} (load average before the run: "
             f"{', '.join(f'{x:.1f}' for x in r['load_average'])}); median of "
             f"{r['repeat']} run(s), each figure on its own; lag p99 per run: "
             f"{', '.join(f'{x:g}' for x in p99s)} ms; catch-up per run: "
@@ -287,6 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--catchup", type=int, default=200_000, help="events B misses")
     p.add_argument("--repeat", type=int, default=1, help="runs; figures are medians")
     p.add_argument("--quick", action="store_true", help="3 s of lag, 20,000 events of catch-up")
+    p.add_argument(
+        "--synchronous",
+        default="NORMAL",
+        choices=["OFF", "NORMAL", "FULL", "EXTRA"],
+        help="both replicas' storage.synchronous (default NORMAL, the targets' mode)",
+    )
     p.add_argument("--json", type=pathlib.Path)
     p.add_argument("--markdown", type=pathlib.Path)
     args = p.parse_args(argv)
