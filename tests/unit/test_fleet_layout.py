@@ -55,3 +55,19 @@ def test_tls_fleet_gets_a_ca_and_a_certificate_per_replica(tmp_path):
     ca = (fleet.tls_dir / "ca.pem").read_bytes()
     layout.prepare(layout.plan(2, tmp_path / "f", tls=True))  # resumed: same CA
     assert (fleet.tls_dir / "ca.pem").read_bytes() == ca
+
+
+@pytest.mark.parametrize("tls", [False, True])
+def test_printed_websocket_and_page_urls_follow_the_fleets_tls(tmp_path, tls):
+    """`eventfleet fleet --tls` serves HTTP (and so Jetstream and Replication) over TLS:
+    the addresses it prints say wss:// and https:// then, ws:// and http:// otherwise."""
+    fleet = layout.plan(1, tmp_path / "f", base_port=40000, tls=tls)
+    replica = fleet.replicas[0]
+    if tls and shutil.which("openssl"):
+        layout.prepare(fleet)
+        conf = config.build(config.ReplicaConfig, config.load(replica.config_path, environ={}))
+        assert conf.tls.http and conf.tls.settings() is not None
+    urls = replica.jetstream(tls)
+    ws, page = ("wss://", "https://") if tls else ("ws://", "http://")
+    assert urls["jetstream"].startswith(ws) and urls["jetstream_demo"].startswith(page)
+    assert replica.replication(tls) == f"{ws}127.0.0.1:{replica.http_port}/replication"

@@ -95,10 +95,16 @@ class ReplicaLayout:
             "http": f"{h}:{self.http_port}",
         }
 
-    def jetstream(self) -> dict[str, str]:
-        """Jetstream's websocket and its demo page, on the HTTP port (not ports of their own)."""
+    def jetstream(self, tls: bool = False) -> dict[str, str]:
+        """Jetstream's websocket and its demo page, on the HTTP port (not ports of their
+        own); `tls`: the fleet serves HTTP over TLS (``--tls``), so wss:// and https://."""
         base = f"{self.host}:{self.http_port}/jetstream"
-        return {"jetstream": f"ws://{base}", "jetstream_demo": f"http://{base}/demo"}
+        ws, http = ("wss", "https") if tls else ("ws", "http")
+        return {"jetstream": f"{ws}://{base}", "jetstream_demo": f"{http}://{base}/demo"}
+
+    def replication(self, tls: bool = False) -> str:
+        """The Replication (AppWebsocket) endpoint on the HTTP port."""
+        return f"{'wss' if tls else 'ws'}://{self.host}:{self.http_port}/replication"
 
     def ports(self) -> dict[str, int]:
         return {k: int(v.rsplit(":", 1)[1]) for k, v in self.endpoints().items()}

@@ -230,7 +230,8 @@ class Supervisor:
                 f"('{first.host}', {first.eventer_port}), 'me')\n"
                 + (
                     "  Jetstream demo (a shared list): "
-                    f"{first.jetstream()['jetstream_demo']}?token=<contents of the token file>\n"
+                    f"{first.jetstream(self.fleet.tls)['jetstream_demo']}"
+                    "?token=<contents of the token file>\n"
                     if self.fleet.jetstream
                     else ""
                 )
@@ -241,7 +242,7 @@ class Supervisor:
             )
             if self.fleet.replication_tables:
                 self.out(
-                    f"  replication: ws://{first.host}:{first.http_port}/replication, tables "
+                    f"  replication: {first.replication(self.fleet.tls)}, tables "
                     f"{', '.join(self.fleet.replication_tables)} (password: the token file)"
                 )
 
@@ -265,7 +266,7 @@ class Supervisor:
                     "up": up,
                     "restarts": r.restarts,
                     **layout.endpoints(),
-                    **(layout.jetstream() if self.fleet.jetstream else {}),
+                    **(layout.jetstream(self.fleet.tls) if self.fleet.jetstream else {}),
                     "data_dir": str(layout.data_dir),
                     "log": str(layout.log_path),
                 }
