@@ -136,11 +136,15 @@ async def test_mutual_tls_between_peers_and_tls_for_clients(tmp_path, pki):
         await reader.close()
         assert len(events) == 1
         # A plain-TCP client gets no session; one trusting another CA refuses the server.
+        # Both failed handshakes are counted by the replica, with their cause.
+        assert "tls_handshake" not in r1.eventer.rejected
         with pytest.raises((ConnectionError, OSError, TimeoutError)):
             await connect("127.0.0.1", r1.eventer.port, "plain", client_token="t", timeout=3)
+        await until(lambda: r1.eventer.rejected.get("tls_handshake") == 1, "plain TCP counted")
         rogue_trust = client_context(str(pki["dir"] / "rogue-ca.pem"))
         with pytest.raises(ssl.SSLCertVerificationError):
             await connect("127.0.0.1", r1.eventer.port, "x", client_token="t", ssl=rogue_trust)
+        await until(lambda: r1.eventer.rejected.get("tls_handshake") == 2, "rogue trust counted")
         # HTTPS probes.
         async with aiohttp.ClientSession() as http:
             url = f"https://127.0.0.1:{r1.http.port}/healthz"
@@ -169,6 +173,12 @@ async def test_peer_with_a_certificate_from_another_ca_is_refused(tmp_path, pki)
         )
         errors = [p["last_error"] for n in (n1, n2) for p in n.replica.syncer.state()]
         assert any("CERTIFICATE_VERIFY_FAILED" in e or "certificate" in e.lower() for e in errors)
+        # The listening side counts every refused handshake (the link retries with back-off).
+        for node in (n1, n2):
+            await until(
+                lambda n=node: n.replica.syncer.rejected.get("tls_handshake", 0) >= 1,
+                f"{node.name} counted the refused peer handshake",
+            )
         assert all(p["state"] != "synced" for n in (n1, n2) for p in n.replica.syncer.state())
     finally:
         await n2.stop()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
@@ -100,13 +101,11 @@ class ChatterListener:
         return self._bound_port
 
     async def start(self) -> None:
+        # TLS is started per connection in `_on_client`, not by the server: a handshake
+        # that fails inside asyncio's server is dropped without a trace (logged only in
+        # the loop's debug mode), and a refusal nobody can see is no refusal.
         self._server = await asyncio.start_server(
-            self._on_client,
-            self._host,
-            self._port,
-            limit=1 << 20,
-            ssl=self._ssl,
-            ssl_handshake_timeout=self.limits.init_timeout if self._ssl else None,
+            self._on_client, self._host, self._port, limit=1 << 20
         )
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
@@ -129,6 +128,8 @@ class ChatterListener:
             writer.transport.abort()
             return
         with ticket:
+            if self._ssl is not None and not await self._start_tls(writer, address):
+                return
             delay, timeout = self._ping
             conn = Connection(
                 reader,
@@ -153,6 +154,23 @@ class ChatterListener:
             finally:
                 self._conns.discard(conn)
                 conn.close()
+
+    async def _start_tls(self, writer: asyncio.StreamWriter, address: str) -> bool:
+        """The server side of the TLS handshake, bounded by `init_timeout` (admission
+        first, so handshakes count against the connection caps). A failure is counted
+        (``tls_handshake``) with its cause and the connection dropped."""
+        try:
+            await writer.start_tls(self._ssl, ssl_handshake_timeout=self.limits.init_timeout)
+        except (ssl.SSLError, OSError, TimeoutError, asyncio.IncompleteReadError) as e:
+            cause = (
+                f"no handshake within {self.limits.init_timeout} s"
+                if isinstance(e, TimeoutError)
+                else f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
+            )
+            self.rejections.reject(RejectReason.TLS_HANDSHAKE, f"TLS handshake: {cause}", address)
+            writer.transport.abort()
+            return False
+        return True
 
     async def _initialize(self, conn: Connection) -> Session | None:
         limits = self.limits

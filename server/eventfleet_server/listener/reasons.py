@@ -23,6 +23,7 @@ class RejectReason(StrEnum):
     LOGIN_FAILED = "login_failed"
     UNEXPECTED_MESSAGE = "unexpected_message"
     BAD_COMMAND = "bad_command"
+    TLS_HANDSHAKE = "tls_handshake"  # TLS on, the handshake failed or timed out
     # Eventer
     BAD_SUBSCRIPTION = "bad_subscription"
     REGISTER_FAILED = "register_failed"
