@@ -713,9 +713,17 @@ class Fleet:
     def token_file(self, ordinal: int) -> pathlib.Path:
         return self.agent.pod_dir(self._pod(ordinal)) / "volumes" / "token" / "token"
 
-    def restarts(self, ordinal: int) -> int:
-        running = self.agent.pods.get(self._pod(ordinal))
-        return running.restarts if running else 0
+    @property
+    def restarts(self) -> dict[int, int]:
+        """Container restarts by ordinal (only pods that restarted), as the emulator's
+        kubelet reports them, so a test reads ``pods.restarts`` on either."""
+        prefix = f"{self.name}-"
+        out = {}
+        for pod, running in list(self.agent.pods.items()):
+            ordinal = pod[len(prefix) :]
+            if pod.startswith(prefix) and ordinal.isdigit() and running.restarts:
+                out[int(ordinal)] = running.restarts
+        return out
 
     def status(self, ordinal: int) -> dict[str, Any] | None:
         try:

@@ -40,6 +40,7 @@ class PodState:
     config_hash: str = ""
     restart: str = ""
     uid: str = ""
+    terminating: bool = False  # deleted, still shutting down (deletionTimestamp set)
 
     @classmethod
     def of(cls, ordinal: int, pod: Mapping[str, Any] | None, ready: bool) -> PodState:
@@ -56,6 +57,7 @@ class PodState:
             config_hash=notes.get(naming.CONFIG_HASH_ANNOTATION, ""),
             restart=notes.get(naming.RESTART_ANNOTATION, ""),
             uid=meta.get("uid", ""),
+            terminating=bool(meta.get("deletionTimestamp")),
         )
 
     @classmethod
@@ -100,6 +102,14 @@ def plan(pods: Sequence[PodState], replicas: int, update_revision: str, synced: 
     base = Plan(update_revision, current, updated, replicas, stale=len(stale))
     if not stale:
         return base
+    # A deleted pod shuts down for up to its grace period and is still listed, on its
+    # old revision: deleting it again would only repeat the step (and its Event), and
+    # replacing another one meanwhile would take two replicas down at once.
+    terminating = [p.ordinal for p in present if p.exists and p.terminating]
+    if terminating:
+        return dataclasses.replace(
+            base, waiting=f"waiting for ordinal(s) {_names(terminating)} to terminate"
+        )
     broken = [p for p in stale if not p.ready]
     if broken:
         return dataclasses.replace(base, replace=broken[0].ordinal)

@@ -49,6 +49,17 @@ def test_a_pod_stuck_on_a_bad_revision_is_replaced_at_once():
     assert (plan.replace, plan.check_first) == (2, False)
 
 
+def test_a_terminating_pod_is_neither_deleted_again_nor_followed_by_another():
+    # Ordinal 2 was deleted (grace period running): still listed on the old revision.
+    fleet = pods((OLD, True), (OLD, True), (OLD, True))
+    fleet[2] = PodState(2, revision=OLD, ready=False, terminating=True)
+    plan = rollout.plan(fleet, 3, NEW, synced=True)
+    assert plan.replace is None and "2" in plan.waiting and "terminate" in plan.waiting
+    pod = {"metadata": {"uid": "u", "deletionTimestamp": "2026-11-24T01:41:00Z"}}
+    assert PodState.of(2, pod, ready=True).terminating
+    assert not PodState.of(2, {"metadata": {"uid": "u"}}, ready=True).terminating
+
+
 def test_pods_above_the_replica_count_are_not_the_rollouts_business():
     plan = rollout.plan(pods((NEW, True), (OLD, True)), 1, NEW, synced=True)
     assert plan.complete
