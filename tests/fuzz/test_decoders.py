@@ -30,9 +30,11 @@ from eventfleet_server.common.model import (
 )
 from eventfleet_server.common.sbsint import encode_int
 from eventfleet_server.eventer.decode import (
+    CHUNK_EVENTS,
     RegisterLimits,
     decode_register,
     encode_register_res,
+    encode_register_res_sliced,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -219,6 +221,31 @@ def test_register_response_spliced_from_the_request_equals_the_codecs(
         "HatEventer.MsgRegisterRes", ("events", [codec.event_to_sbs(e) for e in created])
     )
     assert encode_register_res(request, spans, created) == expected
+    assert asyncio.run(encode_register_res_sliced(request, spans, created)) == expected
+
+
+def test_a_large_register_response_is_spliced_in_slices_identically():
+    """Beyond CHUNK_EVENTS events the answer is built a slice at a time (yielding to
+    the loop between slices): the same bytes as the codec's."""
+    events = [
+        RegisterEvent(("big", str(i)), Timestamp(i, i), EventPayloadBinary("b", b"x" * i))
+        for i in range(3 * CHUNK_EVENTS + 5)
+    ]
+    request = encode_register(events)
+    spans: list = []
+    decoded = asyncio.run(decode_register(request, RegisterLimits(), spans))
+    ts = Timestamp(1_700_000_000, 5)
+    created = [
+        Event(EventId(1, 7, 100 + i), e.type, ts, e.source_timestamp, e.payload)
+        for i, e in enumerate(decoded)
+    ]
+    expected = codec.repo.encode(
+        "HatEventer.MsgRegisterRes", ("events", [codec.event_to_sbs(e) for e in created])
+    )
+    assert asyncio.run(encode_register_res_sliced(request, spans, created)) == expected
+    # Not one registration (another session in the middle): not spliced, no wrong answer.
+    mixed = [*created[:200], created[200]._replace(id=EventId(1, 8, 300)), *created[201:]]
+    assert asyncio.run(encode_register_res_sliced(request, spans, mixed)) is None
 
 
 @FUZZ

@@ -243,12 +243,49 @@ async def decode_register(
 _EVENTS_CHOICE = encode_int(0)  # MsgRegisterRes = Choice {events: Array(Event), failure}
 
 
+class _NotSpliceable(Exception):
+    """The events are not one registration from the request (never, from the engine)."""
+
+
+def _register_res_chunks(
+    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
+) -> Iterator[list[bytes | memoryview]]:
+    """The pieces of the spliced ``MsgRegisterRes``, `CHUNK_EVENTS` events at a time
+    (see `encode_register_res`); raises `_NotSpliceable`."""
+    if len(spans) != len(created) or not created:
+        raise _NotSpliceable
+    head = created[0]
+    server, session, ts = head.id.server, head.id.session, head.timestamp
+    if server < 0 or ts.s < 0:
+        raise _NotSpliceable  # encode_int writes non-negative integers only
+    id_prefix = encode_int(server) + encode_int(session)
+    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
+    view = memoryview(request)  # slices are views: the final join copies once
+    yield [_EVENTS_CHOICE, encode_int(len(created))]
+    for lo in range(0, len(created), CHUNK_EVENTS):
+        parts: list[bytes | memoryview] = []
+        append = parts.append
+        for (start, type_end, end), event in zip(
+            spans[lo : lo + CHUNK_EVENTS], created[lo : lo + CHUNK_EVENTS], strict=True
+        ):
+            event_id = event.id
+            if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
+                raise _NotSpliceable
+            append(id_prefix)
+            append(encode_int(event_id.instance))
+            append(view[start:type_end])
+            append(ts_bytes)
+            append(view[type_end:end])
+        yield parts
+
+
 def encode_register_res(
     request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
 ) -> bytes | None:
     """``MsgRegisterRes`` (the events choice) for `created`, the events registered from
     `request`, spliced from the request's own bytes; None when it cannot be (then encode
-    the usual way).
+    the usual way). For answers of up to `CHUNK_EVENTS` events; larger ones use
+    `encode_register_res_sliced`.
 
     An ``Event`` is ``id, type, timestamp, sourceTimestamp, payload`` and a
     ``RegisterEvent`` is ``type, sourceTimestamp, payload``, each encoded field by field
@@ -257,25 +294,27 @@ def encode_register_res(
     no SBS values are built and nothing is encoded twice. This was a quarter of the
     replica's CPU at batch 1000.
     """
-    if len(spans) != len(created) or not created:
+    try:
+        chunks = _register_res_chunks(request, spans, created)
+        return b"".join([piece for chunk in chunks for piece in chunk])
+    except _NotSpliceable:
         return None
-    head = created[0]
-    server, session, ts = head.id.server, head.id.session, head.timestamp
-    if server < 0 or ts.s < 0:
-        return None  # encode_int writes non-negative integers only
-    id_prefix = encode_int(server) + encode_int(session)
-    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
-    parts = [_EVENTS_CHOICE, encode_int(len(created))]
-    append = parts.append
-    for (start, type_end, end), event in zip(spans, created, strict=True):
-        event_id = event.id
-        if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
-            return None  # not one registration (never, from Engine.register)
-        append(id_prefix)
-        append(encode_int(event_id.instance))
-        append(request[start:type_end])
-        append(ts_bytes)
-        append(request[type_end:end])
+
+
+async def encode_register_res_sliced(
+    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
+) -> bytes | None:
+    """`encode_register_res` yielding to the loop between slices of `CHUNK_EVENTS`
+    events, as decoding does: a maximal request's answer (10,000 events, 16 MiB) never
+    holds the loop for long."""
+    parts: list[bytes | memoryview] = []
+    try:
+        for index, chunk in enumerate(_register_res_chunks(request, spans, created)):
+            if index > 1:
+                await asyncio.sleep(0)
+            parts.extend(chunk)
+    except _NotSpliceable:
+        return None
     return b"".join(parts)
 
 

@@ -30,6 +30,7 @@ from eventfleet_server.eventer.decode import (
     encode_count,
     encode_events,
     encode_register_res,
+    encode_register_res_sliced,
 )
 from eventfleet_server.listener import (
     AdmissionLimits,
@@ -420,10 +421,16 @@ class _Session:
             return
         if created is not None and spans:
             # Spliced from the request's bytes (decode.encode_register_res): no SBS
-            # values built, nothing encoded again; ~1 µs per event even for 10,000.
-            data = encode_register_res(msg.data, spans, created)
-            if data is not None:
-                self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
+            # values built, nothing encoded again; ~1 µs per event.
+            if len(created) <= CHUNK_EVENTS:
+                data = encode_register_res(msg.data, spans, created)
+                if data is not None:
+                    self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
+                    return
+            else:
+                self._tasks.spawn(
+                    "register-res", self._respond_spliced(msg, created, spans), critical=False
+                )
                 return
         if created is not None and len(created) > CHUNK_EVENTS:
             self._tasks.spawn("register-res", self._respond_large(msg, created), critical=False)
@@ -436,6 +443,15 @@ class _Session:
         self._send(
             _P + "MsgRegisterRes", codec.repo.encode(_P + "MsgRegisterRes", value), conv=msg.conv
         )
+
+    async def _respond_spliced(
+        self, msg: chatter.Msg, created: list[Event], spans: list[tuple[int, int, int]]
+    ) -> None:
+        data = await encode_register_res_sliced(msg.data, spans, created)
+        if data is None:
+            await self._respond_large(msg, created)
+        elif not self.conn.is_closed:
+            self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
 
     async def _respond_large(self, msg: chatter.Msg, created: list[Event]) -> None:
         # MsgRegisterRes = Choice {events: Array(Event), failure: None}: index 0, then
