@@ -30,7 +30,7 @@ from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
-from eventfleet_server.listener import Credentials, Tasks, TlsError
+from eventfleet_server.listener import Credentials, Tasks, TlsError, TlsSettings
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
@@ -80,6 +80,7 @@ class Replica:
         self.storage: Storage | None = None
         self.engine: Engine | None = None
         self.http: HttpServer | None = None
+        self.tls: TlsSettings | None = None  # reloaded with the tokens (renewal)
         # Started protocols by name, in start order (metrics, /status, /readyz read it).
         self.protocols: dict[str, ProtocolServer] = {}
         self._created: list[ProtocolServer] = []
@@ -119,7 +120,7 @@ class Replica:
         data_dir = pathlib.Path(core.data_dir)
         # HTTP first: probes answer ("alive, not ready") during the whole start-up.
         _private_dir(data_dir)
-        tls = core.tls.settings()
+        tls = self.tls = core.tls.settings()
         self.http = HttpServer(
             self,
             core.http.host or core.host,
@@ -185,8 +186,10 @@ class Replica:
             self.protocols[proto.name] = proto
         if retention.enabled:
             self.tasks.spawn("retention", self._retention_loop(retention.check_interval_seconds))
-        if self._token_files:
-            self.tasks.spawn("token-watch", self._token_watch_loop(core.token_reload_interval))
+        if self._token_files or tls:
+            self.tasks.spawn(
+                "credential-watch", self._credential_watch_loop(core.token_reload_interval)
+            )
         log.info(
             "replica server_id=%s operational: %s peers=%s data=%s",
             core.server_id,
@@ -229,8 +232,11 @@ class Replica:
         log.info("replica stopped")
 
     def reload(self, reason: str = "SIGHUP") -> None:
-        """Re-read what can change without a restart (tokens, the peer list)."""
+        """Re-read what can change without a restart (tokens, certificates, the peer
+        list)."""
         self.reload_credentials(reason)
+        if self.tls is not None:
+            self.tls.reload()
         for proto in self._created:
             reload = getattr(proto, "reload", None)
             if reload is not None:
@@ -270,12 +276,14 @@ class Replica:
             )
         return changed
 
-    async def _token_watch_loop(self, interval: float) -> None:
+    async def _credential_watch_loop(self, interval: float) -> None:
         # Polling, not inotify: kubelet swaps Secret volumes through a symlink.
         while True:
             await asyncio.sleep(interval)
-            if self._digest_token_files() != self._token_digest:
+            if self._token_files and self._digest_token_files() != self._token_digest:
                 self.reload_credentials("token file changed")
+            if self.tls is not None:
+                self.tls.reload()
 
     async def _retention_loop(self, interval: float) -> None:
         while True:

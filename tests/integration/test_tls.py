@@ -5,12 +5,14 @@ a second CA nobody trusts)."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import ssl
 import subprocess
 
 import aiohttp
 import pytest
+import yaml
 from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import QueryLatestParams, RegisterEvent
 from eventfleet_server.listener import client_context
@@ -45,7 +47,7 @@ def make_ca(d, name):
     )
 
 
-def make_cert(d, ca, name):
+def make_cert(d, ca, name, san="IP:127.0.0.1,DNS:localhost"):
     openssl(
         "req",
         "-newkey",
@@ -62,7 +64,7 @@ def make_cert(d, ca, name):
         cwd=d,
     )
     (d / f"{name}.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
+        f"subjectAltName={san}\nextendedKeyUsage=serverAuth,clientAuth\n"
     )
     openssl(
         "x509",
@@ -180,6 +182,114 @@ async def test_peer_with_a_certificate_from_another_ca_is_refused(tmp_path, pki)
                 f"{node.name} counted the refused peer handshake",
             )
         assert all(p["state"] != "synced" for n in (n1, n2) for p in n.replica.syncer.state())
+    finally:
+        await n2.stop()
+        await n1.stop()
+
+
+async def served_certificate(port: int, ca: str) -> bytes:
+    """The DER certificate a TLS listener on 127.0.0.1:`port` presents now."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port, ssl=client_context(ca))
+    der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+    writer.close()
+    return der
+
+
+def der_of(pem_file: str) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(open(pem_file).read())
+
+
+async def test_a_renewed_certificate_is_served_without_a_restart(tmp_path, pki):
+    """Renewal (cert-manager or the operator rewriting the Secret): the replica loads
+    the new files on its credential check and serves them on new connections; its
+    Syncer link and established sessions stay; broken files keep the old certificate."""
+    d = pki["dir"]
+    live = tmp_path / "live"
+    live.mkdir()
+    for name in ("r1.pem", "r1.key", "ca.pem"):
+        shutil.copy(d / name, live / name)
+    tls1 = {
+        "enabled": True,
+        "cert_file": str(live / "r1.pem"),
+        "key_file": str(live / "r1.key"),
+        "ca_file": str(live / "ca.pem"),
+    }
+    n1, n2 = pair(tmp_path, tls1, pki["r2"])
+    n1.overrides["token_reload_interval"] = 0.2
+    try:
+        for node in (n1, n2):
+            await node.start(wait=False)
+        for node in (n1, n2):
+            await until(lambda n=node: n.start_task.done(), "started")
+        await until(
+            lambda: all(p["state"] == "synced" for p in n2.replica.syncer.state()), "synced"
+        )
+        r1 = n1.replica
+        old = der_of(str(d / "r1.pem"))
+        for port in (r1.eventer.port, r1.http.port, r1.syncer.port):
+            assert await served_certificate(port, pki["ca"]) == old
+        session = await connect(
+            "127.0.0.1", r1.eventer.port, "kept", client_token="t", ssl=client_context(pki["ca"])
+        )
+
+        # A key that does not match the certificate: refused, the old one stays served.
+        renewed = make_cert(d, "ca", "r1-renewed")
+        shutil.copy(renewed["cert_file"], live / "r1.pem")
+        await asyncio.sleep(1)
+        assert await served_certificate(r1.eventer.port, pki["ca"]) == old
+
+        shutil.copy(renewed["key_file"], live / "r1.key")
+        new = der_of(renewed["cert_file"])
+        assert new != old
+
+        async def serving_new():
+            return await served_certificate(r1.eventer.port, pki["ca"]) == new or None
+
+        await until(serving_new, "the renewed certificate served")
+        for port in (r1.http.port, r1.syncer.port):
+            assert await served_certificate(port, pki["ca"]) == new
+        # Same objects reloaded: nothing restarted, the session from before still works.
+        await session.register([RegisterEvent(("renewed",), None, None)], with_response=True)
+        await session.close()
+        assert all(p["state"] == "synced" for p in n2.replica.syncer.state())
+    finally:
+        await n2.stop()
+        await n1.stop()
+
+
+async def test_tls_server_name_verifies_a_peer_reached_by_address(tmp_path, pki):
+    """A peer reached at 127.0.0.1 whose certificate names only its DNS name: the link
+    verifies that name (`tls_server_name`); without it the host name check refuses."""
+    d = pki["dir"]
+    named = make_cert(d, "ca", "r2-named", san="DNS:r2.fleet.example")
+    n1, n2 = pair(tmp_path, pki["r1"], named)
+    try:
+        n1.peers = []  # r1 only accepts; r2 dials r1 (whose certificate has 127.0.0.1)
+        await n1.start(wait=False)
+        await n2.start(wait=False)
+        for node in (n1, n2):
+            await until(lambda n=node: n.start_task.done(), "started")
+        # r1 -> r2 at 127.0.0.1 without a name: the certificate does not match.
+        n1.peers = [n2]
+        n1.write_config()
+        n1.replica.reload("test")
+        await until(
+            lambda: any("certificate" in (p["last_error"] or "").lower()
+                        or "CERTIFICATE_VERIFY_FAILED" in (p["last_error"] or "")
+                        for p in n1.replica.syncer.state()),
+            "host name mismatch refused",
+        )  # fmt: skip
+        assert all(p["state"] != "synced" for p in n1.replica.syncer.state())
+        # With the name the certificate carries: it syncs.
+        entry = {**n2.entry(), "tls_server_name": "r2.fleet.example"}
+        conf = n1.conf()
+        conf["peers"] = [entry]
+        n1.config_path.write_text(yaml.safe_dump(conf))
+        n1.replica.reload("test")
+        await until(
+            lambda: all(p["state"] == "synced" for p in n1.replica.syncer.state()),
+            "synced with tls_server_name",
+        )
     finally:
         await n2.stop()
         await n1.stop()

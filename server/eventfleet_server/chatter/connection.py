@@ -282,7 +282,11 @@ async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs
     return await asyncio.start_server(on_client, host, port, limit=1 << 20)
 
 
-async def connect(host: str, port: int, *, ssl=None, **conn_kwargs) -> Connection:
-    """Connect (over TLS with `ssl`, an ssl.SSLContext verifying `host`)."""
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ssl)
+async def connect(
+    host: str, port: int, *, ssl=None, server_hostname: str | None = None, **conn_kwargs
+) -> Connection:
+    """Connect (over TLS with `ssl`, an ssl.SSLContext verifying `server_hostname`, by
+    default `host`)."""
+    tls_name = {"server_hostname": server_hostname} if ssl is not None and server_hostname else {}
+    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ssl, **tls_name)
     return Connection(reader, writer, **conn_kwargs)

@@ -32,6 +32,8 @@ class Peer:
     host: str
     port: int
     server_id: int
+    # The name its certificate must carry when `host` is not it (an IP, a tunnel).
+    tls_server_name: str | None = None
 
     @property
     def address(self) -> str:
@@ -136,6 +138,7 @@ class SyncStream:
                 ping_delay=limits.ping_delay,
                 ping_timeout=limits.ping_timeout,
                 ssl=self._ssl,
+                server_hostname=self.peer.tls_server_name,
             )
         self._conn = conn
         owner.on_error = lambda e: conn.close(f"syncer {self.label}: merge failed: {e}")

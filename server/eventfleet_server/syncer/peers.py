@@ -30,7 +30,13 @@ def parse_peers(raw: Sequence[Mapping], own_server_id: int) -> tuple[list[Peer],
     names: set[str] = set()
     ids: set[int] = set()
     for i, entry in enumerate(raw):
-        peer = Peer(entry["name"], entry["host"], int(entry["port"]), int(entry["server_id"]))
+        peer = Peer(
+            entry["name"],
+            entry["host"],
+            int(entry["port"]),
+            int(entry["server_id"]),
+            entry.get("tls_server_name"),
+        )
         if peer.name in names:
             raise ConfigError(f"peers[{i}]: name {peer.name!r} appears twice")
         if peer.server_id in ids:
