@@ -35,7 +35,7 @@ from eventfleet_server.common.model import (
 )
 
 from eventfleet_spark.endpoints import TOKEN_ENV, Endpoint
-from eventfleet_spark.tls import PLAIN_HINT, ClientTls, connect_error
+from eventfleet_spark.tls import ClientTls, connect_error
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +174,9 @@ def read_span(
                     loop.run_until_complete(session.close())
                     session = None
                 if failures > retries:
-                    # A TLS replica drops a plain-TCP client after its first bytes: that
-                    # looks like any dropped connection, so say what else it may be.
-                    hint = f" ({PLAIN_HINT})" if tls is None else ""
                     raise EventerReadError(
                         f"eventer {endpoint}: reading [{start_us}, {end_us}) us failed"
-                        f" {failures} times, last: {e!r}{hint}"
+                        f" {failures} times, last: {connect_error(e, tls)}"
                     ) from e
                 log.warning("eventer %s: %r; reconnecting (attempt %d)", endpoint, e, failures)
                 continue

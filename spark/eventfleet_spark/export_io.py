@@ -31,7 +31,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from eventfleet_spark.endpoints import TOKEN_ENV, Endpoint
-from eventfleet_spark.tls import PLAIN_HINT, ClientTls, connect_error
+from eventfleet_spark.tls import ClientTls, connect_error
 
 log = logging.getLogger(__name__)
 
@@ -149,11 +149,9 @@ def read_span_arrow(
         except (ConnectionError, TimeoutError, http.client.HTTPException, OSError) as e:
             failures += 1
             if failures > retries:
-                # A TLS replica drops a plain-HTTP request without an answer.
-                hint = f" ({PLAIN_HINT})" if tls is None else ""
                 raise ExportReadError(
                     f"export {endpoint}: cannot connect ({failures} attempts):"
-                    f" {connect_error(e, tls)}{hint}"
+                    f" {connect_error(e, tls)}"
                 ) from e
             log.warning("export %s: %r; retrying (attempt %d)", endpoint, e, failures)
             time.sleep(min(0.2 * failures, 2.0))

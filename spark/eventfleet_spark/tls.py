@@ -95,8 +95,8 @@ class ClientTls:
 
 
 def connect_error(error: BaseException, tls: ClientTls | None) -> str:
-    """Why a connection failed, in words that point at the TLS setting when it is the
-    cause (an untrusted certificate, a failed handshake)."""
+    """Why a connection failed, in words that point at the TLS setting when it may be the
+    cause (an untrusted certificate, a failed handshake, a plain client dropped)."""
     if isinstance(error, ssl.SSLCertVerificationError):
         return (
             f"the replica's certificate is not accepted ({_describe(tls)}):"
@@ -104,6 +104,14 @@ def connect_error(error: BaseException, tls: ClientTls | None) -> str:
         )
     if isinstance(error, ssl.SSLError):
         return f"TLS handshake failed ({_describe(tls)}): {error.reason or error!r}"
+    if (
+        tls is None
+        and isinstance(error, ConnectionError)
+        and not isinstance(error, ConnectionRefusedError)
+    ):
+        # A TLS replica drops a plain client after its first bytes, which looks like
+        # any dropped connection: say what else it may be.
+        return f"{error!r} ({PLAIN_HINT})"
     return repr(error)
 
 
