@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import ssl
 from collections.abc import Iterator, Sequence
 
 from eventfleet_server import chatter
@@ -34,6 +35,7 @@ from eventfleet_server.common.model import (
 )
 
 from eventfleet_spark.endpoints import TOKEN_ENV, Endpoint
+from eventfleet_spark.tls import ClientTls, connect_error
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +55,25 @@ class RawSession:
 
     @classmethod
     async def open(
-        cls, endpoint: Endpoint, client_name: str, token: str | None, timeout: float
+        cls,
+        endpoint: Endpoint,
+        client_name: str,
+        token: str | None,
+        timeout: float,
+        tls: ClientTls | None = None,
+        context: ssl.SSLContext | None = None,
     ) -> RawSession:
+        """Connect (over TLS with `context`, built from `tls`) and initialize."""
+        if tls is not None and context is None:
+            context = tls.context()
         try:
-            conn = await asyncio.wait_for(chatter.connect(endpoint.host, endpoint.port), timeout)
+            conn = await asyncio.wait_for(
+                chatter.connect(endpoint.host, endpoint.port, ssl=context), timeout
+            )
         except (OSError, TimeoutError) as e:
-            raise EventerReadError(f"eventer {endpoint}: cannot connect: {e!r}") from e
+            raise EventerReadError(
+                f"eventer {endpoint}: cannot connect: {connect_error(e, tls)}"
+            ) from e
         try:
             req = {
                 "clientName": client_name,
@@ -116,13 +131,15 @@ def read_span(
     token: str | None = None,
     timeout: float = 30.0,
     retries: int = 3,
+    tls: ClientTls | None = None,
 ) -> Iterator[list[dict]]:
     """Pages of raw events with ``start_us <= timestamp < end_us``, ascending natural order.
 
     A dropped connection (a replica restarting, a ping timeout while Spark was busy
     elsewhere) is retried up to `retries` times, resuming after the last event already
     handed out. `token` None means ``$EVENTFLEET_TOKEN`` (how the operator passes the
-    Secret to executors).
+    Secret to executors). With `tls` the connection is TLS, the replica's certificate
+    verified against its CA.
     """
     if end_us <= start_us:
         return
@@ -136,6 +153,7 @@ def read_span(
         order_by=OrderBy.TIMESTAMP,
         max_results=page_size,
     )
+    context = tls.context() if tls is not None else None  # once per span, not per retry
     loop = asyncio.new_event_loop()
     session: RawSession | None = None
     failures = 0
@@ -144,7 +162,7 @@ def read_span(
             try:
                 if session is None:
                     session = loop.run_until_complete(
-                        RawSession.open(endpoint, client_name, token, timeout)
+                        RawSession.open(endpoint, client_name, token, timeout, tls, context)
                     )
                     conv = session.send_query(params)
                 events, more = loop.run_until_complete(
@@ -158,7 +176,7 @@ def read_span(
                 if failures > retries:
                     raise EventerReadError(
                         f"eventer {endpoint}: reading [{start_us}, {end_us}) us failed"
-                        f" {failures} times, last: {e!r}"
+                        f" {failures} times, last: {connect_error(e, tls)}"
                     ) from e
                 log.warning("eventer %s: %r; reconnecting (attempt %d)", endpoint, e, failures)
                 continue

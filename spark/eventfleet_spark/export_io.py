@@ -24,12 +24,14 @@ import dataclasses
 import http.client
 import logging
 import os
+import ssl
 import time
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
 from eventfleet_spark.endpoints import TOKEN_ENV, Endpoint
+from eventfleet_spark.tls import ClientTls, connect_error
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +118,15 @@ def read_span_arrow(
     token: str | None = None,
     timeout: float = 30.0,
     retries: int = 3,
+    tls: ClientTls | None = None,
 ) -> Iterator[ExportPage]:
     """Pages of the events with ``start_us <= timestamp < end_us`` from `endpoint`'s
     ``/export``, ascending natural order, filtered by `event_types` (hat-event patterns,
-    the Eventer query's semantics). `token` None means ``$EVENTFLEET_TOKEN``."""
+    the Eventer query's semantics). `token` None means ``$EVENTFLEET_TOKEN``. With `tls`
+    the request is HTTPS, the replica's certificate verified against its CA."""
     if end_us <= start_us:
         return
+    context = tls.context() if tls is not None else None
     if token is None:
         token = os.environ.get(TOKEN_ENV) or None
     cache = _TypeCache(event_types)
@@ -130,7 +135,7 @@ def read_span_arrow(
     busy_until = time.monotonic() + timeout
     while True:
         try:
-            conn, response = _open(endpoint, start_us, end_us, after, token, timeout)
+            conn, response = _open(endpoint, start_us, end_us, after, token, timeout, context)
         except _Busy as e:
             if time.monotonic() + e.retry_after > busy_until:
                 raise ExportReadError(
@@ -138,11 +143,15 @@ def read_span_arrow(
                 ) from None
             time.sleep(e.retry_after)
             continue
+        except ssl.SSLCertVerificationError as e:
+            # Not transient: another attempt meets the same certificate.
+            raise ExportReadError(f"export {endpoint}: {connect_error(e, tls)}") from e
         except (ConnectionError, TimeoutError, http.client.HTTPException, OSError) as e:
             failures += 1
             if failures > retries:
                 raise ExportReadError(
-                    f"export {endpoint}: cannot connect ({failures} attempts): {e!r}"
+                    f"export {endpoint}: cannot connect ({failures} attempts):"
+                    f" {connect_error(e, tls)}"
                 ) from e
             log.warning("export %s: %r; retrying (attempt %d)", endpoint, e, failures)
             time.sleep(min(0.2 * failures, 2.0))
@@ -197,6 +206,7 @@ def _open(
     after: tuple[int, int, int, int] | None,
     token: str | None,
     timeout: float,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
     query = f"from={start_us}&to={end_us}"
     if after is not None:
@@ -204,7 +214,12 @@ def _open(
     headers = {"Accept": "application/vnd.apache.arrow.stream"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
+    if context is not None:
+        conn = http.client.HTTPSConnection(
+            endpoint.host, endpoint.port, timeout=timeout, context=context
+        )
+    else:
+        conn = http.client.HTTPConnection(endpoint.host, endpoint.port, timeout=timeout)
     try:
         conn.request("GET", f"{PATH}?{query}", headers=headers)
         response = conn.getresponse()

@@ -181,6 +181,10 @@ def read_events(
         reader = reader.option("types", job_options.types_option(opts.types))
     if opts.token:  # from --token-file; else the executors read $EVENTFLEET_TOKEN
         reader = reader.option("token", opts.token)
+    if opts.tls_ca:  # a path, the same on the driver and every executor
+        reader = reader.option("tls_ca", opts.tls_ca)
+        if opts.tls_server_name:
+            reader = reader.option("tls_server_name", opts.tls_server_name)
     return reader.load()
 
 
@@ -225,6 +229,7 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
                 span,
                 client_name=opts.client_name,
                 token=job_options.effective_token(opts),
+                tls=opts.tls,
             )
         )
     t3 = time.perf_counter()

@@ -17,6 +17,7 @@ from eventfleet_server.common.jsonfmt import timestamp_from_iso
 from eventfleet_server.common.model import timestamp_to_us
 
 from eventfleet_spark.endpoints import TOKEN_ENV, http_endpoints, parse_endpoints
+from eventfleet_spark.tls import TLS_CA_ENV, ClientTls
 
 DEFAULT_PREFIX = ("eventfleet", "aggregate", "{bucket}")
 DEFAULT_WINDOW_SECONDS = 3600
@@ -48,10 +49,18 @@ class JobOptions:
     # $EVENTFLEET_TOKEN itself, so the token never enters the Spark plan.
     token: str | None = dataclasses.field(default=None, repr=False)
     json_summary: bool = False
+    # From --tls-ca, else $EVENTFLEET_TLS_CA: the replicas serve TLS, verified against
+    # this CA on every connection. The path must exist on the driver and every executor.
+    tls_ca: str | None = None
+    tls_server_name: str | None = None
 
     def __post_init__(self) -> None:
         parse_endpoints(self.eventer)  # raises ValueError naming the bad address
         http_endpoints(self.http)
+        if self.tls_server_name is not None and self.tls_ca is None:
+            raise ValueError(f"tls server name {self.tls_server_name!r} needs a CA (--tls-ca)")
+        if self.tls is not None:
+            self.tls.context()  # a missing or unreadable CA fails here, before any connection
         for name in ("bucket_seconds", "window_seconds", "page_size"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -73,6 +82,11 @@ class JobOptions:
             raise ValueError("an empty write-back prefix would mix aggregates with events")
         if self.start_us is not None and self.end_us is not None and self.end_us <= self.start_us:
             raise ValueError(f"end {self.end_us} us is not after start {self.start_us} us")
+
+    @property
+    def tls(self) -> ClientTls | None:
+        """The TLS setting of every connection; None: plain TCP."""
+        return None if self.tls_ca is None else ClientTls(self.tls_ca, self.tls_server_name)
 
 
 def _type(text: str) -> tuple[str, ...]:
@@ -172,6 +186,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=pathlib.Path,
         help=f"file with the Eventer token (default ${TOKEN_ENV})",
     )
+    p.add_argument(
+        "--tls-ca",
+        metavar="FILE",
+        help="the replicas serve TLS: verify their certificates against this CA (PEM) on"
+        f" every connection (default ${TLS_CA_ENV}; without either: plain TCP)",
+    )
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="verify the replicas' certificates for NAME instead of the address connected"
+        " to (endpoints given as IPs, certificates carrying DNS names)",
+    )
     p.add_argument("--json", action="store_true", help="summary lines as JSON")
 
 
@@ -199,6 +225,10 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         client_name=args.name,
         token=token,
         json_summary=args.json,
+        # Unlike the token the path is no secret: resolved here, so that the driver
+        # checks the file once and hands the same path to the executors.
+        tls_ca=args.tls_ca or os.environ.get(TLS_CA_ENV) or None,
+        tls_server_name=args.tls_server_name or None,
     )
 
 

@@ -41,6 +41,11 @@ Options (all strings, as Spark passes them):
 ``page_size`` (default 10000, the server's default cap)
 ``client_name`` (default ``eventfleet-spark``), ``token`` (default ``$EVENTFLEET_TOKEN``
     on each executor), ``timeout`` seconds (default 30), ``retries`` (default 3).
+``tls_ca`` (default: none, plain TCP)
+    the replicas serve TLS: every Eventer and ``/export`` connection verifies the
+    replica's certificate against this CA file (PEM), which must exist at that path on
+    the driver and every executor. ``tls_server_name``: verify the certificate for this
+    name instead of the address connected to.
 
 Why time slices and not server ids: the Eventer ``server`` query has no time bound, so
 reading one window per server id would page through that server's whole history.
@@ -69,6 +74,7 @@ from eventfleet_spark.schema import (
     PageConverter,
     TypeFilter,
 )
+from eventfleet_spark.tls import ClientTls
 
 FORMAT = "eventfleet"
 
@@ -108,6 +114,7 @@ class ReadOptions:
     timeout: float = 30.0
     retries: int = 3
     http: tuple[Endpoint, ...] = ()
+    tls: ClientTls | None = None
 
     @classmethod
     def from_options(cls, options) -> ReadOptions:
@@ -159,6 +166,12 @@ class ReadOptions:
         aggregate_bucket = number("aggregate_bucket_seconds", None)
         # Partial aggregates are only final when no bucket spans two slices.
         align = number("align_seconds", aggregate_bucket, float, 1e-6)
+        tls_ca, tls_server_name = get("tls_ca"), get("tls_server_name")
+        if tls_server_name is not None and tls_ca is None:
+            raise ValueError(f"option tls_server_name={tls_server_name!r} needs tls_ca")
+        tls = ClientTls(tls_ca, tls_server_name) if tls_ca is not None else None
+        if tls is not None:
+            tls.context()  # an unusable CA file is named here, on the driver
         numbers = get("json_numbers", "false").lower()
         if numbers not in ("true", "false"):
             raise ValueError(f"option json_numbers={numbers!r} must be true or false")
@@ -179,6 +192,7 @@ class ReadOptions:
             timeout=number("timeout", 30.0, float, 0.001),
             retries=number("retries", 3, int, 0),
             http=http_endpoints(get("http")),
+            tls=tls,
         )
 
     def slice_partitions(self) -> list[SlicePartition]:
@@ -264,6 +278,7 @@ class EventerReader(DataSourceReader):
                     token=o.token,
                     timeout=o.timeout,
                     retries=o.retries,
+                    tls=o.tls,
                 ):
                     yielded = True
                     yield True, page
@@ -282,5 +297,6 @@ class EventerReader(DataSourceReader):
             token=o.token,
             timeout=o.timeout,
             retries=o.retries,
+            tls=o.tls,
         ):
             yield False, events

@@ -37,6 +37,7 @@ from eventfleet_server.common.model import (
 from eventfleet_spark.endpoints import Endpoint
 from eventfleet_spark.record import Aggregate
 from eventfleet_spark.timeplan import Span
+from eventfleet_spark.tls import ClientTls, connect_error
 
 REGISTER_BATCH = 1000
 
@@ -113,13 +114,26 @@ async def write_back(
     client_name: str = "eventfleet-aggregate",
     token: str | None = None,
     timeout: float = 30.0,
+    tls: ClientTls | None = None,
 ) -> WriteBackResult:
-    """Register the missing or changed `aggregates` of `span` (see the module doc)."""
+    """Register the missing or changed `aggregates` of `span` (see the module doc); with
+    `tls` over TLS, the replica's certificate verified against its CA."""
     from eventfleet_server.client.eventer import connect
 
-    client = await connect(
-        endpoint.host, endpoint.port, client_name, client_token=token, timeout=timeout
-    )
+    context = tls.context() if tls is not None else None
+    try:
+        client = await connect(
+            endpoint.host,
+            endpoint.port,
+            client_name,
+            client_token=token,
+            timeout=timeout,
+            ssl=context,
+        )
+    except (OSError, TimeoutError) as e:
+        raise WriteBackError(
+            f"eventer {endpoint}: cannot connect for the write-back: {connect_error(e, tls)}"
+        ) from e
     try:
         existing = await fetch_existing(client, prefix, span)
         todo, unchanged = plan(aggregates, prefix, existing)

@@ -145,7 +145,8 @@ class Fleet:
     """Replicas on a private event loop thread, so blocking Spark calls in the test
     thread never stall them (the Spark workers connect to them over TCP)."""
 
-    def __init__(self, base: pathlib.Path, size: int = 3, token: str | None = None):
+    def __init__(self, base: pathlib.Path, size: int = 3, token: str | None = None, **overrides):
+        # `overrides`: replica configuration for every replica (tls=... in the TLS tests).
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
@@ -153,7 +154,7 @@ class Fleet:
         self.replicas = [
             self.call(
                 self.stack.enter_async_context(
-                    running_replica(base / f"r{i}", server_id=i, token=token)
+                    running_replica(base / f"r{i}", server_id=i, token=token, **overrides)
                 )
             )
             for i in range(1, size + 1)
