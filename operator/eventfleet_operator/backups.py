@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import GROUP, VERSION, kube, model, naming, tokens
+from eventfleet_operator import GROUP, VERSION, certificates, kube, model, naming, tokens
 from eventfleet_operator.constants import EventType
 from eventfleet_operator.replicas import ReplicaStatus, ReplicaUnreachable
 
@@ -266,7 +266,9 @@ def now_rfc3339() -> str:
 
 async def fleet_token(ctx: Any, spec: model.FleetSpec) -> str | None:
     """The fleet's peer token (the first), as the replicas' admin routes want it (read
-    only: the fleet's reconciliation creates the generated Secret)."""
+    only: the fleet's reconciliation creates the generated Secret). With ``spec.tls``
+    the calls that follow go over HTTPS trusting the fleet's CA."""
+    await certificates.trust_fleet(ctx.kube, ctx.endpoints, spec)
     ref = spec.peer_token_ref
     secret = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
     return next(iter(tokens.decode(secret, ref.key) or ()), None)

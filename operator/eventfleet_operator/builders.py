@@ -96,6 +96,14 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
     backup = backup_config(spec)
     if backup:
         config["backup"] = backup
+    if spec.tls.enabled:
+        config["tls"] = {
+            "enabled": True,
+            "cert_file": naming.TLS_CERT_PATH,
+            "key_file": naming.TLS_KEY_PATH,
+            "ca_file": naming.TLS_CA_PATH,
+            "http": spec.tls.http,
+        }
     return config
 
 
@@ -226,6 +234,117 @@ def _secret(spec: FleetSpec, name: str, component: str, token: str) -> dict[str,
     }
 
 
+def tls_secret(spec: FleetSpec, cert_pem: str, key_pem: str, ca_pem: str) -> dict[str, Any]:
+    """The fleet certificate the operator issued (provider Operator), in cert-manager's
+    layout so replicas read either the same way."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, naming.tls_secret(spec.name), "tls"),
+        "type": "kubernetes.io/tls",
+        "data": _b64({"tls.crt": cert_pem, "tls.key": key_pem, "ca.crt": ca_pem}),
+    }
+
+
+def ca_secret(spec: FleetSpec, cert_pem: str, key_pem: str) -> dict[str, Any]:
+    """The operator's CA of this fleet (provider Operator); never mounted into a pod."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, naming.ca_secret(spec.name), "ca"),
+        "type": "kubernetes.io/tls",
+        "data": _b64({"tls.crt": cert_pem, "tls.key": key_pem}),
+    }
+
+
+def _b64(data: Mapping[str, str]) -> dict[str, str]:
+    return {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+
+
+CERT_MANAGER_API = "cert-manager.io/v1"
+# cert-manager durations: 90 days, renewed with 30 left (as the operator's own CA does).
+CERT_DURATION, CERT_RENEW_BEFORE = "2160h", "720h"
+
+
+def cm_selfsigned_issuer(spec: FleetSpec) -> dict[str, Any]:
+    """cert-manager: signs the fleet CA only (no issuerRef given)."""
+    return {
+        "apiVersion": CERT_MANAGER_API,
+        "kind": "Issuer",
+        "metadata": _metadata(spec, naming.selfsigned_issuer(spec.name), "tls"),
+        "spec": {"selfSigned": {}},
+    }
+
+
+def cm_ca_certificate(spec: FleetSpec) -> dict[str, Any]:
+    """cert-manager: the fleet CA (10 years), kept by cert-manager in ``<name>-ca``."""
+    return {
+        "apiVersion": CERT_MANAGER_API,
+        "kind": "Certificate",
+        "metadata": _metadata(spec, naming.ca_secret(spec.name), "tls"),
+        "spec": {
+            "isCA": True,
+            "commonName": f"{spec.name}.{spec.namespace} eventfleet CA",
+            "secretName": naming.ca_secret(spec.name),
+            "duration": "87600h",
+            "privateKey": {"algorithm": "ECDSA", "size": 256},
+            "issuerRef": {
+                "name": naming.selfsigned_issuer(spec.name),
+                "kind": "Issuer",
+                "group": "cert-manager.io",
+            },
+        },
+    }
+
+
+def cm_ca_issuer(spec: FleetSpec) -> dict[str, Any]:
+    """cert-manager: the CA Issuer signing the fleet certificate (fills ``ca.crt``)."""
+    return {
+        "apiVersion": CERT_MANAGER_API,
+        "kind": "Issuer",
+        "metadata": _metadata(spec, naming.ca_issuer(spec.name), "tls"),
+        "spec": {"ca": {"secretName": naming.ca_secret(spec.name)}},
+    }
+
+
+def cm_certificate(spec: FleetSpec) -> dict[str, Any]:
+    """cert-manager: the fleet certificate, written to ``<name>-tls`` and renewed by
+    cert-manager; server and client use (mutual TLS between peers)."""
+    issuer = spec.tls.issuer
+    ref = (
+        {"name": issuer.name, "kind": issuer.kind, "group": issuer.group}
+        if issuer
+        else {"name": naming.ca_issuer(spec.name), "kind": "Issuer", "group": "cert-manager.io"}
+    )
+    return {
+        "apiVersion": CERT_MANAGER_API,
+        "kind": "Certificate",
+        "metadata": _metadata(spec, naming.tls_secret(spec.name), "tls"),
+        "spec": {
+            "secretName": naming.tls_secret(spec.name),
+            "commonName": f"{naming.client_service(spec.name)}.{spec.namespace}.svc",
+            "dnsNames": naming.tls_names(spec.name, spec.namespace),
+            "duration": CERT_DURATION,
+            "renewBefore": CERT_RENEW_BEFORE,
+            "usages": ["digital signature", "server auth", "client auth"],
+            "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+            "issuerRef": ref,
+        },
+    }
+
+
+def cm_manifests(spec: FleetSpec) -> list[dict[str, Any]]:
+    """Every cert-manager object of the fleet, in apply order (issuers before use)."""
+    if spec.tls.issuer is not None:
+        return [cm_certificate(spec)]
+    return [
+        cm_selfsigned_issuer(spec),
+        cm_ca_certificate(spec),
+        cm_ca_issuer(spec),
+        cm_certificate(spec),
+    ]
+
+
 def peer_service(spec: FleetSpec) -> dict[str, Any]:
     """Headless Service giving every pod a stable DNS name for the Syncer mesh."""
     return {
@@ -257,6 +376,13 @@ def client_service(spec: FleetSpec) -> dict[str, Any]:
     }
 
 
+def _probe(path: str, spec: FleetSpec) -> dict[str, Any]:
+    probe: dict[str, Any] = {"path": path, "port": "http"}
+    if spec.tls.enabled and spec.tls.http:
+        probe["scheme"] = "HTTPS"  # the kubelet does not verify the certificate
+    return probe
+
+
 def _container(spec: FleetSpec) -> dict[str, Any]:
     ports = [
         {"name": name, "containerPort": port, "protocol": "TCP"}
@@ -286,13 +412,13 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
         # Liveness only asks "is the loop alive"; readiness waits for the initial sync, so a
         # slow sync never gets the pod killed. The startup probe covers opening a big DB.
         "startupProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": _probe("/healthz", spec),
             "periodSeconds": 5,
             "failureThreshold": 60,
             "timeoutSeconds": 3,
         },
         "livenessProbe": {
-            "httpGet": {"path": "/healthz", "port": "http"},
+            "httpGet": _probe("/healthz", spec),
             "periodSeconds": 10,
             "failureThreshold": 3,
             "timeoutSeconds": 2,
@@ -300,7 +426,7 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
         # failureThreshold 1: a stopping replica turns /readyz 503 at once and must
         # leave the client Service at once (docs/observability.md).
         "readinessProbe": {
-            "httpGet": {"path": "/readyz", "port": "http"},
+            "httpGet": _probe("/readyz", spec),
             "periodSeconds": 5,
             "failureThreshold": 1,
             "timeoutSeconds": 2,
@@ -332,6 +458,10 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
         )
     for _, mount in _s3_credentials_volumes(spec):
         container["volumeMounts"].append(mount)
+    if spec.tls.enabled:
+        container["volumeMounts"].append(
+            {"name": "tls", "mountPath": naming.TLS_DIR, "readOnly": True}
+        )
     if spec.resources:
         container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
     return container
@@ -439,6 +569,19 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
         )
     for volume, _ in _s3_credentials_volumes(spec):
         pod_spec["volumes"].append(volume)
+    if spec.tls.enabled:
+        # Renewal rewrites the Secret; the kubelet swaps the files and the replica
+        # reloads them (a directory mount, never subPath, or the files never change).
+        pod_spec["volumes"].append(
+            {
+                "name": "tls",
+                "secret": {
+                    "secretName": naming.tls_secret(spec.name),
+                    "items": [{"key": k, "path": k} for k in ("tls.crt", "tls.key", "ca.crt")],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:
@@ -613,6 +756,34 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
         }
     ]
     pod_labels = _aggregation_pod_labels(spec)
+    arguments = ["--eventer", eventer]
+    if not spec.tls.enabled or spec.tls.http:
+        arguments += ["--http", http]  # https with TLS (the job follows --tls-ca)
+    arguments += [
+        "--bucket",
+        str(agg.bucket_seconds),
+        "--output",
+        agg.output,
+        "--window",
+        str(agg.window_seconds),
+    ]
+    tls_pod: dict[str, Any] = {}
+    tls_app: dict[str, Any] = {}
+    if spec.tls.enabled:
+        # Only the CA (never the fleet's key): the job verifies the replicas.
+        arguments += ["--tls-ca", f"{naming.SPARK_TLS_CA_DIR}/ca.crt"]
+        tls_app["volumes"] = [
+            {
+                "name": "fleet-ca",
+                "secret": {
+                    "secretName": naming.tls_secret(spec.name),
+                    "items": [{"key": "ca.crt", "path": "ca.crt"}],
+                },
+            }
+        ]
+        tls_pod["volumeMounts"] = [
+            {"name": "fleet-ca", "mountPath": naming.SPARK_TLS_CA_DIR, "readOnly": True}
+        ]
     return {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "ScheduledSparkApplication",
@@ -632,18 +803,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                 "image": agg.image,
                 "imagePullPolicy": spec.image_pull_policy,
                 "mainApplicationFile": naming.SPARK_MAIN,
-                "arguments": [
-                    "--eventer",
-                    eventer,
-                    "--http",
-                    http,
-                    "--bucket",
-                    str(agg.bucket_seconds),
-                    "--output",
-                    agg.output,
-                    "--window",
-                    str(agg.window_seconds),
-                ],
+                "arguments": arguments,
+                **tls_app,
                 "sparkVersion": agg.spark_version,
                 "restartPolicy": {"type": "Never"},
                 "driver": {
@@ -652,6 +813,7 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                     "serviceAccount": agg.service_account_name,
                     "labels": pod_labels,
                     "env": token_env,
+                    **tls_pod,
                 },
                 "executor": {
                     "instances": agg.executor.instances,
@@ -659,6 +821,7 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                     "memory": agg.executor.memory,
                     "labels": pod_labels,
                     "env": token_env,
+                    **tls_pod,
                 },
             },
         },

@@ -117,6 +117,7 @@ class ConditionType(enum.StrEnum):
     PROGRESSING = "Progressing"
     STORAGE_RESIZING = "StorageResizing"
     TOKENS_LOADED = "TokensLoaded"
+    CERTIFICATE_READY = "CertificateReady"
 
 
 class ConditionStatus(enum.StrEnum):
@@ -163,6 +164,12 @@ class Reason(enum.StrEnum):
     TOKENS_RELOADING = "TokensReloading"
     TOKENS_UNKNOWN = "TokensUnknown"
     TOKENS_CHANGED = "TokensChanged"
+    # CertificateReady (spec.tls); CERTIFICATE_ISSUED is also the Event of each issue
+    CERTIFICATE_ISSUED = "CertificateIssued"
+    CERTIFICATE_VALID = "CertificateValid"
+    CERTIFICATE_PENDING = "CertificatePending"
+    CERTIFICATE_FAILED = "CertificateFailed"
+    TLS_DISABLED = "TLSDisabled"
     # Events of eventfleet.io/rotate-peer-token
     PEER_TOKEN_ROTATION = "PeerTokenRotation"  # a step written
     PEER_TOKEN_ROTATED = "PeerTokenRotated"

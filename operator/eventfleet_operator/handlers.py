@@ -67,6 +67,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         quiet = logging.getLogger("kopf.objects")
         if not any(isinstance(f, QuietResync) for f in quiet.filters):
             quiet.addFilter(QuietResync())
+        endpoints = Endpoints(config.replica_url_template, config.replica_urls_file)
         memo.ctx = Context(
             config=config,
             kube=kube.KubeClient(
@@ -76,9 +77,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                 discovery_ttl=min(60.0, max(1.0, config.resync_seconds)),
             ),
             replicas=ReplicaClient(
-                status_timeout=config.status_timeout, flush_timeout=config.flush_timeout
+                status_timeout=config.status_timeout,
+                flush_timeout=config.flush_timeout,
+                tls_for=endpoints.tls_for,  # fleets with spec.tls: their CA and names
             ),
-            endpoints=Endpoints(config.replica_url_template, config.replica_urls_file),
+            endpoints=endpoints,
         )
         memo.last_status = {}
         memo.metrics_runner = (

@@ -72,6 +72,8 @@ SERVICEMONITORS = Resource("monitoring.coreos.com", "v1", "servicemonitors", "Se
 SPARKAPPS = Resource(
     "sparkoperator.k8s.io", "v1beta2", "scheduledsparkapplications", "ScheduledSparkApplication"
 )
+CERTIFICATES = Resource("cert-manager.io", "v1", "certificates", "Certificate")
+ISSUERS = Resource("cert-manager.io", "v1", "issuers", "Issuer")
 
 BY_KIND = {
     r.kind: r
@@ -88,6 +90,8 @@ BY_KIND = {
         NETWORKPOLICIES,
         SERVICEMONITORS,
         SPARKAPPS,
+        CERTIFICATES,
+        ISSUERS,
     )
 }
 

@@ -115,6 +115,34 @@ class ClientsSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class IssuerRef:
+    """A cert-manager issuer (``spec.tls.issuerRef``)."""
+
+    name: str
+    kind: str = "Issuer"
+    group: str = "cert-manager.io"
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsSpec:
+    """``spec.tls`` (docs/security.md, "TLS on Kubernetes").
+
+    ``provider``: ``Auto`` uses cert-manager when its CRDs are installed and else the
+    operator's own CA; ``CertManager`` or ``Operator`` force one. ``issuer`` (cert-manager
+    only): sign with this issuer instead of a per-fleet CA the operator sets up in
+    cert-manager. ``http``: HTTPS on the HTTP port too (probes follow).
+    """
+
+    enabled: bool = False
+    provider: str = "Auto"
+    http: bool = True
+    issuer: IssuerRef | None = None
+
+
+TLS_PROVIDERS = ("Auto", "CertManager", "Operator")
+
+
+@dataclasses.dataclass(frozen=True)
 class Retention:
     max_age_seconds: int | None = None
     max_events: int | None = None
@@ -271,6 +299,7 @@ class FleetSpec:
     # spec.peerToken: the peer credential; None = the generated `<name>-peer-token`.
     peer_token: TokenRef | None = None
     clients: ClientsSpec = ClientsSpec()
+    tls: TlsSpec = TlsSpec()
     # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
     # and implemented: served, their ports rendered.
     enabled_protocols: tuple[str, ...] = ()
@@ -793,6 +822,34 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
 _JETSTREAM_PATH = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
 
 
+def _parse_tls(spec: Mapping[str, Any]) -> TlsSpec:
+    path = "spec.tls"
+    section = _obj(spec, "tls", "spec")
+    provider = _str(section, "provider", path, "Auto", TLS_PROVIDERS)
+    issuer = None
+    if section.get("issuerRef") is not None:
+        ref = _obj(section, "issuerRef", path)
+        name = _str(ref, "name", f"{path}.issuerRef")
+        if not name:
+            raise SpecError(f"{path}.issuerRef.name", "is required")
+        issuer = IssuerRef(
+            name=name,
+            kind=_str(ref, "kind", f"{path}.issuerRef", "Issuer", ("Issuer", "ClusterIssuer")),
+            group=_str(ref, "group", f"{path}.issuerRef", "cert-manager.io"),
+        )
+        if provider == "Operator":
+            raise SpecError(
+                f"{path}.issuerRef",
+                "is a cert-manager issuer: it needs provider CertManager or Auto, not Operator",
+            )
+    return TlsSpec(
+        enabled=_bool(section, "enabled", path, False),
+        provider=provider,
+        http=_bool(section, "http", path, True),
+        issuer=issuer,
+    )
+
+
 def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
     path = "spec.protocols.jetstream"
     section = _obj(protocols, "jetstream", "spec.protocols")
@@ -916,6 +973,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         token=_parse_token(spec),
         peer_token=_parse_peer_token(spec),
         clients=_parse_clients(spec),
+        tls=_parse_tls(spec),
         enabled_protocols=enabled_protocols,
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),

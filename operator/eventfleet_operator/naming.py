@@ -38,6 +38,11 @@ TOKEN_PATH = f"{TOKEN_DIR}/token"
 # mount, so a client token never opens the replicas' peer and admin doors.
 PEER_TOKEN_DIR = "/var/run/secrets/eventfleet-peer"
 PEER_TOKEN_PATH = f"{PEER_TOKEN_DIR}/token"
+# spec.tls: the fleet certificate Secret (cert-manager's layout), mounted read-only.
+TLS_DIR = "/var/run/secrets/eventfleet-tls"
+TLS_CERT_PATH = f"{TLS_DIR}/tls.crt"
+TLS_KEY_PATH = f"{TLS_DIR}/tls.key"
+TLS_CA_PATH = f"{TLS_DIR}/ca.crt"
 REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
 REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
@@ -50,6 +55,8 @@ S3_SECRET_KEY_FILE = "secret-access-key"
 BACKUP_FLEET_LABEL = f"{GROUP}/eventserver"
 BACKUP_SCHEDULED_LABEL = f"{GROUP}/scheduled"
 SPARK_MAIN = "local:///opt/eventfleet/aggregate.py"
+# spec.tls with aggregation: the fleet CA (only ca.crt) in the driver and executors.
+SPARK_TLS_CA_DIR = "/var/run/secrets/eventfleet-ca"
 
 # spark-operator names each run `<name>-<unix nanos>` (+20 characters) and derives the
 # driver pod and the UI Service (a 63-character DNS label) from it.
@@ -78,6 +85,40 @@ def token_secret(name: str) -> str:
 
 def peer_token_secret(name: str) -> str:
     return f"{name}-peer-token"
+
+
+def tls_secret(name: str) -> str:
+    """The fleet certificate (tls.crt, tls.key, ca.crt); also the cert-manager Certificate."""
+    return f"{name}-tls"
+
+
+def ca_secret(name: str) -> str:
+    """The fleet CA: the operator's own (provider Operator) or cert-manager's CA Certificate."""
+    return f"{name}-ca"
+
+
+def selfsigned_issuer(name: str) -> str:
+    """cert-manager: the self-signed Issuer that signs the fleet CA."""
+    return f"{name}-selfsigned"
+
+
+def ca_issuer(name: str) -> str:
+    """cert-manager: the CA Issuer that signs the fleet certificate."""
+    return f"{name}-ca"
+
+
+def tls_names(name: str, namespace: str) -> list[str]:
+    """Every name a fleet certificate carries: each pod under the headless peer Service
+    (Syncer peers, the operator), and the client Service, short and long forms."""
+    peers, client = peer_service(name), client_service(name)
+    return [
+        f"*.{peers}.{namespace}.svc",
+        f"*.{peers}.{namespace}.svc.cluster.local",
+        client,
+        f"{client}.{namespace}",
+        f"{client}.{namespace}.svc",
+        f"{client}.{namespace}.svc.cluster.local",
+    ]
 
 
 def pdb(name: str) -> str:

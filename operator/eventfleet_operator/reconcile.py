@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
+import datetime
 import hashlib
 import json
 import logging
@@ -22,6 +23,7 @@ from typing import Any
 
 from eventfleet_operator import (
     builders,
+    certificates,
     kube,
     metrics,
     model,
@@ -827,6 +829,38 @@ async def _roll(
     return plan
 
 
+async def _certificates(
+    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
+) -> tuple[status_mod.Verdict, Mapping[str, Any] | None]:
+    """The fleet certificate (spec.tls) in place and valid, before the pods that mount
+    it; the operator's own calls to the replicas trust its CA from here on."""
+    state = await certificates.ensure(
+        ctx.kube,
+        spec,
+        apply=lambda manifest, version: ensure(ctx, manifest, log, version),
+        delete_owned=lambda resource, name: delete_owned(
+            ctx, resource, spec.namespace, name, spec.uid, log
+        ),
+        log=log,
+        emit=emit,
+        now=datetime.datetime.now(datetime.UTC),
+    )
+    ctx.endpoints.trust(
+        spec.namespace,
+        spec.name,
+        state.ca_pem if state else None,
+        https=spec.tls.enabled and spec.tls.http,
+    )
+    if state is None:
+        return (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off"), None
+    verdict = (
+        ConditionStatus.TRUE if state.ready else ConditionStatus.FALSE,
+        state.reason,
+        state.message,
+    )
+    return verdict, state.as_status(naming.tls_secret(spec.name))
+
+
 async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
     """The fleet's peer token for the replicas' /status, read only (a paused fleet)."""
     ref = spec.peer_token_ref
@@ -897,6 +931,7 @@ async def _apply_children(
         peer_secret, token, rotation = await _rotate_peer_token(
             ctx, spec, request, previous, peer_secret, token, log, emit
         )
+    tls = await _certificates(ctx, spec, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 
@@ -1077,6 +1112,8 @@ async def _apply_children(
         tokens=tokens_c,
         tokens_digest=digest,
         peer_token_rotation=rotation,
+        tls=tls[0],
+        tls_status=tls[1],
     )
 
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+import ssl
+import urllib.parse
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import aiohttp
@@ -142,12 +144,42 @@ class Endpoints:
     is re-read when it changes; otherwise ``template`` is formatted with ``pod``,
     ``service`` (the headless peer Service), ``namespace``, ``name``, ``ordinal``,
     ``server_id`` and ``port`` (the replicas' HTTP port).
+
+    A fleet with HTTPS (``spec.tls``) is registered with :meth:`trust`: its URLs become
+    ``https`` and :meth:`tls_for` gives the context verifying its CA and the name its
+    certificate carries for that pod (the pod's peer DNS name, also when the URL is a
+    mapped address).
     """
 
     def __init__(self, template: str = DEFAULT_URL_TEMPLATE, urls_file: str | None = None) -> None:
         self.template = template
         self.urls_file = urls_file
         self._cache: tuple[float, dict[str, str]] | None = None
+        # fleet -> (CA PEM, context); a context of None: HTTPS but no CA known yet.
+        self._trust: dict[tuple[str, str], tuple[str | None, ssl.SSLContext | None]] = {}
+        self._issued: dict[str, tuple[ssl.SSLContext, str] | None] = {}  # https URL -> TLS
+
+    def trust(self, namespace: str, name: str, ca_pem: str | None, *, https: bool) -> None:
+        """How to call the replicas of ``namespace/name``: plain HTTP, or HTTPS verifying
+        ``ca_pem``. HTTPS without a CA yet refuses every call (a token is never sent to
+        a TLS port in clear text). Contexts are kept while the CA stays the same."""
+        key = (namespace, name)
+        if not https:
+            self._trust.pop(key, None)
+            return
+        known = self._trust.get(key)
+        if known is not None and known[0] == ca_pem:
+            return
+        context = None
+        if ca_pem:
+            context = ssl.create_default_context(cadata=ca_pem)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+        self._trust[key] = (ca_pem, context)
+
+    def tls_for(self, url: str) -> tuple[ssl.SSLContext, str] | None:
+        """The (context, server name) of an https URL this object handed out."""
+        parts = urllib.parse.urlsplit(url)
+        return self._issued.get(f"{parts.scheme}://{parts.netloc}")
 
     def _mapping(self) -> dict[str, str]:
         if not self.urls_file:
@@ -167,6 +199,18 @@ class Endpoints:
         return self._cache[1]
 
     def url(self, namespace: str, name: str, ordinal: int, port: int) -> str:
+        url = self._plain_url(namespace, name, ordinal, port)
+        trusted = self._trust.get((namespace, name))
+        if trusted is None:
+            return url
+        url = "https://" + url.split("://", 1)[1] if "://" in url else f"https://{url}"
+        context = trusted[1]
+        self._issued[url] = (
+            (context, naming.peer_host(name, namespace, ordinal)) if context else None
+        )
+        return url
+
+    def _plain_url(self, namespace: str, name: str, ordinal: int, port: int) -> str:
         pod = naming.pod(name, ordinal)
         mapped = self._mapping().get(f"{namespace}/{pod}")
         if mapped:
@@ -185,10 +229,18 @@ class Endpoints:
 class ReplicaClient:
     """HTTP calls to replicas with bounded timeouts; create inside the running loop."""
 
-    def __init__(self, *, status_timeout: float = 3.0, flush_timeout: float = 15.0) -> None:
+    def __init__(
+        self,
+        *,
+        status_timeout: float = 3.0,
+        flush_timeout: float = 15.0,
+        tls_for: Callable[[str], tuple[ssl.SSLContext, str] | None] | None = None,
+    ) -> None:
         self._session = aiohttp.ClientSession()
         self.status_timeout = status_timeout
         self.flush_timeout = flush_timeout
+        # https URLs: the fleet's CA and the name to verify (Endpoints.tls_for).
+        self._tls_for = tls_for or (lambda url: None)
 
     async def close(self) -> None:
         await self._session.close()
@@ -204,6 +256,13 @@ class ReplicaClient:
         # The replicas' admin routes (POST /flush) and the full /status need the fleet's
         # peer credential (docs/security.md); the operator holds the fleet's token.
         headers = {"Authorization": f"Bearer {token}"} if token else None
+        tls: dict[str, Any] = {}
+        if url.startswith("https://"):
+            trusted = self._tls_for(url)
+            if trusted is None:
+                # Never fall back to the system trust store for a fleet's own CA.
+                raise ReplicaUnreachable(f"{method} {url}: no CA known for this replica")
+            tls = {"ssl": trusted[0], "server_hostname": trusted[1]}
         try:
             async with self._session.request(
                 method,
@@ -211,6 +270,7 @@ class ReplicaClient:
                 params=params,
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=timeout),
+                **tls,
             ) as response:
                 text = await response.text()
                 if response.status != 200:

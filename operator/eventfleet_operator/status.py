@@ -82,6 +82,8 @@ class Observation:
     tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
     tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
     peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
+    tls: Verdict | None = None  # CertificateReady; None: not observed, keep the last
+    tls_status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
 
 
 def now_iso() -> str:
@@ -313,7 +315,18 @@ def build(
             (ConditionType.HIBERNATED, hibernated_c),
             (ConditionType.PROGRESSING, progressing_c),
             (ConditionType.STORAGE_RESIZING, resize_c),
-            (ConditionType.TOKENS_LOADED, obs.tokens or _kept_tokens(prev_conditions)),
+            (
+                ConditionType.TOKENS_LOADED,
+                obs.tokens
+                or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
+            ),
+            (
+                ConditionType.CERTIFICATE_READY,
+                obs.tls
+                or _kept(
+                    prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING
+                ),
+            ),
         )
     ]
 
@@ -353,6 +366,11 @@ def build(
     digest = obs.tokens_digest or previous.get("tokensDigest")
     if digest:
         status["tokensDigest"] = digest
+    if obs.tls is not None:
+        if obs.tls_status:
+            status["tls"] = dict(obs.tls_status)
+    elif previous.get("tls"):
+        status["tls"] = dict(previous["tls"])
     last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
     if last_flush:
         status["lastFlush"] = dict(last_flush)
@@ -363,16 +381,16 @@ def build(
     return status
 
 
-def _kept_tokens(previous: Sequence[Mapping[str, Any]]) -> Verdict:
+def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: Reason) -> Verdict:
     """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
-    last = next((c for c in previous if c.get("type") == ConditionType.TOKENS_LOADED), {})
+    last = next((c for c in previous if c.get("type") == type_), {})
     if last.get("reason") in (r.value for r in Reason):
         return (
             ConditionStatus(last["status"]),
             Reason(last["reason"]),
             str(last.get("message") or ""),
         )
-    return (U, Reason.TOKENS_UNKNOWN, "not checked yet")
+    return (U, unknown, "not checked yet")
 
 
 def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:

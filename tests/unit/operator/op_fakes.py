@@ -54,8 +54,14 @@ class FakeReplicas:
 
 
 class FakeEndpoints:
+    def __init__(self):
+        self.trusted = {}  # (namespace, name) -> (CA PEM, https) as the reconciler set it
+
     def url(self, namespace, name, ordinal, port):
         return f"fake://{ordinal}"
+
+    def trust(self, namespace, name, ca_pem, *, https):
+        self.trusted[(namespace, name)] = (ca_pem, https)
 
 
 FULL_SPEC: dict[str, Any] = {
@@ -73,6 +79,7 @@ FULL_SPEC: dict[str, Any] = {
     "ports": {"eventer": 24012, "syncer": 24013, "bus": 24030, "http": 24080},
     "token": {"secretRef": {"name": "my-token", "key": "secret"}},
     "clients": {"allowTokenless": True, "tokenlessNetworks": ["10.1.0.0/16", "fd00::1"]},
+    "tls": {"enabled": True},
     "protocols": {
         "bus": {"enabled": False},
         "replication": {

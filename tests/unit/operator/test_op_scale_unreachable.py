@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 from eventfleet_operator import kube
 from eventfleet_operator.replicas import ReplicaClient
-from op_fakes import status_doc
+from op_fakes import FakeEndpoints, status_doc
 from op_pass import Harness
 
 
@@ -66,8 +66,9 @@ def closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
-class Urls:
+class Urls(FakeEndpoints):
     def __init__(self, urls: dict[int, str]) -> None:
+        super().__init__()
         self.urls = urls
 
     def url(self, namespace, name, ordinal, port):
