@@ -128,6 +128,10 @@ class FakeKubelet(threading.Thread):
     def token_file(self, ordinal: int) -> pathlib.Path:
         return self.workdir / f"{self.name}-{ordinal}" / "token"
 
+    def store_file(self, ordinal: int) -> pathlib.Path:
+        """The replica's SQLite store (as ``e2e.k8s.node.Fleet.store_file``)."""
+        return self.workdir / f"{self.name}-{ordinal}" / "data" / "events.sqlite"
+
     def status(self, ordinal: int) -> dict[str, Any] | None:
         try:
             with urllib.request.urlopen(self.http(ordinal) + "/status", timeout=2) as r:

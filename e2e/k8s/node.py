@@ -44,6 +44,7 @@ import os
 import pathlib
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -499,7 +500,15 @@ class NodeAgent(threading.Thread):
         for peer in config.get("peers") or []:
             peer_pod = str(peer["host"]).split(".", 1)[0]
             ports = self._alloc(peer_pod, list(mine))  # stable per pod name, like DNS
-            peers.append({**peer, "host": "127.0.0.1", "port": ports[peer["port"]]})
+            # With TLS the peer's certificate names its DNS name, not 127.0.0.1.
+            peers.append(
+                {
+                    **peer,
+                    "host": "127.0.0.1",
+                    "port": ports[peer["port"]],
+                    "tls_server_name": peer.get("tls_server_name") or peer["host"],
+                }
+            )
         config["peers"] = peers
         if self.runtime == "process":
             config = self._host_paths(pod, pod_name, config)
@@ -616,9 +625,12 @@ class NodeAgent(threading.Thread):
             return True
         port = probe["port"]
         port = running.port_names.get(port, port) if isinstance(port, str) else port
-        url = f"http://127.0.0.1:{self.ports[running.name][port]}{probe.get('path', '/')}"
+        scheme = str(probe.get("scheme", "HTTP")).lower()
+        url = f"{scheme}://127.0.0.1:{self.ports[running.name][port]}{probe.get('path', '/')}"
+        # Like the kubelet: an HTTPS probe does not verify the certificate.
+        insecure = ssl._create_unverified_context() if scheme == "https" else None
         try:
-            with urllib.request.urlopen(url, timeout=1) as r:
+            with urllib.request.urlopen(url, timeout=1, context=insecure) as r:
                 return 200 <= r.status < 400
         except OSError:
             return False
@@ -712,6 +724,10 @@ class Fleet:
 
     def token_file(self, ordinal: int) -> pathlib.Path:
         return self.agent.pod_dir(self._pod(ordinal)) / "volumes" / "token" / "token"
+
+    def store_file(self, ordinal: int) -> pathlib.Path:
+        """The replica's SQLite store on its claim (``data-NAME-N``), on the host."""
+        return self.agent.workdir / "claims" / f"data-{self._pod(ordinal)}" / "events.sqlite"
 
     @property
     def restarts(self) -> dict[int, int]:

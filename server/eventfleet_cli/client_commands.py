@@ -37,6 +37,12 @@ def _common(p: argparse.ArgumentParser) -> None:
         type=pathlib.Path,
         help="connect over TLS, verifying the replica's certificate against this CA file",
     )
+    p.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="with --tls-ca: the name the certificate must carry when --eventer is not it "
+        "(kubectl port-forward to 127.0.0.1, e.g. demo-0.demo-peers.NAMESPACE.svc)",
+    )
 
 
 def add_parsers(sub) -> None:
@@ -106,11 +112,23 @@ async def _connect(args, **kwargs):
 
     host, port = args.eventer
     ssl = None
+    if args.tls_server_name and not args.tls_ca:
+        raise SystemExit(
+            "--tls-server-name needs --tls-ca (the CA the certificate is checked against)"
+        )
     if args.tls_ca:
         from eventfleet_server.listener import client_context
 
         ssl = client_context(str(args.tls_ca))
-    return await connect(host, port, args.name, client_token=_token(args), ssl=ssl, **kwargs)
+    return await connect(
+        host,
+        port,
+        args.name,
+        client_token=_token(args),
+        ssl=ssl,
+        server_hostname=args.tls_server_name,
+        **kwargs,
+    )
 
 
 def _print(obj) -> None:

@@ -128,9 +128,15 @@ async def connect(
     events_cb: EventsCb | None = None,
     timeout: float = 10.0,
     ssl=None,
+    server_hostname: str | None = None,
 ) -> Client:
-    """Connect and initialize; raises `EventerInitError` if the server refuses."""
-    conn = await asyncio.wait_for(chatter.connect(host, port, ssl=ssl), timeout)
+    """Connect and initialize; raises `EventerInitError` if the server refuses.
+
+    `ssl`: a client SSLContext (TLS); `server_hostname`: the name the replica's
+    certificate must carry when `host` is not it (an address, a port-forward)."""
+    conn = await asyncio.wait_for(
+        chatter.connect(host, port, ssl=ssl, server_hostname=server_hostname), timeout
+    )
     try:
         req = {
             "clientName": client_name,

@@ -1,0 +1,243 @@
+"""spec.tls on the real control plane: the operator issues the fleet certificate, the
+replicas (the project's server image under podman) serve TLS on every listener with
+mutual TLS between Syncer peers, the operator's own calls (/status, /flush) verify the
+fleet CA, and a re-issued certificate is served without restarting a replica.
+
+The cert-manager path runs against cert-manager's real CRDs (v1.21.2, vendored in
+e2e/k8s/external-crds) installed in the real API server, which validates every object
+the operator writes. The cert-manager controller itself is not run here (it is not
+buildable from the Go module proxy as a module, see docs/security.md): the test plays
+its part, signing the requested Certificate and writing the Secret and the Certificate's
+Ready status as cert-manager would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import json
+import ssl
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from eventfleet_operator import naming, pki
+
+from e2e.k8s.cluster_fixtures import ROOT
+from e2e.k8s.harness import Kubectl, wait_for
+from e2e.test_operator import condition, eventserver
+
+pytest_plugins = ["e2e.k8s.cluster_fixtures"]
+pytestmark = pytest.mark.timeout(420)
+
+CM_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
+
+
+def secret_text(kubectl, name: str, key: str) -> str:
+    secret = kubectl.get("secret", name) or {}
+    return base64.b64decode((secret.get("data") or {}).get(key, "")).decode()
+
+
+def served_der(address: str, ca_pem: str, name: str) -> bytes:
+    """The certificate a TLS listener at ``address`` presents, verified for ``name``."""
+
+    async def handshake():
+        host, port = address.rsplit(":", 1)
+        context = ssl.create_default_context(cadata=ca_pem)
+        _, writer = await asyncio.open_connection(
+            host, int(port), ssl=context, server_hostname=name
+        )
+        der = writer.get_extra_info("ssl_object").getpeercert(binary_form=True)
+        writer.close()
+        return der
+
+    return asyncio.run(asyncio.wait_for(handshake(), 10))
+
+
+def der_of(pem: str) -> bytes:
+    return ssl.PEM_cert_to_DER_cert(pem)
+
+
+def register_tls(pods, ordinal: int, ca_file, name: str, value: int) -> None:
+    """One event through the CLI over TLS (``--tls-server-name``: dialled by address)."""
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "eventfleet_cli",
+            "register",
+            "--eventer",
+            pods.eventer(ordinal),
+            "--token-file",
+            str(pods.token_file(ordinal)),
+            "--tls-ca",
+            str(ca_file),
+            "--tls-server-name",
+            name,
+            "e2e/tls",
+            "--json",
+            json.dumps({"i": value}),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=20,
+    )
+
+
+def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, kubelet, tmp_path):
+    ns = kubectl.namespace
+    kubectl.apply(eventserver("sec", 2, tls={"enabled": True, "provider": "Operator"}))
+    pods = kubelet("sec")
+    # Ready means: HTTPS probes pass and the operator read /status over HTTPS (fleet CA).
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/sec", "--timeout=120s", timeout=130)
+    kubectl.run(
+        "wait", "--for=condition=CertificateReady", "eventserver/sec", "--timeout=30s", timeout=40
+    )
+    status = kubectl.get("eventserver", "sec")["status"]
+    assert status["tls"]["provider"] == "Operator"
+    assert status["tls"]["secretName"] == "sec-tls"
+    ca_pem = secret_text(kubectl, "sec-tls", "ca.crt")
+    assert ca_pem == secret_text(kubectl, "sec-ca", "tls.crt")
+    cert_pem = secret_text(kubectl, "sec-tls", "tls.crt")
+    assert status["tls"]["fingerprint"] == pki.fingerprint(cert_pem)
+    ca_file = tmp_path / "ca.crt"
+    ca_file.write_text(ca_pem)
+    name0 = naming.peer_host("sec", ns, 0)
+    assert served_der(pods.eventer(0), ca_pem, name0) == der_of(cert_pem)
+    assert served_der(pods.http(0).split("://", 1)[1], ca_pem, name0) == der_of(cert_pem)
+    # Plain HTTP on the HTTP port gets nothing: the probes and the operator use HTTPS.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(pods.http(0) + "/healthz", timeout=3)
+
+    # An event on replica 0 reaches replica 1 over the mutual-TLS Syncer link; the
+    # operator sees both in sync through its own HTTPS calls.
+    register_tls(pods, 0, ca_file, name0, 1)
+    wait_for(
+        lambda: condition(kubectl.get("eventserver", "sec"), "PeersSynced").get("status") == "True",
+        timeout=60,
+        what="sec in sync",
+    )
+    pids = {o: pods.pid(o) for o in (0, 1)}
+
+    # Renewal: the key in the Secret is damaged (as a bad hand edit would). The replicas
+    # keep serving the old certificate (the new files do not load), the operator
+    # notices and re-issues from the same CA, the replicas load it: no restart.
+    kubectl.run(
+        "patch",
+        "secret/sec-tls",
+        "--type=merge",
+        "-p",
+        json.dumps({"data": {"tls.key": base64.b64encode(b"damaged").decode()}}),
+    )
+
+    def reissued():
+        new = secret_text(kubectl, "sec-tls", "tls.crt")
+        key = secret_text(kubectl, "sec-tls", "tls.key")
+        return new if new != cert_pem and "PRIVATE KEY" in key else None
+
+    new_pem = wait_for(reissued, timeout=60, what="the certificate re-issued")
+    assert secret_text(kubectl, "sec-tls", "ca.crt") == ca_pem  # same CA: peers trust it
+    for ordinal in (0, 1):
+        name = naming.peer_host("sec", ns, ordinal)
+        wait_for(
+            lambda o=ordinal, n=name: served_der(pods.eventer(o), ca_pem, n) == der_of(new_pem),
+            timeout=60,
+            what=f"sec-{ordinal} serving the renewed certificate",
+        )
+    assert {o: pods.pid(o) for o in (0, 1)} == pids
+    assert pods.restarts == {}
+    events = [
+        e
+        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=sec")[
+            "items"
+        ]
+        if e["reason"] == "CertificateIssued"
+    ]
+    assert len(events) >= 3, events  # the CA, the first certificate, the re-issue
+    # The mesh still works after the renewal: a new event crosses the TLS link.
+    register_tls(pods, 1, ca_file, naming.peer_host("sec", ns, 1), 2)
+    wait_for(
+        lambda: (
+            (((pods.status(0) or {}).get("last_ids") or {}).get("2") or {}).get("instance", 0) >= 1
+        ),
+        timeout=30,
+        what="replica 1's event on replica 0",
+    )
+
+
+def test_cert_manager_certificate_with_its_real_crds(
+    control_plane, kubectl, operator, kubelet, kubectl_binary
+):
+    """Last: installs cert-manager's CRDs into the session's API server."""
+    admin = Kubectl(kubectl_binary, control_plane.kubeconfig, validate=True)
+    for crd in ("cert-manager.io_certificates.yaml", "cert-manager.io_issuers.yaml"):
+        admin.run("apply", "--server-side", "-f", str(CM_CRDS / crd))
+    admin.run("wait", "--for=condition=Established", "crd/certificates.cert-manager.io")
+    kubectl.apply(eventserver("cm", 2, tls={"enabled": True}))  # Auto: cert-manager is here
+    # The operator's objects, as validated by the real API server against cert-manager's CRDs.
+    cert = wait_for(
+        lambda: kubectl.get("certificate.cert-manager.io", "cm-tls"),
+        timeout=60,
+        what="the Certificate",
+    )
+    for kind, name in (("issuer", "cm-selfsigned"), ("certificate", "cm-ca"), ("issuer", "cm-ca")):
+        assert kubectl.get(f"{kind}.cert-manager.io", name), (kind, name)
+    spec = cert["spec"]
+    assert spec["secretName"] == "cm-tls"
+    assert set(spec["dnsNames"]) == set(naming.tls_names("cm", kubectl.namespace))
+    es = kubectl.get("eventserver", "cm")
+    assert condition(es, "CertificateReady").get("reason") == "CertificatePending"
+
+    # cert-manager's part (no controller here): sign and write the Secret, then Ready.
+    now = datetime.datetime.now(datetime.UTC)
+    ca = pki.issue_ca("cm test CA", now)
+    pair = pki.issue_certificate(ca, "cm", spec["dnsNames"], now)
+    kubectl.apply(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "cm-tls"},
+            "type": "kubernetes.io/tls",
+            "stringData": {
+                "tls.crt": pair.cert_pem,
+                "tls.key": pair.key_pem,
+                "ca.crt": ca.cert_pem,
+            },
+        }
+    )
+    not_after = pki.not_after(pair.cert_pem).strftime("%Y-%m-%dT%H:%M:%SZ")
+    kubectl.run(
+        "patch",
+        "certificate.cert-manager.io/cm-tls",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(
+            {
+                "status": {
+                    "conditions": [
+                        {
+                            "type": "Ready",
+                            "status": "True",
+                            "reason": "Ready",
+                            "message": "Certificate is up to date and has not expired",
+                            "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        }
+                    ],
+                    "notAfter": not_after,
+                }
+            }
+        ),
+    )
+    pods = kubelet("cm")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/cm", "--timeout=120s", timeout=130)
+    status = kubectl.get("eventserver", "cm")["status"]
+    assert status["tls"]["provider"] == "CertManager"
+    assert status["tls"]["notAfter"] == not_after
+    assert condition(kubectl.get("eventserver", "cm"), "CertificateReady")["status"] == "True"
+    name0 = naming.peer_host("cm", kubectl.namespace, 0)
+    assert served_der(pods.eventer(0), ca.cert_pem, name0) == der_of(pair.cert_pem)
+    # The operator never wrote cert-manager's Secret: no ownerReference of ours on it.
+    assert not (kubectl.get("secret", "cm-tls")["metadata"].get("ownerReferences"))
