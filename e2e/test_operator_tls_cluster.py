@@ -25,8 +25,7 @@ import urllib.request
 import pytest
 from eventfleet_operator import naming, pki
 
-from e2e.k8s.cluster_fixtures import ROOT
-from e2e.k8s.harness import Kubectl, wait_for
+from e2e.k8s.harness import ROOT, Kubectl, wait_for
 from e2e.test_operator import condition, eventserver
 
 pytest_plugins = ["e2e.k8s.cluster_fixtures"]
@@ -158,13 +157,17 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
     assert len(events) >= 3, events  # the CA, the first certificate, the re-issue
     # The mesh still works after the renewal: a new event crosses the TLS link.
     register_tls(pods, 1, ca_file, naming.peer_host("sec", ns, 1), 2)
-    wait_for(
-        lambda: (
-            (((pods.status(0) or {}).get("last_ids") or {}).get("2") or {}).get("instance", 0) >= 1
-        ),
-        timeout=30,
-        what="replica 1's event on replica 0",
-    )
+
+    def on_replica_0():
+        out = subprocess.run(
+            [sys.executable, "-m", "eventfleet_cli", "query", "--eventer", pods.eventer(0),
+             "--token-file", str(pods.token_file(0)), "--tls-ca", str(ca_file),
+             "--tls-server-name", name0, "server", "2"],
+            check=True, capture_output=True, text=True, timeout=20,
+        )  # fmt: skip
+        return [line for line in out.stdout.splitlines() if '"e2e"' in line] or None
+
+    wait_for(on_replica_0, timeout=30, what="replica 1's event on replica 0 (query over TLS)")
 
 
 def test_cert_manager_certificate_with_its_real_crds(
@@ -187,8 +190,14 @@ def test_cert_manager_certificate_with_its_real_crds(
     spec = cert["spec"]
     assert spec["secretName"] == "cm-tls"
     assert set(spec["dnsNames"]) == set(naming.tls_names("cm", kubectl.namespace))
-    es = kubectl.get("eventserver", "cm")
-    assert condition(es, "CertificateReady").get("reason") == "CertificatePending"
+    wait_for(
+        lambda: (
+            condition(kubectl.get("eventserver", "cm"), "CertificateReady").get("reason")
+            == "CertificatePending"
+        ),
+        timeout=30,
+        what="CertificatePending",
+    )
 
     # cert-manager's part (no controller here): sign and write the Secret, then Ready.
     now = datetime.datetime.now(datetime.UTC)
@@ -208,36 +217,28 @@ def test_cert_manager_certificate_with_its_real_crds(
         }
     )
     not_after = pki.not_after(pair.cert_pem).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Ready",
+        "message": "Certificate is up to date and has not expired",
+        "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
     kubectl.run(
         "patch",
         "certificate.cert-manager.io/cm-tls",
         "--subresource=status",
         "--type=merge",
         "-p",
-        json.dumps(
-            {
-                "status": {
-                    "conditions": [
-                        {
-                            "type": "Ready",
-                            "status": "True",
-                            "reason": "Ready",
-                            "message": "Certificate is up to date and has not expired",
-                            "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                        }
-                    ],
-                    "notAfter": not_after,
-                }
-            }
-        ),
+        json.dumps({"status": {"conditions": [ready], "notAfter": not_after}}),
     )
     pods = kubelet("cm")
     kubectl.run("wait", "--for=condition=Ready", "eventserver/cm", "--timeout=120s", timeout=130)
-    status = kubectl.get("eventserver", "cm")["status"]
-    assert status["tls"]["provider"] == "CertManager"
-    assert status["tls"]["notAfter"] == not_after
-    assert condition(kubectl.get("eventserver", "cm"), "CertificateReady")["status"] == "True"
+    es = kubectl.get("eventserver", "cm")
+    assert es["status"]["tls"]["provider"] == "CertManager"
+    assert es["status"]["tls"]["notAfter"] == not_after
+    assert condition(es, "CertificateReady")["status"] == "True"
     name0 = naming.peer_host("cm", kubectl.namespace, 0)
     assert served_der(pods.eventer(0), ca.cert_pem, name0) == der_of(pair.cert_pem)
     # The operator never wrote cert-manager's Secret: no ownerReference of ours on it.
-    assert not (kubectl.get("secret", "cm-tls")["metadata"].get("ownerReferences"))
+    assert not kubectl.get("secret", "cm-tls")["metadata"].get("ownerReferences")
