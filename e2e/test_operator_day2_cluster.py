@@ -363,3 +363,76 @@ def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
         secret = kubectl.get("secret", name)
         assert secret is not None, name
         assert base64.b64decode(secret["data"]["token"]).decode() == token
+
+
+def test_growing_the_volumes_on_the_real_api_server(kubectl, operator, kubelet):
+    """Volume growth with the real API server's resize admission (a claim may grow only
+    when bound and its StorageClass allows expansion) and the real PV controller binding
+    the volumes; the node agent plays the CSI driver (provisioner and resizer)."""
+    from e2e.k8s.node import PROVISIONER
+
+    cls = f"expandable-{kubectl.namespace}"
+    kubectl.apply(
+        {
+            "apiVersion": "storage.k8s.io/v1",
+            "kind": "StorageClass",
+            "metadata": {"name": cls},
+            "provisioner": PROVISIONER,
+            "allowVolumeExpansion": True,
+        }
+    )
+    kubectl.apply(eventserver("grow", 2, storage={"size": "1Gi", "storageClassName": cls}))
+    pods = kubelet("grow")
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=120s", timeout=130)
+    for i in (0, 1):
+        wait_for(
+            lambda i=i: (
+                (kubectl.get("persistentvolumeclaim", f"data-grow-{i}") or {})
+                .get("status", {})
+                .get("phase")
+                == "Bound"
+            ),
+            timeout=60,
+            what=f"claim data-grow-{i} bound by the PV controller",
+        )
+    register(pods, 0, 2)
+    pids = {i: pods.pid(i) for i in (0, 1)}
+    sts_uid = kubectl.get("statefulset", "grow")["metadata"]["uid"]
+
+    kubectl.run(
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"3Gi"}}}'
+    )
+
+    def resized():
+        c = condition(kubectl.get("eventserver", "grow"), "StorageResizing")
+        return c.get("reason") == "Resized" and c
+
+    wait_for(resized, timeout=120, what="StorageResizing=False/Resized")
+    for i in (0, 1):
+        claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
+        assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
+        assert claim["status"]["capacity"]["storage"] == "3Gi"
+        volume = kubectl.get("persistentvolume", claim["spec"]["volumeName"])
+        assert volume["spec"]["capacity"]["storage"] == "3Gi"
+    sts = kubectl.get("statefulset", "grow")
+    assert sts["metadata"]["uid"] != sts_uid  # recreated (orphan) with the new template
+    template = sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]
+    assert template["storage"] == "3Gi"
+    assert {i: pods.pid(i) for i in (0, 1)} == pids  # the pods kept running
+    assert pods.restarts == {}
+    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
+    # The adopted pods still belong to the new StatefulSet (its controller adopted them).
+    for i in (0, 1):
+        owner = kubectl.get("pod", f"grow-{i}")["metadata"]["ownerReferences"][0]
+        assert owner["uid"] == sts["metadata"]["uid"]
+
+    # Shrinking: refused by the CRD's CEL rule on the real API server.
+    shrink = kubectl.run(
+        "patch",
+        "eventserver/grow",
+        "--type=merge",
+        "-p",
+        '{"spec":{"storage":{"size":"2Gi"}}}',
+        check=False,
+    )
+    assert shrink.returncode != 0 and "never shrink" in (shrink.stderr + shrink.stdout), shrink

@@ -47,6 +47,10 @@ CONTROLLERS = (
     "clusterrole-aggregation-controller",
     # Claims carry the kubernetes.io/pvc-protection finalizer (admission adds it).
     "persistentvolumeclaim-protection-controller",
+    # Binds claims to the volumes the node agent provisions (a CSI driver's part, for
+    # the StorageClasses it serves), so claims can be resized for real.
+    "persistentvolume-binder-controller",
+    "persistentvolume-protection-controller",
     # Pods bound to a Node that is gone (a node agent that stopped) are removed.
     "pod-garbage-collector-controller",
     # The chart's Deployment (the operator's own pod).

@@ -19,7 +19,10 @@ CRD = ROOT / "crds" / "eventfleet.io_eventservers.yaml"
 _names = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
+# Session scope, as in e2e.k8s.cluster_fixtures: both modules define it, and whichever
+# pytest registered first serves every test of the run (a session-scoped control plane
+# must not get a module-scoped one).
+@pytest.fixture(scope="session")
 def kubectl_binary() -> str:
     binary = tool("kubectl")
     if binary is None:

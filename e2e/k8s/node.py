@@ -29,7 +29,12 @@ no kubelet can run here. This agent does the kubelet's part, honestly and no mor
   operator see what really runs;
 * on graceful deletion stops the container with SIGTERM within the pod's grace period,
   then removes the pod (gracePeriodSeconds=0, uid precondition), like the kubelet;
-* restarts containers that exit (restartPolicy Always).
+* restarts containers that exit (restartPolicy Always);
+* plays a CSI driver for StorageClasses with the provisioner ``PROVISIONER`` only: a
+  PersistentVolume per pending claim (the real PV controller binds it; the data stays
+  the per-claim host directory), and volume expansion of a bound claim whose request
+  grew (the PV's capacity, ``FileSystemResizePending``, then the claim's capacity), so
+  the API server's own resize admission and the operator's growth path run for real.
 
 A test can ``pause`` a pod (SIGKILL and keep it down: a lost node) and ``resume`` it.
 """
@@ -61,6 +66,8 @@ from .controlplane import ControlPlane
 from .harness import ROOT, stop_process, wait_for
 
 PODMAN = ROOT / ".tools" / "bin" / "efpodman"
+# StorageClasses with this provisioner get volumes from the node agent (``_storage``).
+PROVISIONER = "e2e.eventfleet.io/node-agent"
 _URLS_LOCK = threading.Lock()
 
 
@@ -114,6 +121,7 @@ class NodeAgent(threading.Thread):
         self.errors: list[str] = []
         self.pids_seen: dict[str, list[int]] = {}
         self._halt = threading.Event()
+        self._storage_checked = 0.0
         self._lock = threading.RLock()
 
     # ------------------------------------------------------------------ control
@@ -226,6 +234,9 @@ class NodeAgent(threading.Thread):
         )
 
     def sync(self) -> None:
+        if time.monotonic() - self._storage_checked >= 1.0:  # once a second is plenty
+            self._storage_checked = time.monotonic()
+            self._storage()
         listing = self.cluster.get(f"/api/v1/namespaces/{self.namespace}/pods")
         seen: set[str] = set()
         for pod in listing["items"]:
@@ -275,6 +286,91 @@ class NodeAgent(threading.Thread):
 
     def _path(self, name: str) -> str:
         return f"/api/v1/namespaces/{self.namespace}/pods/{name}"
+
+    # ------------------------------------------------------------------ storage
+
+    def _storage(self) -> None:
+        """The storage side a cluster's CSI driver plays, for claims of a StorageClass
+        whose provisioner is ``PROVISIONER``: provision a PersistentVolume for a pending
+        claim (the real PV controller binds them), and expand a bound claim whose
+        request grew (the external-resizer's part, then the kubelet's: the PV's capacity,
+        ``FileSystemResizePending``, then the claim's capacity). Claims of other classes
+        stay pending, as they would without a provisioner."""
+        classes = self.cluster.get("/apis/storage.k8s.io/v1/storageclasses") or {"items": []}
+        ours = {
+            c["metadata"]["name"] for c in classes["items"] if c.get("provisioner") == PROVISIONER
+        }
+        if not ours:
+            return
+        claims = self.cluster.get(f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims")
+        for claim in claims["items"]:
+            if claim["spec"].get("storageClassName") not in ours:
+                continue
+            name = claim["metadata"]["name"]
+            want = claim["spec"]["resources"]["requests"]["storage"]
+            status = claim.get("status") or {}
+            if not claim["spec"].get("volumeName"):
+                self._provision(claim, want)
+            elif (
+                status.get("phase") == "Bound" and status.get("capacity", {}).get("storage") != want
+            ):
+                self._expand(claim, name, want)
+
+    def _provision(self, claim: dict[str, Any], size: str) -> None:
+        meta = claim["metadata"]
+        volume = f"pv-{self.namespace}-{meta['name']}"
+        if self.cluster.get(f"/api/v1/persistentvolumes/{volume}") is not None:
+            return
+        # The pod's first mount creates the directory, owned by its fsGroup.
+        directory = self.workdir / "claims" / meta["name"]
+        self.cluster.request(
+            "POST",
+            "/api/v1/persistentvolumes",
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": volume},
+                "spec": {
+                    "capacity": {"storage": size},
+                    "accessModes": claim["spec"]["accessModes"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": claim["spec"]["storageClassName"],
+                    "hostPath": {"path": str(directory)},
+                    "claimRef": {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "namespace": self.namespace,
+                        "name": meta["name"],
+                        "uid": meta["uid"],
+                    },
+                },
+            },
+        )
+
+    def _expand(self, claim: dict[str, Any], name: str, size: str) -> None:
+        path = f"/api/v1/namespaces/{self.namespace}/persistentvolumeclaims/{name}/status"
+        merge = "application/merge-patch+json"
+        conditions = (claim.get("status") or {}).get("conditions") or []
+        if not any(c.get("type") == "FileSystemResizePending" for c in conditions):
+            # The resizer: the volume grew; the file system waits for the node.
+            self.cluster.request(
+                "PATCH",
+                f"/api/v1/persistentvolumes/{claim['spec']['volumeName']}",
+                {"spec": {"capacity": {"storage": size}}},
+                merge,
+            )
+            pending = {
+                "type": "FileSystemResizePending",
+                "status": "True",
+                "lastTransitionTime": now(),
+                "message": "Waiting for user to (re-)start a pod to finish file system resize",
+            }
+            self.cluster.request("PATCH", path, {"status": {"conditions": [pending]}}, merge)
+            return
+        # The node: an online resize of the mounted file system, then the new capacity.
+        self.cluster.request(
+            "PATCH", path, {"status": {"capacity": {"storage": size}, "conditions": None}}, merge
+        )
 
     def _bind(self, name: str) -> None:
         with contextlib.suppress(RuntimeError):  # a conflict: someone bound it already

@@ -966,7 +966,22 @@ async def _apply_children(
         c.get("type") == ConditionType.STORAGE_RESIZING and c.get("status") == "True"
         for c in previous.get("conditions") or []
     )
-    if sts_live is not None and (
+    # The StatefulSet is being deleted with orphan propagation (recreated with a grown
+    # claim template): the API server keeps the old object until the garbage collector
+    # has released its pods, and refuses any change to its claim template meanwhile.
+    recreating = bool(sts_live and (sts_live.get("metadata") or {}).get("deletionTimestamp"))
+    if recreating:
+        frozen = []
+        resize = (
+            ConditionStatus.TRUE,
+            Reason.RESIZING,
+            f"growing the volumes to {spec.storage.size}; waiting for the old StatefulSet "
+            f"{spec.name} to be deleted (orphan: its pods keep running) to create it again",
+        )
+    elif sts_live is None and was_resizing:
+        # Deleted for the recreation: this pass creates it with the grown template.
+        resize, _ = await _resize(ctx, spec, True, log, emit)
+    elif sts_live is not None and (
         was_resizing
         or ("volumeClaimTemplates" in frozen and volumes.only_size_differs(desired_sts, sts_live))
     ):
@@ -1023,6 +1038,8 @@ async def _apply_children(
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
     ]
+    if recreating:
+        ordered = [m for m in ordered if m is not sts]
     if spec.pdb.enabled:
         ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
