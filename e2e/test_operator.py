@@ -73,9 +73,13 @@ def strip_server_fields(doc: dict) -> dict:
     return doc
 
 
-def register(kubelet, ordinal: int, count: int) -> None:
-    """Register events on one replica through the real Eventer client (the CLI)."""
-    for i in range(count):
+def register(
+    kubelet, ordinal: int, count: int, *, tls: tuple[str, str] | None = None, first: int = 0
+) -> None:
+    """Register events on one replica through the real Eventer client (the CLI);
+    ``tls``: (CA file, the name its certificate carries) for a fleet with ``spec.tls``."""
+    tls_args = ["--tls-ca", tls[0], "--tls-server-name", tls[1]] if tls else []
+    for i in range(first, first + count):
         subprocess.run(
             [
                 sys.executable,
@@ -86,6 +90,7 @@ def register(kubelet, ordinal: int, count: int) -> None:
                 kubelet.eventer(ordinal),
                 "--token-file",
                 str(kubelet.token_file(ordinal)),
+                *tls_args,
                 "e2e/test",
                 "--json",
                 json.dumps({"i": i}),

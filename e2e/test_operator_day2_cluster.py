@@ -7,8 +7,8 @@ The API-level scenarios are shared with ``e2e/test_operator_day2.py`` (imported 
 they also run there, on the API emulator). The pod-level ones live here only: pause,
 hibernate and wake; a managed rollout of a bad image reverted without manual steps and a
 restart request; the ``kubectl eventfleet`` plugin; a peer-token rotation; deletion with
-``whenDeleted: Retain``. Volume growth stays on the emulator (no CSI external-resizer
-here to grow a claim).
+``whenDeleted: Retain``; volume growth (the node agent plays the CSI driver of a
+StorageClass with its provisioner).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ import pytest
 from eventfleet_operator import naming, pki
 
 from e2e.k8s.harness import ROOT, Kubectl, wait_for
-from e2e.test_operator import condition, eventserver
+from e2e.test_operator import condition, eventserver, register
 
 pytest_plugins = ["e2e.k8s.cluster_fixtures"]
 pytestmark = pytest.mark.timeout(420)
@@ -59,32 +59,6 @@ def der_of(pem: str) -> bytes:
     return ssl.PEM_cert_to_DER_cert(pem)
 
 
-def register_tls(pods, ordinal: int, ca_file, name: str, value: int) -> None:
-    """One event through the CLI over TLS (``--tls-server-name``: dialled by address)."""
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "eventfleet_cli",
-            "register",
-            "--eventer",
-            pods.eventer(ordinal),
-            "--token-file",
-            str(pods.token_file(ordinal)),
-            "--tls-ca",
-            str(ca_file),
-            "--tls-server-name",
-            name,
-            "e2e/tls",
-            "--json",
-            json.dumps({"i": value}),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=20,
-    )
-
-
 def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, kubelet, tmp_path):
     ns = kubectl.namespace
     kubectl.apply(eventserver("sec", 2, tls={"enabled": True, "provider": "Operator"}))
@@ -112,7 +86,7 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
 
     # An event on replica 0 reaches replica 1 over the mutual-TLS Syncer link; the
     # operator sees both in sync through its own HTTPS calls.
-    register_tls(pods, 0, ca_file, name0, 1)
+    register(pods, 0, 1, tls=(str(ca_file), name0), first=1)
     wait_for(
         lambda: condition(kubectl.get("eventserver", "sec"), "PeersSynced").get("status") == "True",
         timeout=60,
@@ -156,7 +130,7 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
     ]
     assert len(events) >= 3, events  # the CA, the first certificate, the re-issue
     # The mesh still works after the renewal: a new event crosses the TLS link.
-    register_tls(pods, 1, ca_file, naming.peer_host("sec", ns, 1), 2)
+    register(pods, 1, 1, tls=(str(ca_file), naming.peer_host("sec", ns, 1)), first=2)
 
     def on_replica_0():
         out = subprocess.run(

@@ -69,6 +69,21 @@ def _name(common_name: str) -> x509.Name:
     )
 
 
+def _key_usage(*, signs_certificates: bool) -> x509.KeyUsage:
+    """Signatures only (ECDSA); a CA also signs certificates and CRLs."""
+    return x509.KeyUsage(
+        digital_signature=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=signs_certificates,
+        crl_sign=signs_certificates,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
 def issue_ca(common_name: str, now: datetime.datetime) -> KeyPair:
     """A new self-signed CA (path length 0: it signs replica certificates only)."""
     key = _key()
@@ -82,20 +97,7 @@ def issue_ca(common_name: str, now: datetime.datetime) -> KeyPair:
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + CA_LIFETIME)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certificates=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
@@ -127,20 +129,7 @@ def issue_certificate(
         .not_valid_before(now - CLOCK_SKEW)
         .not_valid_after(now + CERT_LIFETIME)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=False,
-                crl_sign=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
+        .add_extension(_key_usage(signs_certificates=False), critical=True)
         .add_extension(
             x509.ExtendedKeyUsage(
                 [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
