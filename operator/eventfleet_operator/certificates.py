@@ -30,7 +30,8 @@ from eventfleet_operator.model import FleetSpec
 from eventfleet_operator.replicas import Endpoints
 
 Emit = Callable[[EventType, str, str], None]
-# (manifest, resourceVersion it was built from or None) -> what was done
+# (manifest, resourceVersion it was built from or None) -> what was done; the caller's
+# apply and delete log, count and post an Event for each write.
 Apply = Callable[[Mapping[str, Any], str | None], Awaitable[Operation | None]]
 DeleteOwned = Callable[[kube.Resource, str], Awaitable[bool]]
 
@@ -100,20 +101,17 @@ async def ensure(
     """Make the fleet certificate exist and stay valid; None when ``spec.tls`` is off
     (the operator's own certificate Secrets and cert-manager objects then go)."""
     if not spec.tls.enabled:
-        await _remove(client, spec, delete_owned, log)
+        await _remove(client, spec, delete_owned)
         return None
     provider = await provider_of(client, spec)
     if provider == "CertManager":
-        return await _cert_manager(client, spec, apply, log, emit)
+        return await _cert_manager(client, spec, apply)
     return await _own_ca(client, spec, apply, log, emit, now)
 
 
-async def _remove(
-    client: kube.KubeClient, spec: FleetSpec, delete_owned: DeleteOwned, log: logging.Logger
-) -> None:
+async def _remove(client: kube.KubeClient, spec: FleetSpec, delete_owned: DeleteOwned) -> None:
     for name in (naming.tls_secret(spec.name), naming.ca_secret(spec.name)):
-        if await delete_owned(kube.SECRETS, name):
-            log.info("deleted Secret %s (spec.tls is off)", name)
+        await delete_owned(kube.SECRETS, name)
     if await client.has_resource(kube.CERTIFICATES):
         # Users before what they use; only what this EventServer owns goes.
         for resource, name in (
@@ -122,8 +120,7 @@ async def _remove(
             (kube.CERTIFICATES, naming.ca_secret(spec.name)),
             (kube.ISSUERS, naming.selfsigned_issuer(spec.name)),
         ):
-            if await delete_owned(resource, name):
-                log.info("deleted %s %s (spec.tls is off)", resource.kind, name)
+            await delete_owned(resource, name)
 
 
 async def _own_ca(
@@ -179,9 +176,7 @@ async def _own_ca(
     )
 
 
-async def _cert_manager(
-    client: kube.KubeClient, spec: FleetSpec, apply: Apply, log: logging.Logger, emit: Emit
-) -> TlsState:
+async def _cert_manager(client: kube.KubeClient, spec: FleetSpec, apply: Apply) -> TlsState:
     if not await client.has_resource(kube.CERTIFICATES):
         return TlsState(
             "CertManager",
@@ -191,10 +186,7 @@ async def _cert_manager(
             "(certificates.cert-manager.io) are not installed",
         )
     for manifest in builders.cm_manifests(spec):
-        change = await apply(manifest, None)
-        if change:
-            kind, name = manifest["kind"], manifest["metadata"]["name"]
-            emit(EventType.NORMAL, change.event_reason, f"{change} {kind} {name}")
+        await apply(manifest, None)  # the caller's apply posts an Event per write
     cert = await client.get(kube.CERTIFICATES, spec.namespace, naming.tls_secret(spec.name)) or {}
     status = cert.get("status") or {}
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)

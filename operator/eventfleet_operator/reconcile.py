@@ -195,6 +195,41 @@ async def delete_owned(
         raise
 
 
+async def apply_child(
+    ctx: Context,
+    manifest: Mapping[str, Any],
+    log: logging.Logger,
+    emit: Emit,
+    read_version: str | None = None,
+) -> Operation | None:
+    """:func:`ensure`, and an Event for the write when it made one."""
+    change = await ensure(ctx, manifest, log, read_version)
+    if change:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        emit(EventType.NORMAL, change.event_reason, f"{change} {kind} {name}")
+    return change
+
+
+async def remove_child(
+    ctx: Context,
+    resource: kube.Resource,
+    spec: model.FleetSpec,
+    name: str,
+    log: logging.Logger,
+    emit: Emit,
+    why: str,
+) -> bool:
+    """:func:`delete_owned`, counted and told (an Event naming ``why``) when it deleted."""
+    if not await delete_owned(ctx, resource, spec.namespace, name, spec.uid, log):
+        return False
+    log.info("deleted %s %s (%s)", resource.kind, name, why)
+    metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
+    emit(
+        EventType.NORMAL, Operation.DELETED.event_reason, f"deleted {resource.kind} {name} ({why})"
+    )
+    return True
+
+
 def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
     """The always-present children, by type and name (checked for ownership first)."""
     children = [
@@ -493,41 +528,25 @@ async def _optional(
         return status_mod.OptionalChild(enabled=enabled, available=False)
     if not enabled:
         # Turned off in the spec: level-based means the child goes away too.
-        if await delete_owned(ctx, resource, spec.namespace, name, spec.uid, log):
-            log.info("deleted %s %s (disabled in the spec)", resource.kind, name)
-            metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
-            emit(
-                EventType.NORMAL,
-                Operation.DELETED.event_reason,
-                f"deleted {resource.kind} {name} (disabled in the spec)",
-            )
+        await remove_child(ctx, resource, spec, name, log, emit, "disabled in the spec")
         return status_mod.OptionalChild(enabled=False)
     try:
-        change = await ensure(ctx, build(), log)
+        await apply_child(ctx, build(), log, emit)
     except (kube.ApiError, ChildNotOwned) as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
-    if change:
-        emit(EventType.NORMAL, change.event_reason, f"{change} {resource.kind} {name}")
     return status_mod.OptionalChild(enabled=True, applied=True)
 
 
 async def _network_policy(
     ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
 ) -> None:
-    name = naming.network_policy(spec.name)
     if not spec.network_policy.enabled:
-        if await delete_owned(ctx, kube.NETWORKPOLICIES, spec.namespace, name, spec.uid, log):
-            metrics.CHILD_WRITES.labels("NetworkPolicy", Operation.DELETED).inc()
-            emit(
-                EventType.NORMAL,
-                Operation.DELETED.event_reason,
-                f"deleted NetworkPolicy {name} (spec.networkPolicy.enabled is false)",
-            )
+        name = naming.network_policy(spec.name)
+        why = "spec.networkPolicy.enabled is false"
+        await remove_child(ctx, kube.NETWORKPOLICIES, spec, name, log, emit, why)
         return
     operator = builders.operator_peer(ctx.config.self_namespace, dict(ctx.config.self_labels))
-    change = await ensure(ctx, builders.network_policy(spec, operator), log)
-    if change:
-        emit(EventType.NORMAL, change.event_reason, f"{change} NetworkPolicy {name}")
+    await apply_child(ctx, builders.network_policy(spec, operator), log, emit)
 
 
 async def write_status(
@@ -837,9 +856,9 @@ async def _certificates(
     state = await certificates.ensure(
         ctx.kube,
         spec,
-        apply=lambda manifest, version: ensure(ctx, manifest, log, version),
-        delete_owned=lambda resource, name: delete_owned(
-            ctx, resource, spec.namespace, name, spec.uid, log
+        apply=lambda manifest, version: apply_child(ctx, manifest, log, emit, version),
+        delete_owned=lambda resource, name: remove_child(
+            ctx, resource, spec, name, log, emit, "spec.tls is off"
         ),
         log=log,
         emit=emit,
@@ -1048,21 +1067,10 @@ async def _apply_children(
             if manifest["kind"] == "Secret"
             else None
         )
-        change = await ensure(ctx, manifest, log, read)
-        if change:
-            emit(
-                EventType.NORMAL,
-                change.event_reason,
-                f"{change} {manifest['kind']} {manifest['metadata']['name']}",
-            )
-    if not spec.pdb.enabled and await delete_owned(
-        ctx, kube.PDBS, spec.namespace, naming.pdb(spec.name), spec.uid, log
-    ):
-        emit(
-            EventType.NORMAL,
-            Operation.DELETED.event_reason,
-            f"deleted PodDisruptionBudget {spec.name}",
-        )
+        await apply_child(ctx, manifest, log, emit, read)
+    if not spec.pdb.enabled:
+        why = "spec.podDisruptionBudget.enabled is false"
+        await remove_child(ctx, kube.PDBS, spec, naming.pdb(spec.name), log, emit, why)
     await _network_policy(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
