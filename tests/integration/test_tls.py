@@ -6,6 +6,7 @@ a second CA nobody trusts)."""
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import ssl
 import subprocess
@@ -147,11 +148,31 @@ async def test_mutual_tls_between_peers_and_tls_for_clients(tmp_path, pki):
         with pytest.raises(ssl.SSLCertVerificationError):
             await connect("127.0.0.1", r1.eventer.port, "x", client_token="t", ssl=rogue_trust)
         await until(lambda: r1.eventer.rejected.get("tls_handshake") == 2, "rogue trust counted")
-        # HTTPS probes.
+        # HTTPS probes; a plain-HTTP client and one trusting another CA are refused and
+        # counted on the HTTP port too (the replica runs that handshake itself).
         async with aiohttp.ClientSession() as http:
             url = f"https://127.0.0.1:{r1.http.port}/healthz"
             async with http.get(url, ssl=ca) as res:
                 assert res.status == 200
+            assert r1.http.rejected == {}
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(
+                    f"http://127.0.0.1:{r1.http.port}/healthz",
+                    timeout=aiohttp.ClientTimeout(total=5),
+                )
+            with pytest.raises(aiohttp.ClientError):
+                await http.get(url, ssl=rogue_trust)
+            await until(
+                lambda: r1.http.rejected.get("tls_handshake") == 2, "HTTP handshakes counted"
+            )
+            async with http.get(f"https://127.0.0.1:{r1.http.port}/metrics", ssl=ca) as res:
+                text = await res.text()
+            found = re.search(
+                r'^eventfleet_rejected_total\{protocol="http",reason="tls_handshake"\} (\S+)$',
+                text,
+                re.M,
+            )
+            assert found and float(found[1]) == r1.http.rejected["tls_handshake"]
     finally:
         await n2.stop()
         await n1.stop()

@@ -262,6 +262,9 @@ def _protocol_metrics(replica: Any) -> Iterator[Metric]:
         connections.add_metric([name], proto.connection_count)
         for reason, n in dict(proto.rejected).items():
             rejected.add_metric([name, reason], n)
+    # The HTTP port's own refusals (failed TLS handshakes).
+    for reason, n in dict(getattr(getattr(replica, "http", None), "rejected", None) or {}).items():
+        rejected.add_metric(["http", reason], n)
     yield connections
     yield rejected
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from eventfleet_server.http import tls_accept
 from eventfleet_server.http.backup import PATH as BACKUP_PATH
 from eventfleet_server.http.backup import BackupRoute
 from eventfleet_server.http.export import PATH as EXPORT_PATH
@@ -27,6 +28,7 @@ from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
 from eventfleet_server.http.metrics import Metrics
 from eventfleet_server.http.status import last_ids, status_document
+from eventfleet_server.listener import Rejections, RejectReason
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status", "/flush"})
 
 FLUSH_DEFAULT_TIMEOUT = 30.0
+# The HTTP port has no admission section: the same bound as the chatter protocols'
+# default init_timeout (a client that opens a connection and never sends a ClientHello).
+TLS_HANDSHAKE_TIMEOUT = 10.0
 FLUSH_MAX_TIMEOUT = 300.0
 # Flushes running at once; more are refused (429), so nobody can pile up long waits.
 FLUSH_MAX_CONCURRENT = 4
@@ -67,6 +72,8 @@ class HttpServer:
     ):
         self._replica = replica
         self._ssl = ssl_context
+        self._tls_server: asyncio.Server | None = None
+        self.rejections = Rejections("http")
         self._host = host
         self._port = port
         self.metrics = Metrics(replica)
@@ -146,23 +153,47 @@ class HttpServer:
     @property
     def port(self) -> int:
         """The bound port (useful when configured as 0)."""
+        if self._tls_server is not None:
+            return self._tls_server.sockets[0].getsockname()[1]
         return self._runner.addresses[0][1]
 
     async def start(self) -> None:
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self._host, self._port, ssl_context=self._ssl)
         try:
-            await site.start()
+            if self._ssl is not None:
+                # Our own TLS accept: failed handshakes are counted (tls_accept.py).
+                self._tls_server = await tls_accept.serve(
+                    self._runner.server,
+                    self._host,
+                    self._port,
+                    self._ssl,
+                    timeout=TLS_HANDSHAKE_TIMEOUT,
+                    failed=self._tls_failed,
+                )
+            else:
+                await web.TCPSite(self._runner, self._host, self._port).start()
         except BaseException:
             await self._runner.cleanup()
             raise
         self._monitor.start()
-        log.info("http listening on %s:%s", self._host, self.port)
+        log.info("http listening on %s:%s%s", self._host, self.port, " (TLS)" if self._ssl else "")
+
+    def _tls_failed(self, peer: str, cause: str) -> None:
+        self.rejections.reject(RejectReason.TLS_HANDSHAKE, f"TLS handshake: {cause}", peer)
+
+    @property
+    def rejected(self) -> dict[str, int]:
+        """Refusals of the HTTP port by reason (failed TLS handshakes)."""
+        return self.rejections.counts
 
     async def stop(self) -> None:
         self.metrics.close()
         await self._monitor.stop()
+        if self._tls_server is not None:
+            self._tls_server.close()  # no new connections; the runner drains the rest
         await self._runner.cleanup()
+        if self._tls_server is not None:
+            await self._tls_server.wait_closed()
 
     # -- built-in routes -------------------------------------------------------------------
 
