@@ -16,10 +16,11 @@ import time
 import kubernetes_validate
 import pytest
 
+# The emulator's fixtures, defined in this module only (not a global plugin): the
+# control-plane modules register e2e.k8s.cluster_fixtures globally under the same names.
+from e2e.k8s.fixtures import *  # noqa: F403
 from e2e.k8s.harness import operator_calls_beyond_rbac, wait_for
 from e2e.test_operator import condition, eventserver, strip_server_fields
-
-pytest_plugins = ["e2e.k8s.fixtures"]
 
 # Rollouts replace pods one at a time, each waiting for ready + in sync: minutes on a
 # busy 2-core machine.

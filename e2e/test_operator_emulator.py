@@ -15,9 +15,11 @@ import urllib.request
 import pytest
 import yaml
 
+# The emulator's fixtures, defined in this module only (not a global plugin): the
+# control-plane modules register e2e.k8s.cluster_fixtures globally under the same names.
+from e2e.k8s.fixtures import *  # noqa: F403
 from e2e.k8s.harness import ROOT
 
-pytest_plugins = ["e2e.k8s.fixtures"]
 pytestmark = pytest.mark.timeout(60)
 
 

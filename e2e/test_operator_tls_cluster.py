@@ -152,6 +152,13 @@ def test_cert_manager_certificate_with_its_real_crds(
     for crd in ("cert-manager.io_certificates.yaml", "cert-manager.io_issuers.yaml"):
         admin.run("apply", "--server-side", "-f", str(CM_CRDS / crd))
     admin.run("wait", "--for=condition=Established", "crd/certificates.cert-manager.io")
+    # kubectl caches discovery per server (earlier modules of the session filled it):
+    # `api-resources` re-reads it, so the new kinds resolve by name below.
+    wait_for(
+        lambda: "certificates" in admin.run("api-resources", "--api-group=cert-manager.io").stdout,
+        timeout=30,
+        what="cert-manager's kinds in kubectl's discovery",
+    )
     kubectl.apply(eventserver("cm", 2, tls={"enabled": True}))  # Auto: cert-manager is here
     # The operator's objects, as validated by the real API server against cert-manager's CRDs.
     cert = wait_for(

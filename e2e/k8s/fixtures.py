@@ -1,4 +1,5 @@
-"""pytest fixtures for the operator e2e tests (import them into the test module).
+"""pytest fixtures for the operator e2e tests on the API emulator (star-import them into
+the test module; see ``__all__``).
 
 One emulator process per test module; per test a fresh namespace, the real operator
 watching it, and fake kubelets running real replica processes for the fleets it needs.
@@ -17,6 +18,20 @@ from .kubelet import FakeKubelet
 
 CRD = ROOT / "crds" / "eventfleet.io_eventservers.yaml"
 _names = itertools.count(1)
+
+# Imported into each emulator test module (``from e2e.k8s.fixtures import *``), never
+# registered as a plugin: the real control plane's fixtures (e2e.k8s.cluster_fixtures)
+# have the same names and are the global ones; a module-level fixture wins in its module.
+__all__ = [
+    "api",
+    "emulator",
+    "kubectl",
+    "kubectl_binary",
+    "kubelet",
+    "namespace",
+    "operator",
+    "urls_file",
+]
 
 
 # Session scope, as in e2e.k8s.cluster_fixtures: both modules define it, and whichever
