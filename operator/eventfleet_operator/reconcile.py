@@ -1036,6 +1036,19 @@ async def _apply_children(
                     f"{spec.name} (orphan: the pods keep running) with the new claim template",
                 )
                 sts = desired_sts
+                # A real API server keeps the object until the garbage collector has
+                # released its pods, and refuses the new claim template meanwhile:
+                # then the next pass creates it (see `recreating` above).
+                still = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
+                if still is not None:
+                    recreating = True
+                    resize = (
+                        ConditionStatus.TRUE,
+                        Reason.RESIZING,
+                        f"growing the volumes to {spec.storage.size}; waiting for the old "
+                        f"StatefulSet {spec.name} to be deleted (orphan: its pods keep running) "
+                        "to create it again",
+                    )
     if frozen:
         fields = [
             "spec.storage" if f == "volumeClaimTemplates" else f"StatefulSet spec.{f}"

@@ -394,10 +394,16 @@ def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: 
 
 
 def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:
-    """No resize this pass: keep that the last one finished (Resized), else NotResizing."""
+    """No resize verdict this pass: keep that the last one finished (Resized) or is still
+    going (Resizing: a pass that failed must not end it), else NotResizing."""
     last = next((c for c in previous if c.get("type") == ConditionType.STORAGE_RESIZING), {})
-    if last.get("reason") == Reason.RESIZED and last.get("status") == str(ConditionStatus.FALSE):
-        return (F, Reason(last["reason"]), str(last.get("message") or ""))
+    kept = {
+        (Reason.RESIZED.value, ConditionStatus.FALSE.value): F,
+        (Reason.RESIZING.value, ConditionStatus.TRUE.value): T,
+    }
+    status = kept.get((str(last.get("reason")), str(last.get("status"))))
+    if status is not None:
+        return (status, Reason(last["reason"]), str(last.get("message") or ""))
     return (F, Reason.NOT_RESIZING, "no volume resize in progress")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import decimal
 
 import pytest
-from eventfleet_operator import volumes
+from eventfleet_operator import kube, volumes
 from eventfleet_operator.volumes import Claim
 from op_pass import Harness
 
@@ -157,3 +157,46 @@ async def test_no_claims_yet_still_needs_an_expandable_class():
     assert h.condition("StorageResizing")["reason"] == "ExpansionNotAllowed"
     assert template_size(h) == "1Gi"
     assert "(not found)" in h.condition("Ready")["message"]
+
+
+async def test_an_orphan_delete_that_takes_time_is_waited_for_not_patched():
+    """A real API server keeps an orphan-deleted StatefulSet (deletionTimestamp) until
+    the garbage collector has released its pods, and refuses a new claim template on it:
+    the operator neither writes it meanwhile nor loses the Resizing state."""
+    h = Harness({"replicas": 2})
+    storage_class(h)
+    await h.run()
+    claims(h, 2)
+    h.set_spec({"replicas": 2, "storage": {"size": "5Gi"}})
+    await h.run()
+    expand(h)
+    deleting: list[dict] = []
+    real_delete = h.kube.delete
+
+    async def slow_orphan_delete(resource, namespace, name, *, uid=None, propagation="Background"):
+        if resource.kind == "StatefulSet" and propagation == "Orphan":
+            obj = h.kube.obj("StatefulSet", name)
+            obj["metadata"]["deletionTimestamp"] = "2026-11-26T12:00:00Z"
+            deleting.append(obj)
+            h.kube.propagations.append((resource.kind, name, propagation))
+            return True
+        return await real_delete(resource, namespace, name, uid=uid, propagation=propagation)
+
+    h.kube.delete = slow_orphan_delete
+    writes_before = len(h.kube.writes)
+    await h.run()
+    await h.run()  # a second pass while the garbage collector still works
+    assert deleting and ("StatefulSet", "demo", "Orphan") in h.kube.propagations
+    sts_writes = [w for w in h.kube.writes[writes_before:] if w[1] == "StatefulSet"]
+    assert sts_writes == []  # the old object was never patched with the new template
+    resizing = h.condition("StorageResizing")
+    assert (resizing["status"], resizing["reason"]) == ("True", "Resizing")
+    assert "waiting for the old StatefulSet" in resizing["message"]
+
+    # The garbage collector is done: the next pass creates it with the new template.
+    await real_delete(kube.STATEFULSETS, "ns", "demo")
+    await h.run()
+    assert template_size(h) == "5Gi"
+    await h.run()
+    resizing = h.condition("StorageResizing")
+    assert (resizing["status"], resizing["reason"]) == ("False", "Resized")
