@@ -18,6 +18,7 @@ from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import QueryLatestParams, RegisterEvent
 from eventfleet_server.listener import client_context
 
+from tests.conftest import running_replica
 from tests.unit.test_syncer_replicas import Node, until
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
@@ -314,3 +315,34 @@ async def test_tls_server_name_verifies_a_peer_reached_by_address(tmp_path, pki)
     finally:
         await n2.stop()
         await n1.stop()
+
+
+async def test_a_client_hello_sent_before_the_server_starts_tls_is_not_lost(
+    tmp_path, pki, monkeypatch
+):
+    """The server starts TLS after admission; a ClientHello that arrives first must wait
+    in the socket, not be read into the plain stream (then both sides wait for each other
+    until the handshake timeout: seen on a loaded machine). Forced here by delaying the
+    server's start_tls."""
+    from eventfleet_server.chatter.listener import ChatterListener
+
+    original = ChatterListener._start_tls
+
+    async def late_start_tls(self, writer, address):
+        await asyncio.sleep(0.3)  # the client's ClientHello is in the socket by now
+        return await original(self, writer, address)
+
+    monkeypatch.setattr(ChatterListener, "_start_tls", late_start_tls)
+    async with running_replica(tmp_path / "r", token="t", tls=pki["r1"]) as replica:
+        client = await asyncio.wait_for(
+            connect(
+                "127.0.0.1",
+                replica.eventer.port,
+                "early-hello",
+                client_token="t",
+                ssl=client_context(pki["ca"]),
+            ),
+            5,
+        )
+        await client.close()
+        assert "tls_handshake" not in replica.eventer.rejected

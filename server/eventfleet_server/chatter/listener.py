@@ -23,6 +23,22 @@ from eventfleet_server.listener import Admission, AdmissionLimits, Rejections, R
 log = logging.getLogger(__name__)
 
 
+class _Accepted(asyncio.StreamReaderProtocol):
+    """``asyncio.start_server``'s protocol, but with TLS reading stays paused from the
+    first moment: a client's ClientHello must wait in the socket for ``start_tls``. Read
+    into the stream's buffer during admission, it would be lost to the TLS layer, and
+    both sides would wait for each other until the handshake timeout (seen under load)."""
+
+    def __init__(self, reader: asyncio.StreamReader, callback, *, pause: bool) -> None:
+        super().__init__(reader, callback)
+        self._pause = pause
+
+    def connection_made(self, transport) -> None:
+        if self._pause:
+            transport.pause_reading()  # start_tls resumes it
+        super().connection_made(transport)
+
+
 class Session(Protocol):
     conn: Connection
 
@@ -104,9 +120,14 @@ class ChatterListener:
         # TLS is started per connection in `_on_client`, not by the server: a handshake
         # that fails inside asyncio's server is dropped without a trace (logged only in
         # the loop's debug mode), and a refusal nobody can see is no refusal.
-        self._server = await asyncio.start_server(
-            self._on_client, self._host, self._port, limit=1 << 20
-        )
+        loop = asyncio.get_running_loop()
+        tls = self._ssl is not None
+
+        def protocol() -> asyncio.StreamReaderProtocol:
+            reader = asyncio.StreamReader(limit=1 << 20)
+            return _Accepted(reader, self._on_client, pause=tls)
+
+        self._server = await loop.create_server(protocol, self._host, self._port)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
