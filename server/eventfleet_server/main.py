@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import hashlib
 import logging
 import os
@@ -36,6 +37,9 @@ from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersio
 from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
+
+# Seconds after `stop_deadline` at which the C watchdog ends a stop the loop cannot.
+_WATCHDOG_MARGIN = 5.0
 
 # name (= configuration section = package) -> plug-in module, in start order.
 PROTOCOLS: dict[str, ModuleType] = {
@@ -369,6 +373,10 @@ def _arm_stop_deadline(loop: asyncio.AbstractEventLoop, deadline: float) -> None
         os._exit(1)
 
     loop.call_later(deadline, force, f"graceful stop not done within {deadline:g} s")
+    # The same deadline when the loop itself is blocked (a C call that never returns
+    # cannot be interrupted by `call_later`): a C watchdog thread prints every thread's
+    # stack to stderr, so the hang names itself, and exits with 1.
+    faulthandler.dump_traceback_later(deadline + _WATCHDOG_MARGIN, exit=True)
     for sig in (signal.SIGTERM, signal.SIGINT):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, force, f"{signal.Signals(sig).name} during the stop")

@@ -226,13 +226,29 @@ class BusServer:
 
     async def stop(self) -> None:
         """Stop the loops and close the sockets (pending broadcasts are dropped)."""
+        # Monitors first, while their readers are still open: see `_disable_monitors`.
+        self._disable_monitors()
         await self._tasks.close()
         self._close_sockets()
 
+    def _disable_monitors(self, name: str | None = None) -> None:
+        """Detach the connection monitors (all, or `name`'s) before their reading ends
+        are closed.
+
+        Why the order matters: libzmq's I/O thread sends each monitor event with a
+        blocking send. Once the reading end is closed, the next event (a client
+        disconnecting during a stop) blocks that thread forever while it holds the
+        socket's monitor lock, and `disable_monitor` then waits for the lock holding
+        the GIL: the whole process hangs and no asyncio deadline can fire (seen in CI).
+        """
+        for key, sock in self._sockets.items():
+            if name is None or key == name:
+                with contextlib.suppress(Exception):
+                    sock.disable_monitor()
+
     def _close_sockets(self) -> None:
+        self._disable_monitors()
         for sock in self._sockets.values():
-            with contextlib.suppress(Exception):
-                sock.disable_monitor()
             sock.close(linger=0)
         self._sockets.clear()
         if self._ctx is not None:
@@ -535,4 +551,5 @@ class BusServer:
                         endpoint,
                     )
         finally:
+            self._disable_monitors(name)  # before the reading end goes (see there)
             monitor.close(linger=0)
