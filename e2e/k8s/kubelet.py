@@ -93,7 +93,6 @@ class FakeKubelet(threading.Thread):
         self._lock = threading.RLock()
         self._reported: tuple[int, int] | None = None
         self._gone_since: float | None = None
-        self._claims_checked = 0.0
         self.claim_size = "1Gi"
 
     # ------------------------------------------------------------------ control
@@ -157,7 +156,6 @@ class FakeKubelet(threading.Thread):
 
     def sync(self) -> None:
         sts = self.api.get(self._path("statefulsets", self.name, "apps"))
-        self._expand_claims()
         if sts is None:
             # Deleted with its pods orphaned (volume growth recreates it at once) or with
             # them (cleanup): a new StatefulSet soon adopts them, else they go.
@@ -374,23 +372,6 @@ class FakeKubelet(threading.Thread):
                     },
                 },
             )
-
-    def _expand_claims(self) -> None:
-        """The storage side of volume expansion: capacity follows a grown request."""
-        if time.monotonic() - self._claims_checked < 1.0:
-            return  # once a second is plenty, and spares the emulator
-        self._claims_checked = time.monotonic()
-        for ordinal in list(self.pods):
-            path = self._path("persistentvolumeclaims", f"data-{self.name}-{ordinal}")
-            claim = self.api.get(path)
-            if claim is None:
-                continue
-            want = claim["spec"]["resources"]["requests"]["storage"]
-            have = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
-            if have != want:
-                self.api.merge_patch(
-                    path + "/status", {"status": {"phase": "Bound", "capacity": {"storage": want}}}
-                )
 
     def _stop_pod(self, ordinal: int, sig: int = signal.SIGTERM) -> None:
         pod = self.pods.pop(ordinal, None)

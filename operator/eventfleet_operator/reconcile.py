@@ -374,14 +374,7 @@ async def _rotate_peer_token(
         client = tokens.decode(
             client_secret, client_ref.key if not client_ref.generated else "token"
         )
-        loaded_c = next(
-            (
-                c
-                for c in previous.get("conditions") or []
-                if c.get("type") == ConditionType.TOKENS_LOADED
-            ),
-            {},
-        )
+        loaded_c = status_mod.previous_condition(previous, ConditionType.TOKENS_LOADED)
         loaded = (
             bool(client)
             and loaded_c.get("status") == ConditionStatus.TRUE
@@ -644,9 +637,7 @@ async def reconcile(
                 obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
         except ChildNotOwned as e:
             # Once per change, not once per resync: the status and the Event carry it.
-            was = next(
-                (c for c in previous.get("conditions") or [] if c.get("type") == "Ready"), {}
-            )
+            was = status_mod.previous_condition(previous, ConditionType.READY)
             repeat = (
                 was.get("reason") == Reason.CHILD_NOT_OWNED and was.get("message") == str(e)[:500]
             )
@@ -849,10 +840,21 @@ async def _roll(
 
 
 async def _certificates(
-    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
+    ctx: Context,
+    spec: model.FleetSpec,
+    previous: Mapping[str, Any],
+    log: logging.Logger,
+    emit: Emit,
 ) -> tuple[status_mod.Verdict, Mapping[str, Any] | None]:
     """The fleet certificate (spec.tls) in place and valid, before the pods that mount
     it; the operator's own calls to the replicas trust its CA from here on."""
+    off = (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off")
+    last = status_mod.previous_condition(previous, ConditionType.CERTIFICATE_READY)
+    if not spec.tls.enabled and last.get("reason") == off[1]:
+        # Off, and the last pass removed what TLS had left: no reads for nothing on
+        # every pass of every plain fleet.
+        ctx.endpoints.trust(spec.namespace, spec.name, None, https=False)
+        return off, None
     state = await certificates.ensure(
         ctx.kube,
         spec,
@@ -871,7 +873,7 @@ async def _certificates(
         https=spec.tls.enabled and spec.tls.http,
     )
     if state is None:
-        return (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off"), None
+        return off, None
     verdict = (
         ConditionStatus.TRUE if state.ready else ConditionStatus.FALSE,
         state.reason,
@@ -950,7 +952,7 @@ async def _apply_children(
         peer_secret, token, rotation = await _rotate_peer_token(
             ctx, spec, request, previous, peer_secret, token, log, emit
         )
-    tls = await _certificates(ctx, spec, log, emit)
+    tls = await _certificates(ctx, spec, previous, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 

@@ -381,9 +381,14 @@ def build(
     return status
 
 
+def previous_condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
+    """The condition ``type_`` of a status as last written ({} when absent)."""
+    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+
+
 def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: Reason) -> Verdict:
     """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
-    last = next((c for c in previous if c.get("type") == type_), {})
+    last = previous_condition({"conditions": previous}, type_)
     if last.get("reason") in (r.value for r in Reason):
         return (
             ConditionStatus(last["status"]),

@@ -34,6 +34,7 @@ class FakeKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.applied: dict[tuple[str, str, str], Any] = {}
         self.writes: list[tuple[str, str, str]] = []
+        self.reads: list[tuple[str, str]] = []  # (kind, name) of every get
         self.propagations: list[tuple[str, str, str]] = []
         self.missing = set(missing)
         self._rv = itertools.count(1)
@@ -60,6 +61,7 @@ class FakeKube:
         pass
 
     async def get(self, resource: kube.Resource, namespace: str | None, name: str) -> Any:
+        self.reads.append((resource.kind, name))
         found = self.objects.get((resource.kind, namespace or "", name))
         return copy.deepcopy(found)
 

@@ -306,6 +306,11 @@ async def test_a_pass_issues_keeps_and_reissues_the_operators_certificate():
     assert h.kube.obj("Secret", "demo-tls") is None and h.kube.obj("Secret", "demo-ca") is None
     assert h.condition("CertificateReady")["reason"] == "TLSDisabled"
     assert h.ctx.endpoints.trusted[("ns", "demo")] == (None, False)
+    # Once cleaned up, a plain fleet's passes read nothing of TLS any more.
+    h.kube.reads.clear()
+    await h.run()
+    assert not [r for r in h.kube.reads if r[1] in ("demo-tls", "demo-ca")], h.kube.reads
+    assert h.condition("CertificateReady")["reason"] == "TLSDisabled"
 
 
 async def test_with_cert_manager_the_operator_applies_certificates_and_waits_for_them():
