@@ -355,6 +355,7 @@ async def run(
                     await task
     finally:
         await replica.stop()
+        faulthandler.cancel_dump_traceback_later()  # the stop finished: disarm the watchdog
     return 1 if replica.failure else 0
 
 

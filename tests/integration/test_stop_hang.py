@@ -111,3 +111,37 @@ def test_stop_deadline_holds_when_the_event_loop_is_blocked():
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Timeout" in done.stderr and "stop_that_blocks" in done.stderr, done.stderr[-2000:]
+
+
+FINISHED_STOP = textwrap.dedent(
+    """
+    import asyncio, os, signal, sys, time
+    from eventfleet_server import config, main
+
+    conf = config.load(None, environ={}, overrides={
+        "server_id": 1, "data_dir": sys.argv[1], "stop_deadline": 0.5,
+        "eventer": {"port": 0}, "syncer": {"port": 0}, "http": {"port": 0},
+        "bus": {"enabled": False},
+    })
+
+    async def replica():
+        asyncio.get_running_loop().call_later(1.0, os.kill, os.getpid(), signal.SIGTERM)
+        return await main.run(conf, None)
+
+    code = asyncio.run(replica())
+    time.sleep(0.5 + main._WATCHDOG_MARGIN + 1)  # past the watchdog, had it stayed armed
+    print("alive", code)
+    """
+)
+
+
+def test_a_finished_stop_disarms_the_watchdog(tmp_path):
+    """A process that runs a replica and goes on (an embedding, a test) is not killed
+    by the watchdog of a stop that completed."""
+    done = subprocess.run(
+        [sys.executable, "-c", FINISHED_STOP, str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "alive 0", done.stderr[-3000:]

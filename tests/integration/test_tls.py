@@ -6,8 +6,10 @@ a second CA nobody trusts)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import shutil
+import socket
 import ssl
 import subprocess
 
@@ -317,32 +319,67 @@ async def test_tls_server_name_verifies_a_peer_reached_by_address(tmp_path, pki)
         await n1.stop()
 
 
-async def test_a_client_hello_sent_before_the_server_starts_tls_is_not_lost(
-    tmp_path, pki, monkeypatch
+def _hello_first(port: int, ca: str, cert: dict | None = None) -> ssl.SSLSocket:
+    """A client whose ClientHello is in the server's socket before the server's loop has
+    even accepted the connection (sent without yielding to the loop)."""
+    context = client_context(ca)
+    if cert is not None:  # the Syncer port wants a peer's certificate
+        context.load_cert_chain(cert["cert_file"], cert["key_file"])
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    tls = context.wrap_socket(sock, server_hostname="127.0.0.1", do_handshake_on_connect=False)
+    tls.setblocking(False)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()  # sends the ClientHello; the answer is not there yet
+    tls.setblocking(True)
+    tls.settimeout(5)
+    return tls
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_client_hello_that_arrives_with_the_connection_is_not_lost(tmp_path, pki, loop):
+    """Eventer, Syncer and HTTP ports, under both event loops. The TLS layer must be in
+    place before the loop reads a byte: uvloop starts reading as soon as
+    ``connection_made`` returns, so a ClientHello read before TLS was started from a task
+    was lost and both sides waited until the handshake timeout (seen under load in CI)."""
+    factory = asyncio.new_event_loop
+    if loop == "uvloop":
+        factory = pytest.importorskip("uvloop").new_event_loop
+
+    async def scenario():
+        async with running_replica(tmp_path / loop, token="t", tls=pki["r1"]) as replica:
+            ports = {
+                "eventer": replica.eventer.port,
+                "syncer": replica.syncer.port,
+                "http": replica.http.port,
+            }
+            for name, port in ports.items():
+                client = _hello_first(port, pki["ca"], pki["r2"] if name == "syncer" else None)
+                try:
+                    # The rest of the handshake off the loop, which serves it meanwhile.
+                    await asyncio.wait_for(asyncio.to_thread(client.do_handshake), 8)
+                    assert client.getpeercert(), name
+                finally:
+                    client.close()
+            for component in (replica.eventer, replica.syncer, replica.http):
+                assert "tls_handshake" not in component.rejected, component.rejected
+
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(scenario())
+
+
+async def test_a_client_that_never_starts_the_handshake_is_counted_and_dropped(
+    tmp_path, pki, caplog
 ):
-    """The server starts TLS after admission; a ClientHello that arrives first must wait
-    in the socket, not be read into the plain stream (then both sides wait for each other
-    until the handshake timeout: seen on a loaded machine). Forced here by delaying the
-    server's start_tls."""
-    from eventfleet_server.chatter.listener import ChatterListener
-
-    original = ChatterListener._start_tls
-
-    async def late_start_tls(self, writer, address):
-        await asyncio.sleep(0.3)  # the client's ClientHello is in the socket by now
-        return await original(self, writer, address)
-
-    monkeypatch.setattr(ChatterListener, "_start_tls", late_start_tls)
-    async with running_replica(tmp_path / "r", token="t", tls=pki["r1"]) as replica:
-        client = await asyncio.wait_for(
-            connect(
-                "127.0.0.1",
-                replica.eventer.port,
-                "early-hello",
-                client_token="t",
-                ssl=client_context(pki["ca"]),
-            ),
-            5,
-        )
-        await client.close()
-        assert "tls_handshake" not in replica.eventer.rejected
+    """A TCP client that sends nothing holds its place only for `init_timeout`; the
+    refusal names the cause."""
+    caps = {"eventer": {"admission": {"init_timeout": 0.5}}}
+    async with running_replica(tmp_path / "r", token="t", tls=pki["r1"], **caps) as replica:
+        reader, writer = await asyncio.open_connection("127.0.0.1", replica.eventer.port)
+        try:
+            # The server gives up: the connection is closed (EOF) within the timeout.
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+        finally:
+            writer.close()
+        await until(lambda: replica.eventer.rejected.get("tls_handshake") == 1, "counted")
+        assert replica.eventer._listener.admission.open_connections == 0  # place freed
+        assert "no handshake within 0.5 s" in caplog.text

@@ -13,30 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
 from eventfleet_server.chatter.connection import Connection, FrameError, FrameTooLarge, Msg
-from eventfleet_server.listener import Admission, AdmissionLimits, Rejections, RejectReason
+from eventfleet_server.listener import (
+    Admission,
+    AdmissionLimits,
+    Rejections,
+    RejectReason,
+    Ticket,
+    tls_accept,
+)
 
 log = logging.getLogger(__name__)
 
-
-class _Accepted(asyncio.StreamReaderProtocol):
-    """``asyncio.start_server``'s protocol, but with TLS reading stays paused from the
-    first moment: a client's ClientHello must wait in the socket for ``start_tls``. Read
-    into the stream's buffer during admission, it would be lost to the TLS layer, and
-    both sides would wait for each other until the handshake timeout (seen under load)."""
-
-    def __init__(self, reader: asyncio.StreamReader, callback, *, pause: bool) -> None:
-        super().__init__(reader, callback)
-        self._pause = pause
-
-    def connection_made(self, transport) -> None:
-        if self._pause:
-            transport.pause_reading()  # start_tls resumes it
-        super().connection_made(transport)
+_READ_LIMIT = 1 << 20  # the stream buffer's line limit (frames are read by length)
 
 
 class Session(Protocol):
@@ -117,17 +109,20 @@ class ChatterListener:
         return self._bound_port
 
     async def start(self) -> None:
-        # TLS is started per connection in `_on_client`, not by the server: a handshake
+        # TLS is started per connection (`_accept_tls`), not by the server: a handshake
         # that fails inside asyncio's server is dropped without a trace (logged only in
         # the loop's debug mode), and a refusal nobody can see is no refusal.
-        loop = asyncio.get_running_loop()
-        tls = self._ssl is not None
+        if self._ssl is not None:
+            self._server = await tls_accept.serve(self._accept_tls, self._host, self._port)
+        else:
+            loop = asyncio.get_running_loop()
 
-        def protocol() -> asyncio.StreamReaderProtocol:
-            reader = asyncio.StreamReader(limit=1 << 20)
-            return _Accepted(reader, self._on_client, pause=tls)
+            def protocol() -> asyncio.StreamReaderProtocol:
+                return asyncio.StreamReaderProtocol(
+                    asyncio.StreamReader(limit=_READ_LIMIT), self._on_client
+                )
 
-        self._server = await loop.create_server(protocol, self._host, self._port)
+            self._server = await loop.create_server(protocol, self._host, self._port)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -142,15 +137,41 @@ class ChatterListener:
         self.rejections.flush()
 
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        peer = writer.get_extra_info("peername")
-        address = peer[0] if isinstance(peer, tuple) else str(peer)
+        """A plain connection: admission, then the session."""
+        address = tls_accept.peer_host(writer.transport)
         ticket = self.admission.admit(address)
         if ticket is None:
             writer.transport.abort()
             return
+        await self._serve(reader, writer, ticket)
+
+    def _accept_tls(self, transport: Any) -> None:
+        """A TLS connection, from its ``connection_made``: admission first (a refused
+        client costs no handshake; handshakes count against the caps), then the TLS
+        layer, bounded by `init_timeout`. A failed handshake is counted
+        (``tls_handshake``) with its cause and the connection dropped."""
+        address = tls_accept.peer_host(transport)
+        ticket = self.admission.admit(address)
+        if ticket is None:
+            transport.abort()
+            return
+        app = asyncio.StreamReaderProtocol(
+            asyncio.StreamReader(limit=_READ_LIMIT),
+            lambda reader, writer: self._serve(reader, writer, ticket),
+        )
+        timeout = self.limits.init_timeout
+        done = tls_accept.accept_tls(transport, app, self._ssl, timeout=timeout)
+
+        def failed(cause: str) -> None:
+            ticket.release()
+            self.rejections.reject(RejectReason.TLS_HANDSHAKE, f"TLS handshake: {cause}", address)
+
+        tls_accept.on_failure(done, transport, failed, timeout=timeout)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ticket: Ticket
+    ) -> None:
         with ticket:
-            if self._ssl is not None and not await self._start_tls(writer, address):
-                return
             delay, timeout = self._ping
             conn = Connection(
                 reader,
@@ -175,23 +196,6 @@ class ChatterListener:
             finally:
                 self._conns.discard(conn)
                 conn.close()
-
-    async def _start_tls(self, writer: asyncio.StreamWriter, address: str) -> bool:
-        """The server side of the TLS handshake, bounded by `init_timeout` (admission
-        first, so handshakes count against the connection caps). A failure is counted
-        (``tls_handshake``) with its cause and the connection dropped."""
-        try:
-            await writer.start_tls(self._ssl, ssl_handshake_timeout=self.limits.init_timeout)
-        except (ssl.SSLError, OSError, TimeoutError, asyncio.IncompleteReadError) as e:
-            cause = (
-                f"no handshake within {self.limits.init_timeout} s"
-                if isinstance(e, TimeoutError)
-                else f"{type(e).__name__}: {getattr(e, 'reason', None) or e}"
-            )
-            self.rejections.reject(RejectReason.TLS_HANDSHAKE, f"TLS handshake: {cause}", address)
-            writer.transport.abort()
-            return False
-        return True
 
     async def _initialize(self, conn: Connection) -> Session | None:
         limits = self.limits

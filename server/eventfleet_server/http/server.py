@@ -20,7 +20,6 @@ from typing import Any
 
 from aiohttp import web
 
-from eventfleet_server.http import tls_accept
 from eventfleet_server.http.backup import PATH as BACKUP_PATH
 from eventfleet_server.http.backup import BackupRoute
 from eventfleet_server.http.export import PATH as EXPORT_PATH
@@ -28,7 +27,7 @@ from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
 from eventfleet_server.http.metrics import Metrics
 from eventfleet_server.http.status import last_ids, status_document
-from eventfleet_server.listener import Rejections, RejectReason
+from eventfleet_server.listener import Rejections, RejectReason, tls_accept
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +161,7 @@ class HttpServer:
         try:
             if self._ssl is not None:
                 # Our own TLS accept: failed handshakes are counted (tls_accept.py).
-                self._tls_server = await tls_accept.serve(
+                self._tls_server = await tls_accept.serve_tls(
                     self._runner.server,
                     self._host,
                     self._port,
