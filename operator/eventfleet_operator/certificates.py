@@ -28,6 +28,7 @@ from eventfleet_operator import builders, kube, naming, pki
 from eventfleet_operator.constants import EventType, Operation, Reason
 from eventfleet_operator.model import FleetSpec
 from eventfleet_operator.replicas import Endpoints
+from eventfleet_operator.status import find_condition
 
 Emit = Callable[[EventType, str, str], None]
 # (manifest, resourceVersion it was built from or None) -> what was done; the caller's
@@ -189,7 +190,7 @@ async def _cert_manager(client: kube.KubeClient, spec: FleetSpec, apply: Apply) 
         await apply(manifest, None)  # the caller's apply posts an Event per write
     cert = await client.get(kube.CERTIFICATES, spec.namespace, naming.tls_secret(spec.name)) or {}
     status = cert.get("status") or {}
-    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    ready = find_condition(status.get("conditions"), "Ready")
     secret = await client.get(kube.SECRETS, spec.namespace, naming.tls_secret(spec.name))
     ca_pem = _decode(secret, "ca.crt")
     cert_pem = _decode(secret, "tls.crt")

@@ -20,6 +20,7 @@ from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
 from eventfleet_operator.reconcile import Context, cleanup, reconcile
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
+from eventfleet_operator.status import find_condition
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -119,10 +120,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         result = PassResult.ERROR
         try:
             status = await reconcile(memo.ctx, raw, logger, emit)
-            reason = next(
-                (c["reason"] for c in status["conditions"] if c["type"] == ConditionType.READY),
-                "",
-            )
+            reason = find_condition(status["conditions"], ConditionType.READY).get("reason", "")
             result = {
                 Reason.INVALID_SPEC: PassResult.INVALID_SPEC,
                 Reason.APPLY_FAILED: PassResult.APPLY_FAILED,

@@ -374,7 +374,9 @@ async def _rotate_peer_token(
         client = tokens.decode(
             client_secret, client_ref.key if not client_ref.generated else "token"
         )
-        loaded_c = status_mod.previous_condition(previous, ConditionType.TOKENS_LOADED)
+        loaded_c = status_mod.find_condition(
+            previous.get("conditions"), ConditionType.TOKENS_LOADED
+        )
         loaded = (
             bool(client)
             and loaded_c.get("status") == ConditionStatus.TRUE
@@ -637,7 +639,7 @@ async def reconcile(
                 obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
         except ChildNotOwned as e:
             # Once per change, not once per resync: the status and the Event carry it.
-            was = status_mod.previous_condition(previous, ConditionType.READY)
+            was = status_mod.find_condition(previous.get("conditions"), ConditionType.READY)
             repeat = (
                 was.get("reason") == Reason.CHILD_NOT_OWNED and was.get("message") == str(e)[:500]
             )
@@ -849,7 +851,7 @@ async def _certificates(
     """The fleet certificate (spec.tls) in place and valid, before the pods that mount
     it; the operator's own calls to the replicas trust its CA from here on."""
     off = (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off")
-    last = status_mod.previous_condition(previous, ConditionType.CERTIFICATE_READY)
+    last = status_mod.find_condition(previous.get("conditions"), ConditionType.CERTIFICATE_READY)
     if not spec.tls.enabled and last.get("reason") == off[1]:
         # Off, and the last pass removed what TLS had left: no reads for nothing on
         # every pass of every plain fleet.

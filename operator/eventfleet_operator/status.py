@@ -104,8 +104,8 @@ def condition(
     now: str,
 ) -> dict[str, Any]:
     """A condition that keeps its lastTransitionTime while its status does not change."""
-    old = next((c for c in previous if c.get("type") == type_), None)
-    since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+    old = find_condition(previous, type_)
+    since = old.get("lastTransitionTime") if old.get("status") == status else None
     return {
         # Plain strings: the status is also YAML-dumped, which refuses str subclasses.
         "type": str(type_),
@@ -252,9 +252,7 @@ def build(
         if obs.decision.held
         else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
     )
-    last_held = next(
-        (c for c in prev_conditions if c.get("type") == ConditionType.SCALE_DOWN_HELD), {}
-    )
+    last_held = find_condition(prev_conditions, ConditionType.SCALE_DOWN_HELD)
     if (
         obs.decision.reason is Reason.NOT_SCALING_DOWN
         and last_held.get("status") == F
@@ -381,14 +379,14 @@ def build(
     return status
 
 
-def previous_condition(status: Mapping[str, Any], type_: str) -> Mapping[str, Any]:
-    """The condition ``type_`` of a status as last written ({} when absent)."""
-    return next((c for c in status.get("conditions") or [] if c.get("type") == type_), {})
+def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -> Mapping[str, Any]:
+    """The condition ``type_`` among `conditions` ({} when absent)."""
+    return next((c for c in conditions or () if c.get("type") == type_), {})
 
 
 def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: Reason) -> Verdict:
     """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
-    last = previous_condition({"conditions": previous}, type_)
+    last = find_condition(previous, type_)
     if last.get("reason") in (r.value for r in Reason):
         return (
             ConditionStatus(last["status"]),
@@ -401,7 +399,7 @@ def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: 
 def _kept_resize(previous: Sequence[Mapping[str, Any]]) -> Verdict:
     """No resize verdict this pass: keep that the last one finished (Resized) or is still
     going (Resizing: a pass that failed must not end it), else NotResizing."""
-    last = next((c for c in previous if c.get("type") == ConditionType.STORAGE_RESIZING), {})
+    last = find_condition(previous, ConditionType.STORAGE_RESIZING)
     kept = {
         (Reason.RESIZED.value, ConditionStatus.FALSE.value): F,
         (Reason.RESIZING.value, ConditionStatus.TRUE.value): T,

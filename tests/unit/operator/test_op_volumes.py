@@ -82,17 +82,24 @@ def expand(h):
             }
 
 
-def template_size(h):
-    return volumes.template_size(h.sts())
-
-
-async def test_growing_the_volumes_end_to_end_of_the_passes():
+async def grown_to_5gi() -> Harness:
+    """Two replicas with bound 1Gi claims, then spec.storage.size raised to 5Gi (one
+    pass applied: the claims are patched, nothing expanded yet)."""
     h = Harness({"replicas": 2})
     storage_class(h)
     await h.run()
     claims(h, 2)
     h.set_spec({"replicas": 2, "storage": {"size": "5Gi"}})
     await h.run()
+    return h
+
+
+def template_size(h):
+    return volumes.template_size(h.sts())
+
+
+async def test_growing_the_volumes_end_to_end_of_the_passes():
+    h = await grown_to_5gi()
     for i in range(2):
         assert h.kube.obj("PersistentVolumeClaim", f"data-demo-{i}")["spec"]["resources"] == {
             "requests": {"storage": "5Gi"}
@@ -163,12 +170,7 @@ async def test_an_orphan_delete_that_takes_time_is_waited_for_not_patched():
     """A real API server keeps an orphan-deleted StatefulSet (deletionTimestamp) until
     the garbage collector has released its pods, and refuses a new claim template on it:
     the operator neither writes it meanwhile nor loses the Resizing state."""
-    h = Harness({"replicas": 2})
-    storage_class(h)
-    await h.run()
-    claims(h, 2)
-    h.set_spec({"replicas": 2, "storage": {"size": "5Gi"}})
-    await h.run()
+    h = await grown_to_5gi()
     expand(h)
     deleting: list[dict] = []
     real_delete = h.kube.delete
