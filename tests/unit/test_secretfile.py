@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from eventfleet_server.backup import s3
 from eventfleet_server.common.secretfile import SecretFileError, read_secret_file
 from eventfleet_server.replication.login import Credentials
@@ -35,7 +34,7 @@ def test_backup_reports_its_own_error_type(tmp_path):
 def test_replication_password_file_shares_the_rule(tmp_path):
     f = tmp_path / "password"
     f.write_text("\n")
-    with pytest.raises(ValueError, match="replication.password_file .*: file is empty"):
+    with pytest.raises(ValueError, match=r"replication\.password_file .*: file is empty"):
         Credentials.load(password_file=str(f), users_file=None, token=None)
     f.write_text("pw\n")
     creds = Credentials.load(password_file=str(f), users_file=None, token=None)
