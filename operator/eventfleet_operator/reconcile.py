@@ -908,6 +908,7 @@ async def _observe_only(
     token = await _read_token(ctx, spec)
     peers = await _observe_replicas(ctx, spec, count, token)
     tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous)
+    pods = await _pods(ctx, spec)
     return dataclasses.replace(
         obs,
         tokens=tokens_c,
@@ -915,7 +916,8 @@ async def _observe_only(
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
-        rollout=_rollout_plan(spec, sts, await _pods(ctx, spec), peers, count),
+        rollout=_rollout_plan(spec, sts, pods, peers, count),
+        pods=status_mod.PodCounts.of(pods, spec.replicas),
         config_hash=str(previous.get("configHash") or ""),
         not_implemented=spec.not_implemented,
     )
@@ -1148,6 +1150,7 @@ async def _apply_children(
         statefulset=sts_after,
         decision=decision,
         peers=peers,
+        pods=status_mod.PodCounts.of(pods, spec.replicas),
         monitoring=monitoring,
         aggregation=aggregation,
         config_hash=config_hash,

@@ -44,6 +44,46 @@ class OptionalChild:
 
 
 @dataclasses.dataclass(frozen=True)
+class PodCounts:
+    """The fleet's replica pods as listed in this pass (not the StatefulSet's summary,
+    which lags: its ``readyReplicas`` still counts pods that are shutting down, and is of
+    an older generation right after a scale)."""
+
+    present: int  # pods of any ordinal that still exist, terminating ones included
+    ready: int  # ordinals below the wanted count: not terminating, condition Ready True
+
+    @classmethod
+    def of(cls, pods: Mapping[int, Mapping[str, Any]], replicas: int) -> PodCounts:
+        ready = sum(
+            1
+            for ordinal, pod in pods.items()
+            if ordinal < replicas
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and _pod_ready(pod)
+        )
+        return cls(present=len(pods), ready=ready)
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return find_condition(conditions, "Ready").get("status") == "True"
+
+
+def _statefulset_lag(sts: Mapping[str, Any] | None) -> str:
+    """Why the StatefulSet's status does not describe its spec yet ("" when it does)."""
+    if not sts:
+        return ""
+    generation = (sts.get("metadata") or {}).get("generation")
+    observed = (sts.get("status") or {}).get("observedGeneration")
+    if generation is None or (observed is not None and int(observed) >= int(generation)):
+        return ""
+    return (
+        f"the StatefulSet controller has not yet acted on generation {generation} "
+        f"(its status is of generation {observed if observed is not None else 'none'})"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
 class PeerReport:
     ordinal: int
     name: str
@@ -84,6 +124,7 @@ class Observation:
     peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
     tls: Verdict | None = None  # CertificateReady; None: not observed, keep the last
     tls_status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
+    pods: PodCounts | None = None  # the pods listed in this pass (None: not listed)
 
 
 def now_iso() -> str:
@@ -193,6 +234,12 @@ def build(
     sts_replicas = sts_spec.get("replicas")
     replicas = int(sts_status.get("replicas") or 0)
     ready = int(sts_status.get("readyReplicas") or 0)
+    sts_lag = _statefulset_lag(obs.statefulset)
+    if obs.pods is not None:
+        # Only pods seen ready in this pass count: never one that is shutting down.
+        ready = min(ready, obs.pods.ready)
+    # Hibernated once no replica pod is left, not when the StatefulSet is told 0.
+    hibernated = sts_replicas == 0 and not sts_lag and not (obs.pods and obs.pods.present)
 
     entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
 
@@ -225,7 +272,7 @@ def build(
                 Reason.HIBERNATED,
                 f"hibernated: no replica runs, the {obs.desired} volumes are kept",
             )
-            if sts_replicas == 0
+            if hibernated
             else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
         )
     elif obs.decision.held:
@@ -238,6 +285,8 @@ def build(
         )
     elif obs.rollout is not None and not obs.rollout.complete:
         ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
+    elif sts_lag:
+        ready_c = (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
     elif ready < obs.desired:
         ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
@@ -285,7 +334,7 @@ def build(
     )
     if not obs.hibernate:
         hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
-    elif sts_replicas == 0:
+    elif hibernated:
         hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
     else:
         hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
@@ -330,7 +379,7 @@ def build(
 
     if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
-    elif obs.hibernate and sts_replicas == 0:
+    elif obs.hibernate and hibernated:
         phase = Phase.HIBERNATED
     elif ready_c[0] is T:
         phase = Phase.RUNNING
