@@ -104,3 +104,28 @@ def test_every_repository_path_mentioned_exists():
             if "*" in ref or not (REPO / ref).exists():
                 missing.add(f"{path.relative_to(REPO)}: {ref}")
     assert missing == set()
+
+
+def _table_names(text: str) -> set[str]:
+    """The backquoted names that open a row of a Markdown table."""
+    return set(re.findall(r"^\| `([A-Za-z]+)` \|", text, re.M))
+
+
+def test_reference_tables_name_every_condition_and_phase():
+    """A condition or phase the operator writes is explained where users look it up."""
+    from eventfleet_operator.constants import ConditionType, Phase
+
+    conditions = {c.value for c in ConditionType}
+    for doc in (DOCS / "runbook.md", DOCS / "operator.md"):
+        missing = conditions - _table_names(doc.read_text())
+        assert missing == set(), f"{doc.name}: no table row for the conditions {missing}"
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    status = crd_version_schema(crd, "v1")["properties"]["status"]["properties"]
+    runbook = (DOCS / "runbook.md").read_text()
+    (runbook_phases,) = re.findall(r"^`phase` \(([^)]*)\)", runbook, re.M)
+    for where, text in (
+        ("CRD status.phase", status["phase"]["description"]),
+        ("runbook", runbook_phases),
+    ):
+        missing = [p.value for p in Phase if p.value not in text]
+        assert missing == [], f"{where} does not name the phases {missing}"
