@@ -129,3 +129,27 @@ def test_reference_tables_name_every_condition_and_phase():
     ):
         missing = [p.value for p in Phase if p.value not in text]
         assert missing == [], f"{where} does not name the phases {missing}"
+
+
+@pytest.mark.parametrize("page", ["replication.md", "jetstream.md"])
+def test_documented_http_from_admits_websocket_clients(page):
+    """The NetworkPolicy example where websocket users look is a valid EventServer, and
+    the policy the operator builds from it admits those sources to the HTTP port."""
+    from eventfleet_operator import builders, model
+
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    (doc,) = [
+        d
+        for block in _blocks(DOCS / page, "yaml")
+        for d in yaml.safe_load_all(block)
+        if isinstance(d, dict) and "networkPolicy" in (d.get("spec") or {})
+    ]
+    jsonschema.validate(doc, structural_to_jsonschema(crd_version_schema(crd, "v1")))
+    sources = doc["spec"]["networkPolicy"]["http"]["from"]
+    spec = model.parse("events", "prod", doc["spec"], uid="u")
+    policy = builders.network_policy(spec, {"podSelector": {"matchLabels": {"app": "op"}}})
+    http_port = spec.ports.http
+    (http_rule,) = [
+        r for r in policy["spec"]["ingress"] if {"protocol": "TCP", "port": http_port} in r["ports"]
+    ]
+    assert all(source in http_rule["from"] for source in sources)
