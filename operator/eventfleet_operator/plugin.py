@@ -134,12 +134,19 @@ def _unreachable(server: str | None, e: BaseException) -> str:
 
 
 def _api_error(e: Any, namespace: str, name: str, kind: str = "eventserver") -> str:
+    try:
+        body = json.loads(e.body)
+        message = body.get("message", e.reason)
+    except (TypeError, ValueError, AttributeError):
+        body, message = {}, e.reason
+    if e.status == 404 and not (body.get("details") or {}).get("name") and body:
+        # The API server knows no such resource type: the CRD is missing.
+        return (
+            f"this cluster has no {kind}s ({message}): install the eventfleet CRDs "
+            "(helm install ... charts/eventfleet-operator, or kubectl apply -f crds/)"
+        )
     if e.status == 404:
         return f'{kind} "{name}" not found in namespace "{namespace}"'
-    try:
-        message = json.loads(e.body).get("message", e.reason)
-    except (TypeError, ValueError):
-        message = e.reason
     if e.status in (401, 403):
         message += " (the kubeconfig's user lacks the right; see docs/operator.md, RBAC)"
     return f"{kind} {namespace}/{name}: {e.status} {message}"

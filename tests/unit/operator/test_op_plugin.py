@@ -315,3 +315,20 @@ def test_without_the_kubernetes_package_it_says_how_to_install_it(tmp_path):
     result = _plugin({"HOME": str(tmp_path)}, "status", "demo", prelude=prelude)
     line = _one_line_error(result)
     assert "'kubernetes'" in line and "eventfleet[operator]" in line
+
+
+def test_api_errors_tell_a_missing_object_from_a_missing_crd():
+    from kubernetes.client import ApiException
+
+    def error(status, body):
+        e = ApiException(status=status, reason="Not Found")
+        e.body = json.dumps(body)
+        return e
+
+    missing = error(404, {"message": 'eventservers.eventfleet.io "x" not found',
+                          "details": {"name": "x", "kind": "eventservers"}})  # fmt: skip
+    assert plugin._api_error(missing, "ns", "x") == 'eventserver "x" not found in namespace "ns"'
+    no_crd = error(404, {"message": "the server could not find the requested resource"})
+    assert "install the eventfleet CRDs" in plugin._api_error(no_crd, "ns", "x")
+    forbidden = error(403, {"message": "eventservers is forbidden: User u cannot get"})
+    assert "lacks the right" in plugin._api_error(forbidden, "ns", "x")
