@@ -153,3 +153,21 @@ def test_documented_http_from_admits_websocket_clients(page):
         r for r in policy["spec"]["ingress"] if {"protocol": "TCP", "port": http_port} in r["ports"]
     ]
     assert all(source in http_rule["from"] for source in sources)
+
+
+def test_chart_readme_quick_install_puts_the_fleet_where_the_operator_watches(tmp_path):
+    """Installed without watch settings, the operator watches only its release
+    namespace: the example must be applied (and waited for) there."""
+    (block,) = [b for b in _blocks(CHART / "README.md", "sh") if "helm install" in b]
+    lines = [line for line in block.splitlines() if line.strip()]
+    (install,) = [line for line in lines if line.startswith("helm install")]
+    release_ns = re.search(r"(?:-n|--namespace)[ =](\S+)", install).group(1)
+    assert "watchNamespaces" not in install and "allNamespaces" not in install
+    # What the chart renders for that install: the operator's --namespace argument.
+    docs = render(tmp_path, namespace=release_ns, release="eventfleet-operator")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    watched = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--namespace=")]
+    assert watched == [release_ns], container["args"]
+    for line in lines:
+        if line.startswith(("kubectl apply", "kubectl wait")):
+            assert re.search(rf"(?:-n|--namespace)[ =]{re.escape(release_ns)}\b", line), line
