@@ -713,24 +713,37 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
 
 
 def service_monitor(spec: FleetSpec) -> dict[str, Any]:
-    """prometheus-operator ServiceMonitor scraping every replica through the peer Service."""
+    """prometheus-operator ServiceMonitor scraping every replica through the peer Service.
+
+    With TLS on the HTTP port (``spec.tls.enabled`` and ``spec.tls.http``) the port
+    speaks HTTPS only, so Prometheus scrapes ``https`` and verifies the replicas against
+    the fleet CA: ``ca.crt`` of the fleet's TLS Secret, which every provider fills (the
+    per-fleet ``<name>-ca`` Secret does not exist when a user's issuer signs). Prometheus
+    connects to pod addresses, so the name checked is the client Service's, which every
+    fleet certificate carries. The HTTP port asks for no client certificate.
+    """
     labels = {**naming.labels(spec.name, "monitoring"), **dict(spec.service_monitor.labels)}
     meta = _metadata(spec, naming.service_monitor(spec.name), "monitoring")
     meta["labels"] = labels
+    endpoint: dict[str, Any] = {
+        "port": "http",
+        "path": "/metrics",
+        "scheme": "http",
+        "interval": spec.service_monitor.interval,
+    }
+    if spec.tls.enabled and spec.tls.http:
+        endpoint["scheme"] = "https"
+        endpoint["tlsConfig"] = {
+            "ca": {"secret": {"name": naming.tls_secret(spec.name), "key": "ca.crt"}},
+            "serverName": f"{naming.client_service(spec.name)}.{spec.namespace}.svc",
+        }
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": meta,
         "spec": {
             "selector": {"matchLabels": naming.labels(spec.name, "peers")},
-            "endpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "scheme": "http",
-                    "interval": spec.service_monitor.interval,
-                }
-            ],
+            "endpoints": [endpoint],
         },
     }
 

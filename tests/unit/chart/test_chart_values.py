@@ -148,11 +148,16 @@ def test_chart_metadata_matches_the_package_and_the_crd():
     # Images are tagged with the package version, and the chart's default operator image
     # is `eventfleet/operator:<appVersion>`: the two must name the same release.
     assert chart["appVersion"] == project["version"]
-    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
-    (storage,) = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
-    (listed,) = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
-    assert (listed["name"], listed["kind"], listed["version"]) == (
-        crd["metadata"]["name"],
-        crd["spec"]["names"]["kind"],
-        storage,
-    )
+    # Artifact Hub lists every CRD the chart installs, at its storage version.
+    expected = []
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        (storage,) = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
+        expected.append((crd["metadata"]["name"], crd["spec"]["names"]["kind"], storage))
+    listed = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    assert sorted((c["name"], c["kind"], c["version"]) for c in listed) == sorted(expected)
+    # ... and the images a release runs, at the release's version.
+    images = yaml.safe_load(chart["annotations"]["artifacthub.io/images"])
+    assert {i["image"] for i in images} == {
+        f"eventfleet/{name}:{project['version']}" for name in ("operator", "server", "spark")
+    }
