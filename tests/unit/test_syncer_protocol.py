@@ -67,6 +67,31 @@ def test_events_round_trip_and_checks():
         protocol.decode_events(b"\x01", 1)
 
 
+def test_merged_events_follow_the_shared_validation_rule():
+    """What a client may register, a peer may send (empty segments, the empty type,
+    source timestamps before 1970); what the rule refuses, the merge refuses."""
+    ok = [
+        Event(EventId(1, 1, i), t, Timestamp(1, 0), st, None)
+        for i, (t, st) in enumerate(
+            [
+                (("a", ""), None),
+                (("x", "", "y"), Timestamp(-1, 0)),
+                ((), Timestamp(-62_135_596_800, 0)),
+                (("",), Timestamp(253_402_300_799, 999_999)),
+            ],
+            start=1,
+        )
+    ]
+    assert protocol.decode_events(protocol.encode_events(ok), 1) == ok
+    for bad, error in [
+        (ok[0]._replace(type=("?",)), "wildcard"),
+        (ok[0]._replace(source_timestamp=Timestamp(-62_135_596_801, 0)), "years 1..9999"),
+        (ok[0]._replace(source_timestamp=Timestamp(253_402_300_800, 0)), "years 1..9999"),
+    ]:
+        with pytest.raises(ProtocolError, match=error):
+            protocol.decode_events(protocol.encode_events([bad]), 1)
+
+
 def test_init_res():
     assert protocol.decode_init_res(protocol.encode_init_res(None)) is None
     assert protocol.decode_init_res(protocol.encode_init_res("no")) == "no"

@@ -85,11 +85,9 @@ def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> tuple[
             pos += 1
         else:
             segments, pos = _int(data, pos)
-        if not 0 < segments <= limits.max_type_segments:
-            if segments <= 0:
-                if segments < 0:
-                    raise MalformedRequest(f"event {i}: negative segment count")
-                raise RequestRefused(f"event {i}: type is empty")
+        if not 0 <= segments <= limits.max_type_segments:
+            if segments < 0:
+                raise MalformedRequest(f"event {i}: negative segment count")
             raise RequestRefused(
                 f"event {i}: type has {segments} segments (max_type_segments "
                 f"{limits.max_type_segments})"
@@ -209,7 +207,7 @@ def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None
                 f"event {i}: type segment {segment[:40]!r}... has {len(segment)} characters "
                 f"(max_segment_length {limits.max_segment_length})"
             )
-    if e.type[0] == RESERVED_TYPE_PREFIX:
+    if e.type[:1] == (RESERVED_TYPE_PREFIX,):  # an empty type is valid: no [0]
         raise ValueError(
             f"event {i}: type {list(e.type)!r}: the prefix {RESERVED_TYPE_PREFIX!r} is "
             "reserved for events the servers register themselves"

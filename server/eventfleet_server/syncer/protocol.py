@@ -18,6 +18,8 @@ from eventfleet_server.common.model import (
     EventPayloadBinary,
     EventPayloadJson,
     Timestamp,
+    event_type_error,
+    source_timestamp_error,
     timestamp_to_us,
 )
 from eventfleet_server.common.sbsguard import check_bounds
@@ -136,17 +138,16 @@ def decode_events(data: bytes, server_id: int) -> list[Event]:
             if not (0 <= eid.session <= MAX_ID and 0 <= eid.instance <= MAX_ID):
                 raise ProtocolError(f"event {i}: id {tuple(eid)} is outside 0..2^63-1")
             event_type = tuple(d["type"])
-            if "*" in event_type or "?" in event_type:
-                raise ProtocolError(
-                    f"event {i}: type {list(event_type)!r} contains a wildcard segment"
-                )
+            if (error := event_type_error(event_type)) is not None:  # the shared rule
+                raise ProtocolError(f"event {i}: {error}")
             t = d["timestamp"]
             ts = Timestamp(t["s"], t["us"])
             _check_timestamp(i, eid, ts)
             st = d["sourceTimestamp"]
             if st[0] == "value":
                 source = Timestamp(st[1]["s"], st[1]["us"])
-                _check_timestamp(i, eid, source)
+                if (error := source_timestamp_error(source)) is not None:  # the shared rule
+                    raise ProtocolError(f"event {i} {tuple(eid)}: {error}")
             else:
                 source = None
             p = d["payload"]
