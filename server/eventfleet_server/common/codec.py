@@ -8,6 +8,7 @@ the offending field named so a connection can answer with a clear error.
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Sequence
 
 from hat import sbs
 
@@ -27,6 +28,7 @@ from eventfleet_server.common.model import (
     Status,
     Timestamp,
 )
+from eventfleet_server.common.sbsint import encode_int
 
 NONE = ("none", None)
 
@@ -102,6 +104,28 @@ def event_to_sbs(e: Event) -> dict:
         "sourceTimestamp": NONE if st is None else ("value", {"s": st.s, "us": st.us}),
         "payload": payload_to_sbs(e.payload),
     }
+
+
+_EVENT = "HatEventer.Event"
+
+
+def encode_event(e: Event) -> bytes:
+    """The SBS ``HatEventer.Event`` bytes of `e`: what the storage keeps next to each
+    event and every Eventer/Syncer message carries as an array element."""
+    return repo.encode(_EVENT, event_to_sbs(e))
+
+
+def events_array(items: Sequence[bytes]) -> bytes:
+    """An SBS ``Array(Event)`` from encoded elements (`encode_event` bytes): the count,
+    then the elements as they are. This is the whole body of ``MsgEventsNotify``, the
+    Syncer's ``MsgEvents`` and the array inside ``MsgQueryRes``/``MsgRegisterRes``."""
+    return b"".join([encode_int(len(items)), *items])
+
+
+def query_res(items: Sequence[bytes], more_follows: bool) -> bytes:
+    """``MsgQueryRes`` (Record {events: Array(Event), moreFollows: Boolean}) from
+    encoded elements; a Boolean is one byte, 1 or 0."""
+    return b"".join([encode_int(len(items)), *items, b"\x01" if more_follows else b"\x00"])
 
 
 def event_from_sbs(data: dict) -> Event:
