@@ -186,17 +186,17 @@ async def test_history_then_synced_then_buffered_then_live(tmp_path, monkeypatch
         engine, storage = replica.engine, replica.storage
         for i in range(3):
             await engine.register_wait([reg("h", str(i)), reg("h", str(i), "x")])
-        read_server = storage.read_server
+        read_server_stream = storage.read_server_stream
         created_during_history = []
 
         async def slow_read(server_id, after, limit):
-            page = await read_server(server_id, after, limit)
+            page = await read_server_stream(server_id, after, limit)
             if not created_during_history:
                 # Registered and committed after the init, while history is being sent.
                 created_during_history.extend(await engine.register_wait([reg("during")]))
             return page
 
-        monkeypatch.setattr(storage, "read_server", slow_read)
+        monkeypatch.setattr(storage, "read_server_stream", slow_read)
         conn, error = await raw_init(replica.syncer.port, EventId(1, 0, 0))
         assert error is None
         received = []
@@ -218,7 +218,7 @@ async def test_history_then_synced_then_buffered_then_live(tmp_path, monkeypatch
         msg = await asyncio.wait_for(conn.receive(), 5)
         got = protocol.decode_events(msg.data, 1)
         assert got == live
-        assert live[0] in await read_server(1, EventId(1, 0, live[0].id.instance - 1), 1)
+        assert live[0] in await storage.read_server(1, EventId(1, 0, live[0].id.instance - 1), 1)
         conn.close()
 
 

@@ -279,6 +279,28 @@ def _register_res_chunks(
         yield parts
 
 
+def event_elements(
+    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
+) -> list[bytes] | None:
+    """The SBS ``Event`` bytes of each of `created` (the events registered from
+    `request`), spliced from the request's bytes the way `encode_register_res` does:
+    its id, the request's bytes of its type, the registration's timestamp, the
+    request's bytes of the rest. These are what the engine stores, notifies and
+    answers with (`Engine.register`'s `encode`); None when they cannot be spliced."""
+    try:
+        chunks = _register_res_chunks(request, spans, created)
+        next(chunks)  # the MsgRegisterRes header
+        out: list[bytes] = []
+        append = out.append
+        join = b"".join
+        for parts in chunks:
+            for i in range(0, len(parts), 5):
+                append(join(parts[i : i + 5]))
+        return out
+    except _NotSpliceable:
+        return None
+
+
 def encode_register_res(
     request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
 ) -> bytes | None:
@@ -316,6 +338,11 @@ async def encode_register_res_sliced(
     except _NotSpliceable:
         return None
     return b"".join(parts)
+
+
+def register_res(elements: list[bytes]) -> bytes:
+    """``MsgRegisterRes`` (the events choice) from the events' SBS bytes."""
+    return _EVENTS_CHOICE + codec.events_array(elements)
 
 
 def encode_count(n: int) -> bytes:

@@ -101,7 +101,21 @@ def encode_none() -> bytes:
 
 
 def encode_events(events: list[Event]) -> bytes:
+    """MsgEvents of model events (the server sends stored bytes: `codec.events_array`)."""
     return codec.repo.encode(EVENTS, [codec.event_to_sbs(e) for e in events])
+
+
+def decode_events_sbs(data: bytes, server_id: int) -> tuple[list[Event], list[bytes]]:
+    """`decode_events`, and each event's SBS bytes as received (stored as they are, so
+    a merged event is never encoded again: `codec.split_events_array`)."""
+    events = decode_events(data, server_id)
+    try:
+        elements = codec.split_events_array(data)
+    except ValueError as e:
+        raise ProtocolError(f"MsgEvents does not split into events: {e}") from e
+    if len(elements) != len(events):
+        raise ProtocolError(f"MsgEvents holds {len(events)} events, {len(elements)} split")
+    return events, elements
 
 
 def decode_events(data: bytes, server_id: int) -> list[Event]:
