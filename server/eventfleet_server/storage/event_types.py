@@ -22,7 +22,6 @@ INSERT = "INSERT INTO types (type_id, type) VALUES (?, ?)"
 SELECT = "SELECT type_id, type FROM types"
 
 _EXPANSION_CACHE = 256
-_WILDCARDS = frozenset(("*", "?"))
 
 
 class TypeCache:
@@ -80,14 +79,15 @@ class TypeCache:
         extended by the types added since."""
         if event_types is None:
             return None
+        if not any("*" in p or "?" in p for p in event_types):
+            # Names only: each is a type or nothing (no trie, no scan of known types).
+            get = self.ids.get
+            ids = [i for i in dict.fromkeys(map(get, map(tuple, event_types))) if i is not None]
+            return ids, json.dumps(ids)
         subscription = Subscription(event_types)
         if subscription.matches_all:
             return None
         patterns = subscription.patterns
-        if not any(_WILDCARDS.intersection(p) for p in patterns):
-            get = self.ids.get
-            ids = [i for i in map(get, patterns) if i is not None]
-            return ids, json.dumps(ids)
         types = self.types
         known = len(types)  # the writer may append while we look; take a fixed prefix
         cached = self._expansions.get(patterns)
