@@ -161,26 +161,27 @@ def decode(rows: list[tuple], types: list[EventType | None]) -> list[Event]:
     in-process callers)."""
     out = []
     append = out.append
+    # NamedTuples built with tuple.__new__: their generated __new__ is a Python-level
+    # call per object.
+    new = tuple.__new__
     for server, session, instance, type_id, ts, sts, kind, ptype, data in rows:
-        s, us = divmod(ts, _US)
-        if sts is not None:
-            ss, sus = divmod(sts, _US)
-            source = Timestamp(ss, sus)
-        else:
-            source = None
+        source = None if sts is None else new(Timestamp, divmod(sts, _US))
         if kind == KIND_JSON:
-            payload = EventPayloadJson(data)
+            payload = new(EventPayloadJson, (data,))
         elif kind == KIND_BINARY:
-            payload = EventPayloadBinary(ptype, data)
+            payload = new(EventPayloadBinary, (ptype, data))
         else:
             payload = None
         append(
-            Event(
-                EventId(server, session, instance),
-                types[type_id],  # type: ignore[arg-type]
-                Timestamp(s, us),
-                source,
-                payload,
+            new(
+                Event,
+                (
+                    new(EventId, (server, session, instance)),
+                    types[type_id],
+                    new(Timestamp, divmod(ts, _US)),
+                    source,
+                    payload,
+                ),
             )
         )
     return out
