@@ -758,3 +758,18 @@ async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_
         }
     finally:
         await storage.close()
+
+
+async def test_bus_records_are_stored_beside_their_events(storage):
+    """The Event BUS's hook (events.bus): set after commit by seq, read back by seq."""
+    inserted = await storage.write(make_events(4))
+    seqs = [seq for seq, _ in inserted]
+    assert await storage.read_bus_since_seq(0, 10) == [(s, None) for s in seqs]
+    await storage.set_bus_records([(seqs[1], b"\x82\xa1a\x01"), (seqs[3], b"rec"), (999, b"x")])
+    assert await storage.read_bus_since_seq(seqs[0], 2) == [
+        (seqs[1], b"\x82\xa1a\x01"),
+        (seqs[2], None),
+    ]
+    assert await storage.read_bus_since_seq(seqs[2], 10) == [(seqs[3], b"rec")]
+    # The events themselves and their SBS bytes are untouched.
+    assert [e for _, e in await storage.read_since_seq(0, 10)] == [e for _, e in inserted]

@@ -583,6 +583,30 @@ class Storage:
         decoded = events.decode([row[1:] for row in rows], self._cache.types)
         return [(row[0], event) for row, event in zip(rows, decoded, strict=True)]
 
+    # -- the Event BUS's stored records (events.bus) -----------------------------------
+
+    async def set_bus_records(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Store the Event BUS's record (msgpack bytes) of the events with these local
+        sequence numbers, ``(seq, record)`` pairs, in one transaction (an unknown seq —
+        deleted by retention meanwhile — is skipped)."""
+        self._check_open()
+        rows = [(record, seq) for seq, record in items]
+        if rows:
+            await self._on_writer(self._set_bus_records, rows)
+
+    def _set_bus_records(self, rows: list[tuple[bytes, int]]) -> None:
+        with self._transaction("bus records write") as tx:
+            tx.executemany(events.SET_BUS, rows)
+
+    async def read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
+        """Up to `limit` ``(seq, record)`` with sequence number above `seq`, ascending;
+        `record` is what `set_bus_records` stored, None where nothing was."""
+        self._check_open()
+        return await _run(self._reader, self._read_bus_since_seq, seq, limit)
+
+    def _read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
+        return self._reader._conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+
     # -- event keys (protocol indexes, e.g. the Event BUS UUID) ------------------------
 
     @property

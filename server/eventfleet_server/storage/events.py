@@ -13,7 +13,9 @@ row is turned back into model objects on those paths (`common.codec.events_array
 
 ``bus`` is a nullable BLOB reserved for the Event BUS's msgpack record of the event
 (the form its SYNC/BROADCAST send), so that the BUS can serve stored records the same
-way; the storage never fills or reads it (NULL until the BUS writes it).
+way: `Storage.set_bus_records` fills it (after the commit, like the event keys) and
+`Storage.read_bus_since_seq` reads it back by sequence number; NULL until then. The
+storage never builds it.
 """
 
 from __future__ import annotations
@@ -97,6 +99,9 @@ SERVER_STREAM = (
     " WHERE server = ? AND instance > ? ORDER BY instance LIMIT ?"
 )
 SINCE_SEQ = f"SELECT seq, {COLS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+# The Event BUS's stored records (see the module doc): set after commit, read by seq.
+SET_BUS = "UPDATE events SET bus = ? WHERE seq = ?"
+BUS_SINCE_SEQ = "SELECT seq, bus FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
 
 # Retention.
 DELETE_OLDER = (
