@@ -195,7 +195,14 @@ class EventerServer:
                 data = encoded_all
             else:
                 data = codec.events_array(selected)
-            session.notify(data, len(selected))
+            try:
+                session.notify(data, len(selected))
+            except Exception as e:
+                # One client's failure (a transport closed under us: uvloop raises
+                # RuntimeError) must not cost the other subscribers this notification.
+                log.warning("eventer client %r: notify failed, closing: %r", session.name, e)
+                with contextlib.suppress(Exception):
+                    session.conn.close(f"client {session.name!r}: notify failed: {e!r}")
 
     def _on_status(self, status: Status) -> None:
         data = codec.repo.encode(_P + "MsgStatusNotify", codec.status_to_sbs(status))

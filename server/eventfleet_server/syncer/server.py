@@ -200,12 +200,20 @@ class SyncerServer:
             selected, selected_sbs = session.select(events, sbs)
             if not selected:
                 continue
-            if len(selected) == len(events):
-                if encoded_all is None:
-                    encoded_all = codec.events_array(sbs)
-                session.on_live(selected, selected_sbs, encoded_all)
-            else:
-                session.on_live(selected, selected_sbs, None)
+            if len(selected) == len(events) and encoded_all is None:
+                encoded_all = codec.events_array(sbs)
+            try:
+                session.on_live(
+                    selected, selected_sbs, encoded_all if len(selected) == len(events) else None
+                )
+            except Exception as e:
+                # One peer's failure (a transport closed under us: uvloop raises
+                # RuntimeError, not ConnectionError) must not cost the other peers these
+                # events: they would be missing, with later ones held, for good. This
+                # peer is closed; it reconnects and resumes after its last held id.
+                log.warning("syncer client %s: live send failed, closing: %r", session.label, e)
+                with contextlib.suppress(Exception):
+                    session.conn.close(f"syncer client {session.label}: live send failed: {e!r}")
 
     # -- connections -------------------------------------------------------------------------
 
