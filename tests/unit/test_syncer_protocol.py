@@ -16,6 +16,8 @@ from eventfleet_server.syncer import protocol
 from eventfleet_server.syncer.mesh import Backoff, ids_named_by, sync_state_type
 from eventfleet_server.syncer.peers import parse_peers
 from eventfleet_server.syncer.protocol import ProtocolError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
@@ -159,3 +161,50 @@ def test_decode_events_sbs_returns_the_received_bytes():
     assert elements == [codec.encode_event(e) for e in events]
     with pytest.raises(ProtocolError, match="does not decode"):
         protocol.decode_events_sbs(data[:-3], 1)
+
+
+@pytest.mark.parametrize(
+    ("events", "server_id", "error"),
+    [
+        ([ev(instance=1), ev(instance=2)], 2, "is of server 1, this stream is for server 2"),
+        ([ev(session=1), ev(session=2, instance=2)], 1, "mixes sessions 1 and 2"),
+        ([ev(type_=("a", "*"))], 1, "wildcard"),
+        ([ev(session=-1)], 1, "outside 0..2"),
+        ([ev(ts=Timestamp(1 << 62, 0))], 1, "storable range"),
+        ([], 1, "empty"),
+    ],
+)
+def test_decode_events_sbs_checks_like_decode_events(events, server_id, error):
+    data = protocol.encode_events(events)
+    with pytest.raises(ProtocolError, match=error):
+        protocol.decode_events_sbs(data, server_id)
+
+
+def _c_decoded(element: bytes) -> Event:
+    return codec.event_from_sbs(codec.repo.decode("HatEventer.Event", element))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_decode_events_sbs_refuses_garbage_with_a_protocol_error(data):
+    try:
+        events, elements = protocol.decode_events_sbs(data, 1)
+    except ProtocolError:
+        return
+    # What is accepted is stored and served as received: the C decoder (any client)
+    # reads each element as the event it was taken for.
+    assert [_c_decoded(b) for b in elements] == events
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 5000), st.integers(0, 255))
+def test_a_corrupted_byte_is_refused_or_read_as_the_c_decoder_reads_it(index, value):
+    events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(20)]
+    data = bytearray(protocol.encode_events(events))
+    data[index % len(data)] = value
+    try:
+        decoded, elements = protocol.decode_events_sbs(bytes(data), 1)
+    except ProtocolError:
+        return
+    assert [_c_decoded(b) for b in elements] == decoded
+    assert decoded == protocol.decode_events(bytes(data), 1)
