@@ -23,7 +23,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.listener import Tasks
-from eventfleet_server.storage import SbsResult, Storage
+from eventfleet_server.storage import SbsResult, Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +341,13 @@ class Engine:
         time.
         """
         if encoded is None:
-            encoded = [codec.encode_event(e) for e in events]
+            encoded = []
+            for i, e in enumerate(events):
+                try:
+                    encoded.append(codec.encode_event(e))
+                except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as err:
+                    # As a refused write: the merger then retries stream by stream.
+                    raise StorageError(f"event {i} {e!r:.300}: does not encode: {err}") from err
         pairs = await self._storage.write(events, encoded=encoded)
         inserted = [e for _, e in pairs]
         if len(inserted) == len(events):
