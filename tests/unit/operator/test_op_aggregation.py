@@ -7,8 +7,12 @@ CRD (vendored, e2e/k8s/external-crds) and every spec against our own CRD.
 
 from __future__ import annotations
 
+import re
+
+import kubernetes_validate
 import op_k8s_schema as k8s_schema
 import pytest
+import yaml
 from eventfleet_operator import builders, model, status
 from eventfleet_operator.constants import ConditionType
 from op_pass import Harness
@@ -279,3 +283,41 @@ async def test_ephemeral_output_is_called_out_in_the_condition():
     assert c["status"] == "True"
     assert "/tmp/eventfleet/aggregates is in the driver pod and lost" in c["message"]
     assert "spec.aggregation.outputVolume" in c["message"]
+
+
+def _doc_objects():
+    text = (k8s_schema.ROOT / "docs" / "aggregation.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    return [d for b in blocks for d in yaml.safe_load_all(b) if d]
+
+
+def test_walkthrough_eventservers_are_valid_and_render_valid_spark_applications():
+    fleets = [d for d in _doc_objects() if d["kind"] == "EventServer"]
+    assert len(fleets) == 2  # the claim and the S3 variant
+    outputs = []
+    for doc in fleets:
+        assert crd_errors(doc["spec"]) == []
+        spec = model.parse(doc["metadata"]["name"], doc["metadata"]["namespace"], doc["spec"])
+        assert not spec.aggregation.output_is_ephemeral
+        outputs.append(argument(spark_app(spec)["spec"]["template"], "--output"))
+    assert outputs == [model.AGGREGATION_OUTPUT_DIR, "s3a://events-archive/aggregates"]
+
+
+def test_walkthrough_kubernetes_objects_are_valid_and_agree_with_the_fleet():
+    docs = {d["kind"]: d for d in _doc_objects() if d["kind"] != "EventServer"}
+    assert set(docs) == {"PersistentVolumeClaim", "Secret", "Pod"}
+    for doc in docs.values():
+        kubernetes_validate.validate(doc, "1.33.0", strict=True)
+    claim = docs["PersistentVolumeClaim"]["metadata"]["name"]
+    (volume,) = docs["Pod"]["spec"]["volumes"]
+    assert volume["persistentVolumeClaim"]["claimName"] == claim
+    (mount,) = docs["Pod"]["spec"]["containers"][0]["volumeMounts"]
+    assert mount["mountPath"] == model.AGGREGATION_OUTPUT_DIR
+    # The Secret's keys are the ones the S3 fleet's env refers to.
+    fleet_env = next(
+        d
+        for d in _doc_objects()
+        if d["kind"] == "EventServer" and "env" in d["spec"]["aggregation"]
+    )["spec"]["aggregation"]["env"]
+    keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in fleet_env}
+    assert keys == set(docs["Secret"]["stringData"])
