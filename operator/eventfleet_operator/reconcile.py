@@ -511,7 +511,12 @@ async def _optional(
     name: str,
     log: logging.Logger,
     emit: Emit,
+    *,
+    note: str = "",
+    report: Callable[[Mapping[str, Any] | None], Mapping[str, Any]] | None = None,
 ) -> status_mod.OptionalChild:
+    """Apply or remove one optional child; ``report`` turns the child as read back after
+    the apply (its controller's status) into the EventServer's status entry."""
     available = await ctx.kube.has_resource(resource)
     if not available:
         if enabled:
@@ -529,7 +534,20 @@ async def _optional(
         await apply_child(ctx, build(), log, emit)
     except (kube.ApiError, ChildNotOwned) as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
-    return status_mod.OptionalChild(enabled=True, applied=True)
+    observed = None
+    if report is not None:
+        observed = report(await ctx.kube.get(resource, spec.namespace, name))
+    return status_mod.OptionalChild(enabled=True, applied=True, note=note, report=observed)
+
+
+def _aggregation_note(agg: model.Aggregation) -> str:
+    if not agg.output_is_ephemeral:
+        return ""
+    return (
+        f"its output {agg.output} is in the driver pod and lost after every run: set "
+        "spec.aggregation.output to an s3a:// URL or mount a claim with "
+        "spec.aggregation.outputVolume"
+    )
 
 
 async def _network_policy(
@@ -1114,6 +1132,8 @@ async def _apply_children(
         naming.spark_app(spec.name),
         log,
         emit,
+        note=_aggregation_note(spec.aggregation),
+        report=lambda live: status_mod.aggregation_report(live, spec.aggregation.output),
     )
     last_flush = await _requested_flush(
         ctx, spec, meta, previous, decision.target, log, emit, token

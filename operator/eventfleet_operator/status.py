@@ -41,6 +41,36 @@ class OptionalChild:
     available: bool = True
     applied: bool = False
     error: str = ""
+    note: str = ""  # added to the condition's message once applied (a caveat of the spec)
+    report: Mapping[str, Any] | None = None  # its status entry, from the child read this pass
+
+
+# spark-operator's ScheduledSparkApplication status -> status.aggregation (same names,
+# except scheduleState, which is the entry's state).
+_SPARK_STATUS_FIELDS = (
+    ("lastRun", "lastRun"),
+    ("lastRunName", "lastRunName"),
+    ("nextRun", "nextRun"),
+    ("scheduleState", "state"),
+    ("reason", "reason"),
+    ("pastSuccessfulRunNames", "pastSuccessfulRunNames"),
+    ("pastFailedRunNames", "pastFailedRunNames"),
+)
+
+
+def aggregation_report(live: Mapping[str, Any] | None, output: str) -> dict[str, Any]:
+    """``status.aggregation`` from the ScheduledSparkApplication as read in this pass.
+
+    Only what spark-operator wrote is reported (nothing before its first pass over the
+    object), plus the output the runs write to.
+    """
+    observed = (live or {}).get("status") or {}
+    report: dict[str, Any] = {"output": output}
+    for theirs, ours in _SPARK_STATUS_FIELDS:
+        value = observed.get(theirs)
+        if value not in (None, "", []):
+            report[ours] = list(value) if isinstance(value, list) else str(value)
+    return report
 
 
 @dataclasses.dataclass(frozen=True)
@@ -216,7 +246,7 @@ def _optional_condition(
     if opt.error:
         return F, Reason.APPLY_FAILED, opt.error[:300]
     return (
-        (T, Reason.APPLIED, f"{kind} is in place")
+        (T, Reason.APPLIED, f"{kind} is in place{'; ' + opt.note if opt.note else ''}")
         if opt.applied
         else (F, Reason.PENDING, f"{kind} not yet applied")
     )
@@ -418,6 +448,12 @@ def build(
             status["tls"] = dict(obs.tls_status)
     elif previous.get("tls"):
         status["tls"] = dict(previous["tls"])
+    if obs.aggregation.enabled:
+        if obs.aggregation.report is not None:
+            status["aggregation"] = dict(obs.aggregation.report)
+        elif obs.aggregation.error and previous.get("aggregation"):
+            # Not read this pass (the apply failed): keep the last report.
+            status["aggregation"] = dict(previous["aggregation"])
     last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
     if last_flush:
         status["lastFlush"] = dict(last_flush)

@@ -158,7 +158,8 @@ def test_documented_http_from_admits_websocket_clients(page):
 def test_chart_readme_quick_install_puts_the_fleet_where_the_operator_watches(tmp_path):
     """Installed without watch settings, the operator watches only its release
     namespace: the example must be applied (and waited for) there."""
-    (block,) = [b for b in _blocks(CHART / "README.md", "sh") if "helm install" in b]
+    # The first install block is the quick install (later ones install the package).
+    block = next(b for b in _blocks(CHART / "README.md", "sh") if "helm install" in b)
     lines = [line for line in block.splitlines() if line.strip()]
     (install,) = [line for line in lines if line.startswith("helm install")]
     release_ns = re.search(r"(?:-n|--namespace)[ =](\S+)", install).group(1)
