@@ -331,12 +331,27 @@ def register_event_to_sbs(e: RegisterEvent) -> dict:
 
 
 def register_event_from_sbs(data: dict) -> RegisterEvent:
+    # Every event of every register request passes here: the model tuples are built
+    # with tuple.__new__ (their generated __new__ is a Python call per object).
     st = data["sourceTimestamp"]
-    return RegisterEvent(
-        type=tuple(data["type"]),
-        source_timestamp=None if st[0] != "value" else timestamp_from_sbs(st[1]),
-        payload=payload_from_sbs(data["payload"]),
+    p = data["payload"]
+    if p[0] != "value":
+        payload = None
+    elif p[1][0] == "json":
+        payload = _new(EventPayloadJson, (p[1][1],))
+    else:
+        payload = _new(EventPayloadBinary, (p[1][1]["type"], bytes(p[1][1]["data"])))
+    return _new(
+        RegisterEvent,
+        (
+            tuple(data["type"]),
+            None if st[0] != "value" else _new(Timestamp, (st[1]["s"], st[1]["us"])),
+            payload,
+        ),
     )
+
+
+_new = tuple.__new__
 
 
 def _types_to_sbs(types):
