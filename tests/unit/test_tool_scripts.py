@@ -217,7 +217,7 @@ def test_an_unknown_part_name_is_a_usage_error():
         parts.allowed_missing({parts.ALLOW_ENV: "podmna"})
 
 
-SKIP_CALL = re.compile(r"pytest\.(skip\(|importorskip\(|mark\.skipif\b)")
+SKIP_CALL = re.compile(r"pytest\.(skip\(|importorskip\(|mark\.skip(if)?\b)|unittest\.skip|SkipTest")
 
 
 def test_no_test_skips_on_its_own():
