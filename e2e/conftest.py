@@ -20,6 +20,7 @@ _SHARED = ("kubectl", "operator", "kubelet", "namespace", "emulator")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    parts.allowed_missing()  # a misspelt part name stops the run before it starts
     config.addinivalue_line(
         "markers",
         "kind: developer-only test on a real kind cluster (Docker); deselected unless "

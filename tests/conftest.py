@@ -45,5 +45,9 @@ async def replica(tmp_path):
         yield r
 
 
+def pytest_configure(config):
+    parts.allowed_missing()  # a misspelt part name stops the run before it starts
+
+
 def pytest_terminal_summary(terminalreporter, config):
     parts.terminal_summary(terminalreporter, config)
