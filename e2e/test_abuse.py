@@ -15,6 +15,9 @@
   timeout, far above the ~10 ms it takes (so a busy CI machine cannot fail it): what the
   test asserts is that the client is admitted at all, which it was not before
   connections that have not initialised got their own budget (issue 26).
+* 1,000 idle raw TCP connections to the HTTP port: ``/readyz`` and ``/metrics`` still
+  answer (the time printed, no bound asserted); before the pre-request budget
+  (http/budget.py) aiohttp held every one of them open, without a time limit.
 
 The latencies and memory figures are printed (run with ``-s`` to see them).
 """
@@ -42,6 +45,7 @@ from eventfleet_server.common.model import (
     QueryLatestParams,
     RegisterEvent,
 )
+from eventfleet_server.http.budget import HTTP_LIMITS
 
 from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers, read_all
 
@@ -71,10 +75,10 @@ def rss_mib(pid: int) -> float:
     return kib / 1024
 
 
-async def rejected(replica: ReplicaProc, reason: str) -> float:
+async def rejected(replica: ReplicaProc, reason: str, protocol: str = "eventer") -> float:
     async with aiohttp.ClientSession() as s, s.get(replica.http + "/metrics") as res:
         text = await res.text()
-    pattern = rf'eventfleet_rejected_total{{protocol="eventer",reason="{reason}"}} (\S+)'
+    pattern = rf'eventfleet_rejected_total{{protocol="{protocol}",reason="{reason}"}} (\S+)'
     match = re.search(pattern, text)
     return float(match.group(1)) if match else 0.0
 
@@ -334,6 +338,56 @@ async def test_idle_connections_never_take_a_token_clients_place(tmp_path, flood
         # holding some in limbo).
         assert evicted + open_here >= flood, (kept, open_here, evicted)
         assert await rejected(replica, "too_many_connections") == 0
+    finally:
+        for sock in socks:
+            sock.close()
+        replica.stop()
+
+
+async def test_idle_connections_on_the_http_port_never_block_probes_or_scrapes(tmp_path):
+    flood = 1000
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = flood + 1000
+    if hard < need:
+        pytest.fail(f"this test holds {flood} sockets: ulimit -n is {hard}, needs {need}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    replica = await start(tmp_path, {})
+    socks: list[socket.socket] = []
+    try:
+        baseline = _socket_fds(replica.proc.pid)
+        started = time.monotonic()
+        socks = await _open_idle(replica.ports["http"], ["127.0.0.1"], flood)
+        opened = time.monotonic() - started
+        # Until the replica has accepted what was still in its listen backlog.
+        held, kept = -1, _socket_fds(replica.proc.pid) - baseline
+        while kept != held:
+            await asyncio.sleep(0.5)
+            held, kept = kept, _socket_fds(replica.proc.pid) - baseline
+        open_here = _still_open(socks)
+        timeout = aiohttp.ClientTimeout(total=10)
+        async with aiohttp.ClientSession(timeout=timeout) as s:
+            started = time.perf_counter()
+            async with s.get(replica.http + "/readyz") as res:
+                ready = res.status, await res.json()
+            ready_took = time.perf_counter() - started
+            started = time.perf_counter()
+            async with s.get(replica.http + "/metrics") as res:
+                scraped = res.status, await res.text()
+            scrape_took = time.perf_counter() - started
+        assert ready == (200, {"ready": True})
+        assert scraped[0] == 200 and "eventfleet_rejected_total" in scraped[1]
+        evicted = await rejected(replica, "evicted_before_init", protocol="http")
+        print(
+            f"\n{flood} idle connections to the HTTP port, opened in {opened:.1f} s: the "
+            f"replica holds {kept} of them ({open_here} open on this side), {evicted:.0f} "
+            f"evicted before a request; /readyz answered in {ready_took * 1000:.1f} ms, "
+            f"/metrics in {scrape_took * 1000:.1f} ms"
+        )
+        # The pre-request budget held: every idle connection beyond it was dropped,
+        # the oldest first; each is either evicted or still open on this side (held by
+        # the replica, or still in the listen backlog).
+        assert kept <= HTTP_LIMITS.max_pending, kept
+        assert evicted + open_here >= flood, (kept, open_here, evicted)
     finally:
         for sock in socks:
             sock.close()

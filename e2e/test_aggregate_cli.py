@@ -20,8 +20,10 @@ import time
 
 import pytest
 
-pytest.importorskip("pyspark")
-pa_parquet = pytest.importorskip("pyarrow.parquet")
+from tests import parts
+
+parts.require_module("spark", "pyspark")
+pa_parquet = parts.require_module("spark", "pyarrow.parquet")
 
 from eventfleet_operator import builders, model  # noqa: E402
 

@@ -34,6 +34,7 @@ import yaml
 from e2e.k8s.controlplane import ControlPlane, available
 from e2e.k8s.harness import ROOT
 from e2e.k8s.node import NodeAgent, podman_available
+from tests import parts
 from tests.unit.chart.chartlib import CHART, EVERYTHING_ON, REPO, helm, tool
 
 RELEASE = "ef"
@@ -47,7 +48,7 @@ def cluster(tmp_path):
     """A fresh control plane on 127.0.0.1: (admin kubeconfig path, the ControlPlane)."""
     reason = available()
     if reason:
-        pytest.skip(reason)
+        parts.skip_missing("control-plane", reason, "run scripts/tools/k8s-control-plane.sh")
     workdir = tmp_path / "controlplane"
     workdir.mkdir()
     plane = ControlPlane(workdir).start()
@@ -456,9 +457,9 @@ def test_the_chart_deployment_runs_the_operator_image_as_a_pod(cluster, home, tm
     the pod, in-cluster configuration), and it reconciles a fleet."""
     reason = podman_available()
     if reason:
-        pytest.skip(reason)
+        parts.skip_missing("podman", reason, "run scripts/tools/images.sh")
     if not (ROOT / ".tools" / "containers" / "operator.image").exists():
-        pytest.skip("no operator image: run scripts/tools/images.sh")
+        parts.skip_missing("podman", "no operator image", "run scripts/tools/images.sh")
     kubeconfig, plane = cluster
     create_namespaces(kubeconfig, NAMESPACE, "fleet-a")
     # The default install watches its own namespace only: name the fleet's.

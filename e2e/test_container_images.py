@@ -28,6 +28,7 @@ import yaml
 
 from e2e.k8s.harness import ROOT, wait_for
 from e2e.k8s.node import PODMAN, free_port, podman_available
+from tests import parts
 
 pytest_plugins = ["e2e.k8s.cluster_fixtures"]
 pytestmark = pytest.mark.timeout(300)
@@ -37,10 +38,10 @@ IMAGES = ROOT / ".tools" / "containers"
 def image(name: str) -> str:
     reason = podman_available()
     if reason:
-        pytest.skip(reason)
+        parts.skip_missing("podman", reason, "run scripts/tools/images.sh")
     ref = IMAGES / f"{name}.image"
     if not ref.exists():
-        pytest.skip(f"no {name} image: run scripts/tools/images.sh (the test command does)")
+        parts.skip_missing("podman", f"no {name} image", "run scripts/tools/images.sh")
     return ref.read_text().strip()
 
 

@@ -36,6 +36,7 @@ import time
 import pytest
 
 from e2e.fleet_helpers import FleetProc, free_block
+from tests import parts
 
 pytestmark = pytest.mark.slow
 
@@ -217,7 +218,7 @@ def test_aggregation_local_example_runs_as_written(local_fleet, tmp_path):
     directory; only the documented ports are moved to the test fleet's. The job reads
     through ``--http`` (GET /export): a wrong HTTP port or a missing token fails the run
     (ExportReadError), only a replica without the route falls back to Eventer."""
-    pytest.importorskip("pyspark")
+    parts.require_module("spark", "pyspark")
     base, data_dir = local_fleet
     (body,) = [b for info, b in blocks(AGGREGATION) if info == "sh" and "aggregate --eventer" in b]
     assert "127.0.0.1:23017" in body and "--token-file .data/token" in body  # HTTP, token

@@ -8,6 +8,8 @@ import pytest
 from eventfleet_server import config
 from eventfleet_server.main import Replica
 
+from tests import parts
+
 
 @contextlib.asynccontextmanager
 async def running_replica(data_dir, *, server_id=1, token=None, **overrides):
@@ -41,3 +43,11 @@ async def running_replica(data_dir, *, server_id=1, token=None, **overrides):
 async def replica(tmp_path):
     async with running_replica(tmp_path / "r1") as r:
         yield r
+
+
+def pytest_configure(config):
+    parts.allowed_missing()  # a misspelt part name stops the run before it starts
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    parts.terminal_summary(terminalreporter, config)

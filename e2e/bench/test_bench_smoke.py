@@ -12,6 +12,7 @@ import pytest
 
 from e2e.bench import report
 from e2e.bench.scenarios import QUERY_NAMES
+from tests import parts
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SERVERS = ["eventfleet", "reference"]
@@ -19,7 +20,7 @@ SERVERS = ["eventfleet", "reference"]
 
 @pytest.mark.timeout(120)
 def test_quick_bench_produces_complete_table(tmp_path: pathlib.Path) -> None:
-    pytest.importorskip("hat.event.eventer")
+    parts.require_module("hat-event", "hat.event.eventer")
     out_json = tmp_path / "results.json"
     out_md = tmp_path / "table.md"
     cmd = [

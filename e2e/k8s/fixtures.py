@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from tests import parts
+
 from .harness import ROOT, Api, EmulatorProcess, Kubectl, OperatorProcess, tool
 from .kubelet import FakeKubelet
 
@@ -41,7 +43,7 @@ __all__ = [
 def kubectl_binary() -> str:
     binary = tool("kubectl")
     if binary is None:
-        pytest.skip("no kubectl: run scripts/tools/k8s-binaries.sh (the test command does)")
+        parts.skip_missing("kubectl", "no kubectl", "run scripts/tools/k8s-binaries.sh")
     return binary
 
 
@@ -113,9 +115,6 @@ def kubelet(
     started: list[FakeKubelet] = []
 
     def start(name: str) -> FakeKubelet:
-        pytest.importorskip(
-            "eventfleet_server.syncer", reason="real replicas need the Syncer (issue #3)"
-        )
         k = FakeKubelet(api, namespace, name, tmp_path, urls_file)
         k.start()
         started.append(k)

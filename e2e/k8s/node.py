@@ -14,8 +14,9 @@ no kubelet can run here. This agent does the kubelet's part, honestly and no mor
   - as a **podman container from the image the pod names** (``runtime="podman"``; the
     images built by scripts/tools/images.sh): runAsUser/runAsGroup, readOnlyRootFilesystem,
     volumes mounted at the pod's mount paths, or
-  - as a **host process** (``runtime="process"``: ``eventfleet`` becomes
-    ``python -m eventfleet_cli`` and mount paths are rewritten to host directories);
+  - as a **host process** (``runtime="process"``, only when asked for explicitly:
+    ``eventfleet`` becomes ``python -m eventfleet_cli`` and mount paths are rewritten to
+    host directories);
 
 * keeps every port on 127.0.0.1 with the host network: each pod gets its own host port
   per container port (stable per pod name, like a pod's DNS name), and the replica
@@ -105,11 +106,15 @@ class NodeAgent(threading.Thread):
         workdir: pathlib.Path,
         urls_file: pathlib.Path,
         *,
-        runtime: str = "process",
+        runtime: str = "podman",
     ) -> None:
         super().__init__(name=f"node-{namespace}", daemon=True)
         if runtime not in ("process", "podman"):
             raise ValueError(f"runtime must be 'process' or 'podman', not {runtime!r}")
+        # Never fall back to host processes on its own: pods then run without the image,
+        # its user or its read-only root, and a test would pass for the wrong reason.
+        if runtime == "podman" and (reason := podman_available()):
+            raise RuntimeError(f"the node agent cannot run pods with podman: {reason}")
         self.cluster, self.namespace, self.runtime = cluster, namespace, runtime
         self.node = f"node-{namespace}"
         self.workdir = workdir / f"node-{namespace}"
@@ -853,7 +858,7 @@ class Fleet:
 
 
 def podman_available() -> str | None:
-    """None if containers can run here, else why not (a skip reason)."""
+    """None if containers can run here, else why not (what to run to get them)."""
     if not PODMAN.exists() or shutil.which("podman") is None:
         return f"no {PODMAN}: run scripts/tools/images.sh (needs root and Debian's podman)"
     return None

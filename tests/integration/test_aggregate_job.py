@@ -26,8 +26,10 @@ import threading
 
 import pytest
 
-pytest.importorskip("pyspark")
-pa_parquet = pytest.importorskip("pyarrow.parquet")
+from tests import parts
+
+parts.require_module("spark", "pyspark")
+pa_parquet = parts.require_module("spark", "pyarrow.parquet")
 
 from eventfleet_server.client.eventer import connect  # noqa: E402
 from eventfleet_server.common.jsonfmt import timestamp_from_iso  # noqa: E402

@@ -23,6 +23,8 @@ from eventfleet_spark.job import plan_windows
 from eventfleet_spark.record import Aggregate, FieldStats, exclusion_prefix, expand_prefix
 from eventfleet_spark.timeplan import Span
 
+from tests import parts
+
 US = 1_000_000
 
 
@@ -257,7 +259,7 @@ def test_http_option_means_the_same_to_the_job_and_the_data_source():
     # One parser (endpoints.http_endpoints) behind --http and the source's `http` option.
     from eventfleet_spark.endpoints import Endpoint
 
-    source = pytest.importorskip("eventfleet_spark.source")
+    source = parts.require_module("spark", "eventfleet_spark.source")
     opts = parse(["--eventer", "h:1", "--http", "a:80, :81", "--bucket", "1", "--output", "o"])
     base = {"eventer": "h:1", "start": "0", "end": "10"}
     read = source.ReadOptions.from_options({**base, "http": opts.http})

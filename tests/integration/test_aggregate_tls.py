@@ -17,8 +17,16 @@ import shutil
 
 import pytest
 
-pytest.importorskip("pyspark")
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+from tests import parts
+
+parts.require_module("spark", "pyspark")
+
+
+@pytest.fixture(autouse=True)
+def _openssl() -> None:
+    if shutil.which("openssl") is None:
+        parts.skip_missing("openssl", "no openssl on PATH", "apt-get install openssl")
+
 
 from eventfleet_spark import eventer_io, export_io, job, writeback  # noqa: E402
 from eventfleet_spark.endpoints import Endpoint  # noqa: E402

@@ -15,7 +15,9 @@ import threading
 import aiohttp
 import pytest
 
-pa = pytest.importorskip("pyarrow")
+from tests import parts
+
+pa = parts.require_module("spark", "pyarrow")
 
 from eventfleet_server.common.model import (  # noqa: E402
     Event,

@@ -10,11 +10,11 @@ import subprocess
 import threading
 
 import aiohttp
-import pytest
 from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import RegisterEvent
 from eventfleet_server.listener import RejectReason
 
+from tests import parts
 from tests.integration.test_http import FakeSyncer, install_syncer, peer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -40,7 +40,9 @@ def prometheus_tool(name: str) -> str:
             )
             found = shutil.which(name) or (str(local) if local.exists() else None)
     if not found:
-        pytest.skip(f"{name} is not installed and scripts/tools/prometheus.sh could not install it")
+        parts.skip_missing(
+            "prometheus", f"{name} is not installed", "run scripts/tools/prometheus.sh"
+        )
     return found
 
 

@@ -19,17 +19,6 @@ from prometheus_client.parser import text_string_to_metric_families
 WAIT = 20.0
 
 
-def _syncer_wired() -> bool:
-    # The Syncer (issue 3) is wired once the replica carries a `syncer` attribute.
-    return hasattr(Replica(config.load(None, environ={}), None), "syncer")
-
-
-pytestmark = pytest.mark.skipif(
-    not _syncer_wired(),
-    reason="needs the Syncer (issue 3): eventfleet_server.main.Replica has no `syncer` yet",
-)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

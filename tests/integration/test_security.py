@@ -197,7 +197,7 @@ async def test_http_binds_its_own_host_and_the_data_dir_is_private(tmp_path):
     data = tmp_path / "d"
     async with running_replica(data, http={"host": "127.0.0.2"}) as replica:
         # Listeners on `host` (127.0.0.1), HTTP on http.host only.
-        assert replica.http._runner.addresses[0][0] == "127.0.0.2"
+        assert replica.http.address[0] == "127.0.0.2"
         async with aiohttp.ClientSession() as http:
             async with http.get(f"http://127.0.0.2:{replica.http.port}/healthz") as res:
                 assert res.status == 200

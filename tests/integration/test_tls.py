@@ -20,10 +20,15 @@ from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import QueryLatestParams, RegisterEvent
 from eventfleet_server.listener import client_context
 
+from tests import parts
 from tests.conftest import running_replica
 from tests.unit.test_syncer_replicas import Node, until
 
-pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
+
+@pytest.fixture(autouse=True)
+def _openssl() -> None:
+    if shutil.which("openssl") is None:
+        parts.skip_missing("openssl", "no openssl on PATH", "apt-get install openssl")
 
 
 def openssl(*args, cwd):
@@ -343,7 +348,7 @@ def test_a_client_hello_that_arrives_with_the_connection_is_not_lost(tmp_path, p
     was lost and both sides waited until the handshake timeout (seen under load in CI)."""
     factory = asyncio.new_event_loop
     if loop == "uvloop":
-        factory = pytest.importorskip("uvloop").new_event_loop
+        factory = parts.require_module("uvloop", "uvloop").new_event_loop
 
     async def scenario():
         async with running_replica(tmp_path / loop, token="t", tls=pki["r1"]) as replica:

@@ -8,13 +8,15 @@ import sys
 import pytest
 from eventfleet_server import config, eventloop
 
+from tests import parts
+
 
 async def _loop_type() -> str:
     return type(asyncio.get_running_loop()).__module__
 
 
 def test_auto_runs_on_uvloop_when_installed():
-    pytest.importorskip("uvloop")
+    parts.require_module("uvloop", "uvloop")
     assert eventloop.run(_loop_type(), "auto").startswith("uvloop")
     assert eventloop.run(_loop_type(), "uvloop").startswith("uvloop")
 

@@ -10,6 +10,8 @@ import pytest
 from eventfleet_server import config
 from eventfleet_server.fleet import layout
 
+from tests import parts
+
 
 def mode(path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
@@ -41,8 +43,9 @@ def test_require_client_token(tmp_path):
     assert conf["eventer"]["allow_tokenless_clients"] is False
 
 
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="needs openssl")
 def test_tls_fleet_gets_a_ca_and_a_certificate_per_replica(tmp_path):
+    if shutil.which("openssl") is None:
+        parts.skip_missing("openssl", "no openssl on PATH", "apt-get install openssl")
     fleet = layout.plan(2, tmp_path / "f", base_port=40000, tls=True)
     layout.prepare(fleet)
     conf = config.load(fleet.replicas[1].config_path, environ={})

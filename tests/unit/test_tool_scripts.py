@@ -1,16 +1,25 @@
-"""scripts/tools/lib/apt.bash, the apt block chromium.sh and prometheus.sh share.
+"""scripts/tools/lib/apt.bash, the apt block chromium.sh and prometheus.sh share, and
+what every tool script does when it cannot provide its part (lib/missing.bash): fail, or,
+when a developer allowed the part to be missing, say so loudly and exit 0.
 
 A real apt-get would change this machine, so apt-get, apt-cache, sudo and id are stub
 scripts on PATH that record how they were called; the scripts themselves run for real
-(their already-installed path) in the suites that need the tools.
+(their already-installed path) in the suites that need the tools. A missing Go or podman
+is a PATH without them, and a copy of the script in a fresh checkout-like directory (no
+.tools), so nothing already built lets the script succeed.
 """
 
 from __future__ import annotations
 
+import os
 import pathlib
+import re
+import shutil
 import subprocess
 
 import pytest
+
+from tests import parts
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 LIB = REPO / "scripts" / "tools" / "lib" / "apt.bash"
@@ -77,8 +86,8 @@ def test_password_less_sudo_is_used_when_not_root(tmp_path):
     [
         (
             {"uid": 1000, "sudo": False},
-            "installing it needs root (or password-less sudo):\n"
-            "  apt-get install --no-install-recommends pkg extra",
+            "installing it needs root (or password-less sudo)\n"
+            "tool: fix: as root: apt-get install --no-install-recommends pkg extra",
         ),
         ({"uid": 1000}, "installing it needs root"),  # no sudo at all
         ({"apt": False}, "not a Debian-like system (no apt-get)"),
@@ -99,3 +108,127 @@ def test_tool_scripts_parse_and_source_the_shared_block(script):
     assert 'source "$root/scripts/tools/lib/apt.bash"' in text
     assert "apt_need_root" in text and "apt_install" in text
     assert "apt-get install" not in text.replace("apt_install", "")  # no copy of its own
+
+
+def test_a_developer_may_allow_a_part_to_be_missing_and_is_told_loudly(tmp_path):
+    result, calls = run(
+        tmp_path,
+        "export EVENTFLEET_ALLOW_MISSING=go,chromium; apt_need_root chromium pkg; echo reached",
+        uid=1000,
+        sudo=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "reached" not in result.stdout  # the script ends: it provides nothing
+    assert "chromium MISSING, allowed by EVENTFLEET_ALLOW_MISSING" in result.stderr
+    assert calls == []
+
+
+def _path_without(tmp_path: pathlib.Path, *names: str) -> str:
+    """A PATH of one directory linking every command of this PATH but ``names``."""
+    bindir = tmp_path / "path"
+    bindir.mkdir()
+    for d in os.environ["PATH"].split(os.pathsep):
+        if not os.path.isdir(d):
+            continue
+        for entry in os.scandir(d):
+            link = bindir / entry.name
+            if entry.name in names or link.exists() or not os.access(entry.path, os.X_OK):
+                continue
+            link.symlink_to(entry.path)
+    for name in names:
+        assert shutil.which(name, path=str(bindir)) is None
+    return str(bindir)
+
+
+def _checkout(tmp_path: pathlib.Path, script: str, *extra: str) -> pathlib.Path:
+    """A checkout-like copy holding the script, its lib/ and ``extra`` paths, no .tools."""
+    root = tmp_path / "repo"
+    for rel in (f"scripts/tools/{script}", "scripts/tools/lib", *extra):
+        src, dest = REPO / rel, root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if src.is_dir():
+            shutil.copytree(src, dest)
+        else:
+            shutil.copy2(src, dest)
+    return root
+
+
+def _run_script(root, script, path, **env):
+    return subprocess.run(
+        ["bash", str(root / "scripts" / "tools" / script)],
+        env={"PATH": path, "HOME": str(root), **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_control_plane_without_go_fails_naming_what_to_install(tmp_path):
+    root = _checkout(tmp_path, "k8s-control-plane.sh", "e2e/controlplane")
+    path = _path_without(tmp_path, "go")
+    result = _run_script(root, "k8s-control-plane.sh", path)
+    assert result.returncode == 1, result.stderr
+    assert "FAILED: no 'go' on PATH" in result.stderr
+    assert "install a Go toolchain" in result.stderr
+    assert "EVENTFLEET_ALLOW_MISSING=go" in result.stderr
+    assert not (root / ".tools" / "k8s" / "bin" / "kube-apiserver").exists()
+
+    allowed = _run_script(root, "k8s-control-plane.sh", path, EVENTFLEET_ALLOW_MISSING="go")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "go MISSING, allowed by EVENTFLEET_ALLOW_MISSING" in allowed.stderr
+
+
+def test_images_without_podman_and_no_root_fail_naming_what_to_install(tmp_path):
+    root = _checkout(tmp_path, "images.sh")
+    path = _path_without(tmp_path, "podman", "buildah", "runc", "debootstrap", "id")
+    _stub(pathlib.Path(path), "id", "echo 1000")
+    result = _run_script(root, "images.sh", path)
+    assert result.returncode == 1, result.stderr
+    assert "FAILED: missing podman buildah runc debootstrap" in result.stderr
+    assert "apt-get install podman buildah runc debootstrap uidmap" in result.stderr
+
+    allowed = _run_script(root, "images.sh", path, EVENTFLEET_ALLOW_MISSING="podman")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "podman MISSING, allowed" in allowed.stderr
+
+
+# --- the tests' side (tests/parts.py) ------------------------------------------------
+
+
+def test_a_missing_part_fails_the_test_with_what_to_run(monkeypatch):
+    monkeypatch.delenv(parts.ALLOW_ENV, raising=False)
+    with pytest.raises(
+        pytest.fail.Exception, match=re.escape("missing podman: no podman. Fix: run it")
+    ):
+        parts.missing("podman", "no podman", "run it")
+
+
+def test_an_allowed_part_skips_and_is_recorded_for_the_summary(monkeypatch):
+    monkeypatch.setenv(parts.ALLOW_ENV, "go, podman")
+    monkeypatch.setattr(parts, "allowed", [])
+    with pytest.raises(pytest.skip.Exception, match="allows podman to be missing"):
+        parts.skip_missing("podman", "no podman", "run it")
+    assert [p for p, _, _ in parts.allowed] == ["podman"]
+    assert parts.allowed_missing({parts.ALLOW_ENV: "all"}) == frozenset(parts.PARTS)
+
+
+def test_an_unknown_part_name_is_a_usage_error():
+    with pytest.raises(pytest.UsageError, match=r"unknown part.*'podmna'"):
+        parts.allowed_missing({parts.ALLOW_ENV: "podmna"})
+
+
+SKIP_CALL = re.compile(r"pytest\.(skip\(|importorskip\(|mark\.skip(if)?\b)|unittest\.skip|SkipTest")
+
+
+def test_no_test_skips_on_its_own():
+    """Every skip goes through tests/parts.py, so a missing part fails CI: a bare
+    pytest.skip / skipif / importorskip would quietly turn green."""
+    offenders = []
+    for top in ("tests", "e2e"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            if path == REPO / "tests" / "parts.py" or path == pathlib.Path(__file__):
+                continue
+            for n, line in enumerate(path.read_text().splitlines(), 1):
+                if SKIP_CALL.search(line):
+                    offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert offenders == []

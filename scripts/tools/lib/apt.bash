@@ -5,12 +5,17 @@
 #   apt_need_root NAME PKG...   sets $sudo ("" as root, "sudo -n" with password-less
 #                               sudo), else exits 1 saying which command to run as root;
 #                               exits 1 too when there is no apt-get (not Debian-like).
+#                               NAME is the part's name (tests/parts.py): a developer's
+#                               EVENTFLEET_ALLOW_MISSING=NAME makes both exit 0, loudly.
 #   apt_install NAME PKG...     installs PKG... non-interactively, without recommends,
 #                               waiting up to 300 s for another apt's lock; the package
 #                               lists are updated only when apt does not know the first
 #                               package yet (a fresh CI image has none).
 #
 # NAME prefixes every message. Both assume the caller's `set -euo pipefail`.
+
+# shellcheck source=missing.bash
+source "${BASH_SOURCE[0]%/*}/missing.bash"
 
 apt_need_root() {
     local name="$1"
@@ -20,14 +25,14 @@ apt_need_root() {
         if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
             sudo="sudo -n"
         else
-            echo "$name: not installed, and installing it needs root (or password-less sudo):" >&2
-            echo "  apt-get install --no-install-recommends $*" >&2
-            exit 1
+            part_missing "$name" "$name" \
+                "not installed, and installing it needs root (or password-less sudo)" \
+                "as root: apt-get install --no-install-recommends $*"
         fi
     fi
     if ! command -v apt-get >/dev/null; then
-        echo "$name: not installed and this is not a Debian-like system (no apt-get)" >&2
-        exit 1
+        part_missing "$name" "$name" "not installed and this is not a Debian-like system (no apt-get)" \
+            "install $* with this system's package manager"
     fi
 }
 

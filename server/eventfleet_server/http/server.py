@@ -22,6 +22,7 @@ from aiohttp import web
 
 from eventfleet_server.http.backup import PATH as BACKUP_PATH
 from eventfleet_server.http.backup import BackupRoute
+from eventfleet_server.http.budget import RequestBudget
 from eventfleet_server.http.export import PATH as EXPORT_PATH
 from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
@@ -71,15 +72,18 @@ class HttpServer:
     ):
         self._replica = replica
         self._ssl = ssl_context
-        self._tls_server: asyncio.Server | None = None
+        self._server: asyncio.Server | None = None
         self.rejections = Rejections("http")
+        # Connections that have not sent a request yet: bounded in number and time
+        # (http/budget.py), counted in this port's rejections.
+        self.budget = RequestBudget(self.rejections)
         self._host = host
         self._port = port
         self.metrics = Metrics(replica)
         self._monitor = LoopMonitor(self.metrics.loop_lag.observe)
         self._mounts: dict[str, dict[str, Handler]] = {}
         self._flushes = 0
-        self._app = web.Application()
+        self._app = web.Application(middlewares=[self.budget.middleware()])
         self._app.router.add_get("/metrics", self._handle_metrics)
         self._app.router.add_get("/healthz", self._handle_healthz)
         self._app.router.add_get("/readyz", self._handle_readyz)
@@ -152,47 +156,72 @@ class HttpServer:
     @property
     def port(self) -> int:
         """The bound port (useful when configured as 0)."""
-        if self._tls_server is not None:
-            return self._tls_server.sockets[0].getsockname()[1]
-        return self._runner.addresses[0][1]
+        return self.address[1]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The bound (host, port)."""
+        if self._server is None:
+            raise RuntimeError("the HTTP server is not started")
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return host, port
 
     async def start(self) -> None:
         await self._runner.setup()
+        # Our own listening socket rather than aiohttp's TCPSite, so that every
+        # connection passes the pre-request budget; the runner's cleanup still closes
+        # the connections aiohttp serves.
+        handler = self._runner.server
+        assert handler is not None  # set up just above
         try:
             if self._ssl is not None:
-                # Our own TLS accept: failed handshakes are counted (tls_accept.py).
-                self._tls_server = await tls_accept.serve_tls(
-                    self._runner.server,
+                self._server = await tls_accept.serve(self._accept_tls, self._host, self._port)
+            else:
+                self._server = await asyncio.get_running_loop().create_server(
+                    lambda: self.budget.protocol(handler()),
                     self._host,
                     self._port,
-                    self._ssl,
-                    timeout=TLS_HANDSHAKE_TIMEOUT,
-                    failed=self._tls_failed,
+                    reuse_address=True,
                 )
-            else:
-                await web.TCPSite(self._runner, self._host, self._port).start()
         except BaseException:
             await self._runner.cleanup()
             raise
         self._monitor.start()
         log.info("http listening on %s:%s%s", self._host, self.port, " (TLS)" if self._ssl else "")
 
+    def _accept_tls(self, transport: Any) -> None:
+        """A TLS connection: its pending place from accept (the handshake counts against
+        the request timeout); failed handshakes are counted (tls_accept.py)."""
+        if not self.budget.accept(transport):
+            return
+        address = tls_accept.peer_address(transport)
+        protocol = self.budget.protocol(self._runner.server(), accepted=transport)
+        done = tls_accept.accept_tls(transport, protocol, self._ssl, timeout=TLS_HANDSHAKE_TIMEOUT)
+
+        def report(cause: str) -> None:
+            # The app protocol never saw the connection: free its place here.
+            self.budget.release(transport)
+            self._tls_failed(address, cause)
+
+        tls_accept.on_failure(done, transport, report, timeout=TLS_HANDSHAKE_TIMEOUT)
+
     def _tls_failed(self, peer: str, cause: str) -> None:
         self.rejections.reject(RejectReason.TLS_HANDSHAKE, f"TLS handshake: {cause}", peer)
 
     @property
     def rejected(self) -> dict[str, int]:
-        """Refusals of the HTTP port by reason (failed TLS handshakes)."""
+        """Refusals of the HTTP port by reason (failed TLS handshakes, connections
+        without a request in time or evicted for newer ones: http/budget.py)."""
         return self.rejections.counts
 
     async def stop(self) -> None:
         self.metrics.close()
         await self._monitor.stop()
-        if self._tls_server is not None:
-            self._tls_server.close()  # no new connections; the runner drains the rest
+        if self._server is not None:
+            self._server.close()  # no new connections; the runner drains the rest
         await self._runner.cleanup()
-        if self._tls_server is not None:
-            await self._tls_server.wait_closed()
+        if self._server is not None:
+            await self._server.wait_closed()
 
     # -- built-in routes -------------------------------------------------------------------
 

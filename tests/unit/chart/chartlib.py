@@ -12,6 +12,8 @@ import threading
 import pytest
 import yaml
 
+from tests import parts
+
 REPO = pathlib.Path(__file__).resolve().parents[3]
 CHART = REPO / "charts" / "eventfleet-operator"
 EVERYTHING_ON = CHART / "ci" / "everything-on-values.yaml"
@@ -32,8 +34,8 @@ def tool(name: str) -> str:
     """Path of a real binary, installing it with the project's script if absent.
 
     CI runs scripts/tools/*.sh before pytest, so the first branch normally wins; running
-    the script here only helps someone who calls pytest directly. Skips (never fails)
-    only when the binary cannot be installed at all, e.g. the registry is unreachable.
+    the script here only helps someone who calls pytest directly. Fails when the binary
+    cannot be installed (skips only if a developer allowed it: tests/parts.py).
     """
     local = REPO / ".tools" / "bin" / name
     if local.is_file() and os.access(local, os.X_OK):
@@ -48,7 +50,9 @@ def tool(name: str) -> str:
             subprocess.run(["bash", str(script)], check=False, timeout=600)
     if local.is_file() or shutil.which(name):
         return str(local) if local.is_file() else shutil.which(name)
-    pytest.skip(f"{name} is not installed and scripts/tools/{script.name} could not install it")
+    part = {"promtool": "prometheus"}.get(name, name)
+    parts.skip_missing(part, f"{name} is not installed", f"run scripts/tools/{script.name}")
+    raise AssertionError("unreachable")
 
 
 def helm_env(home: pathlib.Path) -> dict[str, str]:

@@ -10,6 +10,8 @@ import aiohttp
 import pytest
 from eventfleet_operator import metrics
 
+from tests import parts
+
 
 def sample(metric: str, **labels: str) -> float | None:
     return metrics.REGISTRY.get_sample_value(metric, labels)
@@ -62,9 +64,7 @@ async def test_served_over_http():
 def test_exposition_is_promtool_clean():
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip(
-            "no promtool (Debian package prometheus; scripts/tools/prometheus.sh installs it)"
-        )
+        parts.skip_missing("prometheus", "no promtool", "run scripts/tools/prometheus.sh")
     metrics.RECONCILES.labels("ok").inc()
     metrics.CHILD_WRITES.labels("StatefulSet", "created").inc()
     metrics.RECONCILE_SECONDS.observe(0.2)
