@@ -29,15 +29,14 @@ import zmq.asyncio
 
 from eventfleet_server.bus import wire
 from eventfleet_server.bus.config import BusConfig
-from eventfleet_server.bus.mapping import Record
 from eventfleet_server.listener import Rejections, Tasks
 
 log = logging.getLogger(__name__)
 
 ZAP_DOMAIN = b"eventfleet"
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"
-_SNAPSHOT_CHUNK = 2_000  # events read from the store per step of a snapshot
-_YIELD_EVERY = 500  # messages sent before a snapshot lets the loop run others
+_SNAPSHOT_CHUNK = 10_000  # events read from the store per step of a snapshot
+_YIELD_EVERY = 1_000  # messages sent before a snapshot lets the loop run others
 _STALL_POLL = 0.005
 # How often a commit reads the publisher's subscriptions (see `has_subscribers`).
 _SUBSCRIPTIONS_EVERY = 0.002
@@ -50,11 +49,14 @@ _MONITORED = (
 
 
 class Item(NamedTuple):
-    """One event as the BUS shows it."""
+    """One event as the BUS shows it, encoded for the wire once: the frames of its
+    BROADCAST/SYNC except the sequence (which is per replica and added when sent)."""
 
-    topic: str
-    timestamp: str  # producer timestamp, ISO-8601
-    record: Record
+    topic: bytes
+    producer: bytes
+    timestamp: bytes  # producer timestamp, ISO-8601
+    uuid: bytes
+    data: bytes  # msgpack
 
 
 class PublishResult(NamedTuple):
@@ -69,8 +71,12 @@ class BusHandler(Protocol):
     def head(self) -> int:
         """Sequence of the last BROADCAST sent (0 before any)."""
 
-    async def read(self, after: int, limit: int) -> list[tuple[int, Item]]:
-        """Up to `limit` stored events with sequence above `after`, ascending."""
+    async def read(
+        self, after: int, limit: int, subtrees: tuple[bytes, ...]
+    ) -> tuple[int, list[tuple[int, Item]]]:
+        """Stored events with sequence above `after`, ascending, read `limit` at a
+        time: ``(last sequence read, those of them in `subtrees`)``; the last sequence
+        read is `after` when there are none. ``()`` means every subtree."""
 
     async def publish(self, pubs: Sequence[wire.Publish]) -> PublishResult:
         """Register `pubs` (one session); duplicates by UUID are dropped silently."""
@@ -131,6 +137,7 @@ class BusServer:
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._pub_sync: zmq.Socket | None = None
         self._collector_sync: zmq.Socket | None = None
+        self._snapshot_sync: zmq.Socket | None = None
         self._snap_queue: asyncio.Queue[tuple[bytes, wire.SyncStart]] | None = None
         self._snap_clients: set[bytes] = set()
         # Topic prefixes with at least one subscriber (XPUB reports the first
@@ -175,6 +182,9 @@ class BusServer:
         # collector only receives (and its loop re-checks events itself).
         self._pub_sync = zmq.Socket.shadow(publisher.underlying)
         self._collector_sync = zmq.Socket.shadow(collector.underlying)
+        # The snapshot socket's sends in bulk; see `_send_snapshot_batch` for how its
+        # asyncio reader is kept awake.
+        self._snapshot_sync = zmq.Socket.shadow(snapshot.underlying)
         self._snap_queue = asyncio.Queue()
         if self._token is not None:
             self._tasks.spawn("zap", self._zap_loop())
@@ -248,6 +258,7 @@ class BusServer:
 
     def _close_sockets(self) -> None:
         self._disable_monitors()
+        self._pub_sync = self._collector_sync = self._snapshot_sync = None
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
@@ -320,22 +331,33 @@ class BusServer:
     def broadcast(self, items: Sequence[tuple[int, Item]]) -> None:
         """Send BROADCASTs now, in the given (commit) order.
 
-        The publisher never blocks: a subscriber whose queue is at the high-water mark
-        loses the message, and sees a gap in the sequence.
+        Each item is already encoded (once, whatever the number of subscribers: the
+        publisher socket fans the same message out); only the sequence frame is made
+        here. The publisher never blocks: a subscriber whose queue is at the high-water
+        mark loses the message, and sees a gap in the sequence.
         """
         sock = self._pub_sync
         if sock is None:
             return
-        encoding = self._encoding
-        send = sock.send_multipart
-        for seq, item in items:
-            rec = item.record
-            send(
-                wire.event_frames(
-                    item.topic, seq, rec.producer, item.timestamp, rec.uuid, rec.data, encoding
-                ),
-                zmq.NOBLOCK,
-            )
+        send = sock.send
+        more = zmq.SNDMORE | zmq.NOBLOCK
+        last = zmq.NOBLOCK
+        if self._encoding is wire.IntegerEncoding.RFC:
+            for seq, (topic, producer, timestamp, uuid, data) in items:
+                send(topic, more)
+                send(seq.to_bytes(8, "big"), more)
+                send(producer, more)
+                send(timestamp, more)
+                send(uuid, more)
+                send(data, last)
+        else:
+            for seq, (topic, producer, timestamp, uuid, data) in items:
+                send(topic, more)
+                send(b"%d" % seq, more)
+                send(producer, more)
+                send(timestamp, more)
+                send(uuid, more)
+                send(data, last)
         self.counters.broadcast += len(items)
 
     # -- SNAPSHOT ----------------------------------------------------------------------
@@ -403,30 +425,22 @@ class BusServer:
         # Fix the upper bound first: everything up to `head` is committed (readable),
         # everything above it is broadcast after this point.
         head = self._handler.head
-        subtrees = request.subtrees
-        encoding = self._encoding
+        subtrees = tuple(s.encode() for s in request.subtrees)
         after = request.sequence
         sent = 0
         while after < head:
-            rows = await self._handler.read(after, _SNAPSHOT_CHUNK)
-            if not rows:
+            last, rows = await self._handler.read(after, _SNAPSHOT_CHUNK, subtrees)
+            if last == after:
                 break
-            for seq, item in rows:
-                if seq > head:
-                    break
-                if subtrees and not item.topic.startswith(subtrees):
-                    continue
-                rec = item.record
-                frames = wire.event_frames(
-                    item.topic, seq, rec.producer, item.timestamp, rec.uuid, rec.data, encoding
-                )
-                await self._send_snapshot(identity, [identity, wire.SYNC, *frames])
-                sent += 1
-                if sent % _YIELD_EVERY == 0:
-                    await asyncio.sleep(0)
-            after = rows[-1][0]
+            if rows and rows[-1][0] > head:
+                rows = [row for row in rows if row[0] <= head]
+            if rows:
+                await self._send_snapshot_batch(identity, rows)
+                sent += len(rows)
+            after = last
         await self._send_snapshot(
-            identity, [identity, *wire.syncend_frames(request.subtrees_frame, head, encoding)]
+            identity,
+            [identity, *wire.syncend_frames(request.subtrees_frame, head, self._encoding)],
         )
         self.counters.snapshots += 1
         self.counters.snapshot_events += sent
@@ -434,10 +448,49 @@ class BusServer:
             "snapshot for %s: %d events of %s above %d, SYNCEND %d",
             _peer(identity),
             sent,
-            subtrees or "every subtree",
+            request.subtrees or "every subtree",
             request.sequence,
             head,
         )
+
+    async def _send_snapshot_batch(self, identity: bytes, rows: list[tuple[int, Item]]) -> None:
+        """SYNC messages for `rows`, many per loop turn.
+
+        Sent through the plain socket (no future per message) with DONTWAIT; every
+        `_YIELD_EVERY`-th message and the last one go through the asyncio socket, whose
+        send re-checks the socket's events and wakes its pending receive: a send on
+        the plain socket may consume the edge-triggered wake-up that the snapshot
+        loop's receive waits for. A full queue falls back to the waiting send.
+        """
+        sync = self._snapshot_sync
+        assert sync is not None
+        rfc = self._encoding is wire.IntegerEncoding.RFC
+        sync_cmd = wire.SYNC
+        final = len(rows) - 1
+        for i, (seq, (topic, producer, timestamp, uuid, data)) in enumerate(rows):
+            frames = [
+                identity,
+                sync_cmd,
+                topic,
+                seq.to_bytes(8, "big") if rfc else b"%d" % seq,
+                producer,
+                timestamp,
+                uuid,
+                data,
+            ]
+            if i == final or i % _YIELD_EVERY == _YIELD_EVERY - 1:
+                await self._send_snapshot(identity, frames)
+                if i != final:
+                    await asyncio.sleep(0)
+                continue
+            try:
+                sync.send_multipart(frames, zmq.NOBLOCK)
+            except zmq.Again:
+                await self._send_snapshot(identity, frames)
+            except zmq.ZMQError as e:
+                if e.errno == zmq.EHOSTUNREACH:
+                    raise _Gone() from None
+                raise
 
     async def _send_snapshot(self, identity: bytes, frames: list[bytes]) -> None:
         # ROUTER_MANDATORY: a full queue (the client does not read) raises Again instead
@@ -480,7 +533,7 @@ class BusServer:
             peers: list[bytes] = []
             for frames in messages:
                 identity, body = frames[0], frames[1:]
-                size = sum(len(f) for f in body)
+                size = sum(map(len, body))
                 if size > limit:
                     self.rejections.reject(
                         "message_too_large",
