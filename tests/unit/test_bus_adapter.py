@@ -61,7 +61,7 @@ async def test_index_catches_up_and_dedups_across_adapters(tmp_path, subscribed)
         result = await adapter.publish([pub("/a", held), pub("/b", fresh), pub("/c", fresh)])
         assert result.duplicates == 2 and result.refused == []
         await engine.flush()
-        sent = [(seq, item.topic.decode(), item.uuid.decode()) for seq, item in recorder.sent]
+        sent = [(seq, item[0].decode(), item[3].decode()) for seq, item in recorder.sent]
         assert sent == ([(2, "/b", fresh)] if subscribed else [])
         # An envelope committed by another way (a peer's event merged by the Syncer):
         # remembered and indexed whether or not anyone subscribes.

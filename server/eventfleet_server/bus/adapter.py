@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 _NIL = b"\xc0"
 _INDEX_CATCH_UP_CHUNK = 5_000
 _MARK_EVERY = 50_000
+_INDEX_DELAY = 0.25  # seconds between UUID index writes (at most)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -41,7 +42,7 @@ def to_item(event: Event, record: mapping.Record | None = None) -> Item:
     """The BUS frames of any stored event (`record`: its `mapping.to_record`, if known)."""
     if record is None:
         record = mapping.to_record(event)
-    return Item(
+    return (
         topic_frame(event.type),
         record.producer.encode(),
         wire.timestamp_to_iso(event.source_timestamp or event.timestamp).encode(),
@@ -209,13 +210,7 @@ class EngineAdapter:
                 timestamp = server_ts
             own[event.id] = (
                 pub.uuid,
-                Item(
-                    pub.topic_frame,
-                    pub.producer_frame,
-                    timestamp,
-                    pub.uuid_frame,
-                    pub.data or _NIL,
-                ),
+                (pub.topic_frame, pub.producer_frame, timestamp, pub.uuid_frame, pub.data or _NIL),
             )
             remember(pub.uuid)
         ids = [e.id for e in created]
@@ -259,6 +254,11 @@ class EngineAdapter:
     async def _index_loop(self) -> None:
         while True:
             await self._index_wakeup.wait()
+            # Gather the UUIDs of many commits into one index transaction: at a steady
+            # trickle of PUBs each commit would otherwise be followed by a second one.
+            # Nothing waits for the index: recent UUIDs are deduplicated from memory, and
+            # a crash before this write is caught up from the events at start.
+            await asyncio.sleep(_INDEX_DELAY)
             self._index_wakeup.clear()
             try:
                 await self._flush_index()

@@ -74,14 +74,22 @@ def producer_of(server_id: int) -> str:
 
 def _json_safe(value: Any) -> bool:
     # JSON holds: nil, bool, int, finite float, str, arrays, maps with string keys.
-    if value is None or isinstance(value, bool | int | str):
+    # Exact type checks: msgpack decodes to exactly these types (and bytes, ExtType).
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
         return True
-    if isinstance(value, float):
+    if t is float:
         return math.isfinite(value)
-    if isinstance(value, list | tuple):
-        return all(_json_safe(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str or not _json_safe(v):
+                return False
+        return True
+    if t is list or t is tuple:
+        for v in value:
+            if not _json_safe(v):
+                return False
+        return True
     return False
 
 
@@ -99,6 +107,18 @@ def unpack(data: bytes) -> Any:
 _ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
+_PRODUCERS: dict[str, str] = {}  # producer id -> its JSON string (a client has one)
+
+
+def _producer_json(producer: str) -> str:
+    text = _PRODUCERS.get(producer)
+    if text is None:
+        if len(_PRODUCERS) >= 4096:
+            _PRODUCERS.clear()
+        text = _PRODUCERS[producer] = _ENCODE(producer)
+    return text
+
+
 def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
     """The payload envelope of a PUB (see the module doc); `MappingError` on bad data.
 
@@ -114,7 +134,7 @@ def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
         raise MappingError(f"data is not valid msgpack: {e}") from e
     if _json_safe(value):
         return EventPayloadJson(
-            f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_ENCODE(producer)}}},'
+            f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
             f'"data":{_ENCODE(value)}}}'
         )
     envelope = msgpack.packb(

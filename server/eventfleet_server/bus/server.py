@@ -48,15 +48,11 @@ _MONITORED = (
 )
 
 
-class Item(NamedTuple):
-    """One event as the BUS shows it, encoded for the wire once: the frames of its
-    BROADCAST/SYNC except the sequence (which is per replica and added when sent)."""
-
-    topic: bytes
-    producer: bytes
-    timestamp: bytes  # producer timestamp, ISO-8601
-    uuid: bytes
-    data: bytes  # msgpack
+Item = tuple[bytes, bytes, bytes, bytes, bytes]
+"""One event as the BUS shows it, encoded for the wire once: the frames of its
+BROADCAST/SYNC except the sequence (which is per replica and added when sent):
+``(topic, producer, timestamp, uuid, data)`` — the producer timestamp ISO-8601, the data
+msgpack. A plain tuple: one is made per event on the hot paths."""
 
 
 class PublishResult(NamedTuple):
@@ -521,14 +517,23 @@ class BusServer:
         assert sync is not None
         limit = self._config.max_message_size
         max_batch = self._config.max_batch
+        recv = sync.recv
+        nonblocking = int(zmq.NOBLOCK)
         while True:
             messages = [await sock.recv_multipart()]
-            # Take what is already queued: one engine session per batch.
+            # Take what is already queued: one engine session per batch. By hand, not
+            # recv_multipart: a frame object's `more` is cheaper than asking the socket
+            # for RCVMORE (an option lookup per frame); 6 vs 8 µs of CPU per PUB.
             while len(messages) < max_batch:
                 try:
-                    messages.append(sync.recv_multipart(zmq.NOBLOCK))
+                    frame = recv(nonblocking, copy=False)
                 except zmq.Again:
                     break
+                frames = [frame.bytes]
+                while frame.more:
+                    frame = recv(0, copy=False)
+                    frames.append(frame.bytes)
+                messages.append(frames)
             pubs: list[wire.Publish] = []
             peers: list[bytes] = []
             for frames in messages:
