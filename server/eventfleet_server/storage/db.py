@@ -774,6 +774,25 @@ class Storage:
         events = _decode([row[1:] for row in rows], self._types)
         return [(row[0], event) for row, event in zip(rows, events, strict=True)]
 
+    async def read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
+        """`read_since_seq` without model objects, for bulk readers that re-encode
+        every event anyway (the Event BUS snapshot): up to `limit` rows ``(seq, server,
+        session, instance, type, timestamp_us, source_timestamp_us, payload_type,
+        payload_data)`` with local sequence number above `seq`, ascending. `type` is the
+        event type tuple; `source_timestamp_us` may be None; the payload is JSON text
+        (`payload_type` None, data str), binary (`payload_type` str, data bytes) or
+        absent (both None)."""
+        self._check_open()
+        return await _run(self._reader, self._read_rows_since_seq, seq, limit)
+
+    def _read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
+        rows = self._reader._conn.execute(schema.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        types = self._types
+        return [
+            (seq, server, session, instance, types[type_id], ts, sts, ptype, data)
+            for seq, server, session, instance, type_id, ts, sts, _kind, ptype, data in rows
+        ]
+
     # -- event keys (protocol indexes, e.g. the Event BUS UUID) ------------------------
 
     @property
