@@ -141,16 +141,32 @@ class EngineAdapter:
     async def read(
         self, after: int, limit: int, subtrees: tuple[bytes, ...]
     ) -> tuple[int, list[tuple[int, Item]]]:
-        rows = await self._storage.read_since_seq(after, limit)
+        # Plain rows, no event objects: a snapshot re-encodes every event anyway.
+        rows = await self._storage.read_rows_since_seq(after, limit)
         if not rows:
             return after, []
-        if subtrees:
-            return rows[-1][0], [
-                (seq, to_item(event))
-                for seq, event in rows
-                if topic_frame(event.type).startswith(subtrees)
-            ]
-        return rows[-1][0], [(seq, to_item(event)) for seq, event in rows]
+        out = []
+        append = out.append
+        record_of = mapping.record_of
+        to_iso = wire.timestamp_us_to_iso
+        for seq, server, session, instance, event_type, ts, sts, ptype, data in rows:
+            topic = topic_frame(event_type)
+            if subtrees and not topic.startswith(subtrees):
+                continue
+            record = record_of(server, session, instance, ptype, data)
+            append(
+                (
+                    seq,
+                    (
+                        topic,
+                        record.producer.encode(),
+                        to_iso(ts if sts is None else sts).encode(),
+                        record.uuid.encode(),
+                        record.data,
+                    ),
+                )
+            )
+        return rows[-1][0], out
 
     # -- PUB -> register ---------------------------------------------------------------
 

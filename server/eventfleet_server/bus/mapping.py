@@ -223,22 +223,48 @@ def _envelope_fast(text: str) -> tuple[str, str, bytes] | None:
 
 def to_record(event: Event) -> Record:
     """The BUS view of any stored event."""
-    found = _envelope(event.payload)
-    if found is not None:
-        uuid, producer, data = found
-        return Record(producer, uuid, data, True)
     payload = event.payload
     if isinstance(payload, EventPayloadJson):
+        ptype, data = None, payload.data
+    elif isinstance(payload, EventPayloadBinary):
+        ptype, data = payload.type, payload.data
+    else:
+        ptype = data = None
+    eid = event.id
+    return record_of(eid.server, eid.session, eid.instance, ptype, data)
+
+
+def record_of(
+    server: int, session: int, instance: int, ptype: str | None, data: str | bytes | None
+) -> Record:
+    """`to_record` of an event given by its id's parts and its payload as stored: JSON
+    text (`ptype` None), binary (`ptype` its type) or none (both None). For bulk
+    readers that have no event objects (the snapshot)."""
+    if ptype is None:
+        if data is None:
+            return Record(
+                producer_of(server), derived_uuid(EventId(server, session, instance)), _NIL, False
+            )
+        if ENVELOPE_KEY in data[:32]:
+            found = _envelope_fast(data) or _envelope_json(data)
+            if found is not None:
+                uuid, producer, value = found
+                return Record(producer, uuid, value, True)
         try:
-            data = msgpack.packb(json.loads(payload.data), use_bin_type=True)
+            value = msgpack.packb(json.loads(data), use_bin_type=True)
         except (ValueError, TypeError, OverflowError):
             # Stored as sent; not valid JSON (or an integer msgpack cannot hold): the text.
-            data = msgpack.packb(payload.data, use_bin_type=True)
-    elif isinstance(payload, EventPayloadBinary):
-        data = msgpack.packb(payload.data, use_bin_type=True)
+            value = msgpack.packb(data, use_bin_type=True)
     else:
-        data = _NIL
-    return Record(producer_of(event.id.server), derived_uuid(event.id), data, False)
+        if ptype == BINARY_TYPE:
+            found = _envelope(EventPayloadBinary(ptype, data))
+            if found is not None:
+                uuid, producer, value = found
+                return Record(producer, uuid, value, True)
+        value = msgpack.packb(data, use_bin_type=True)
+    return Record(
+        producer_of(server), derived_uuid(EventId(server, session, instance)), value, False
+    )
 
 
 def producer_timestamp(event: Event) -> Timestamp:

@@ -216,6 +216,15 @@ def timestamp_to_iso(t: Timestamp) -> str:
     return f"{text}.{t.us:06d}Z"
 
 
+def timestamp_us_to_iso(us: int) -> str:
+    """`timestamp_to_iso` of a timestamp in microseconds since the epoch."""
+    s, micro = divmod(us, 1_000_000)
+    text = _ISO_SECONDS.get(s)
+    if text is None:
+        return timestamp_to_iso(Timestamp(s, micro))
+    return f"{text}.{micro:06d}Z"
+
+
 # ``YYYY-MM-DDTHH:MM`` -> seconds since the epoch, for the fast path below.
 _MINUTES: dict[bytes, int] = {}
 _MINUTES_MAX = 4096
