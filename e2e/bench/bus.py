@@ -142,8 +142,11 @@ def snapshot(target: Target, size: int) -> dict:
         deadline = time.monotonic() + 120
         while (have := head(target)) < size and time.monotonic() < deadline:
             time.sleep(0.5)
+    before = read_proc(target.pid)
     result = _finish(_client("snap", HOST, target.port, ""), 600)
+    after = read_proc(target.pid)
     result["rate_per_s"] = round(result["events"] / result["seconds"]) if result["seconds"] else 0
+    result["server_cpu_s"] = round(after.cpu_s - before.cpu_s, 2)
     return result
 
 
@@ -241,6 +244,7 @@ FIGURES = {
     "latency p99 other replica (ms)": ("latency", "cross", "p99_ms"),
     "snapshot (s)": ("snapshot", "seconds"),
     "snapshot (events/s)": ("snapshot", "rate_per_s"),
+    "snapshot server CPU (s)": ("snapshot", "server_cpu_s"),
 }
 
 
