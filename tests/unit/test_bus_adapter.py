@@ -41,8 +41,12 @@ def pub(topic: str, uuid: str) -> wire.Publish:
 
 
 @pytest.mark.parametrize("subscribed", [True, False], ids=["subscribed", "no-subscriber"])
-async def test_index_catches_up_and_dedups_across_adapters(tmp_path, subscribed):
-    storage = await Storage.open(tmp_path / "e.sqlite")
+# NORMAL looks held UUIDs up at once on the loop's thread (find_event_keys_now), FULL
+# on the reader thread.
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_index_catches_up_and_dedups_across_adapters(tmp_path, subscribed, synchronous):
+    storage = await Storage.open(tmp_path / "e.sqlite", synchronous=synchronous)
+    assert (storage.find_event_keys_now([]) is None) == (synchronous == "FULL")
     engine = Engine(storage, 1)
     await engine.start()
     engine.set_operational()

@@ -174,7 +174,13 @@ class EngineAdapter:
         """Register `pubs` as one engine session (one commit), dropping held UUIDs."""
         recent = self._recent
         unknown = [p.uuid for p in pubs if p.uuid not in recent]
-        held = await self._storage.find_event_keys(unknown) if unknown else {}
+        held: dict[str, int] | None = {}
+        if unknown:
+            # At once when the store can (no thread hop on the path of a PUB), else on
+            # the reader thread.
+            held = self._storage.find_event_keys_now(unknown)
+            if held is None:
+                held = await self._storage.find_event_keys(unknown)
         batch_seen: set[str] = set()
         duplicates = 0
         refused: list[tuple[int, str, str]] = []
