@@ -6,7 +6,8 @@ Run from the repository root::
     .venv/bin/python -m e2e.bench.bus                        # ~2-3 min on 2 cores
     .venv/bin/python -m e2e.bench.bus --reference /tmp/ebz   # + the reference column
     .venv/bin/python -m e2e.bench.bus --repeat 3 --sweep --plot docs/bus-rates.png
-    .venv/bin/python -m e2e.bench.bus --quick                # small counts (smoke)
+    .venv/bin/python -m e2e.bench.bus --quick                # small counts (smoke; fleet only
+                                                             # unless a reference is given)
 
 Servers, fresh for every repeat:
 
@@ -395,6 +396,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.events, args.seconds, args.snapshot = 2_000, 2.0, 5_000
+        # The smoke run checks the harness, not the figures: the fleet column only,
+        # unless a reference was asked for (then single and reference too).
+        args.fleet_only = args.fleet_only or bus_reference.locate(args.reference)[0] is None
     result = run(args)
     text = json.dumps(result, indent=2)
     if args.json:
