@@ -8,7 +8,13 @@
   CI runs the suite alone, where the factor is 1;
 * a client that sends queries (and pings) but never reads: closed with a logged,
   counted reason (``slow_client``), memory back near the baseline;
-* the N+1st connection refused (``too_many_connections``), the first N served.
+* the N+1st connection refused (``too_many_connections``), the first N served;
+* 1,000 and 10,000 idle raw TCP connections (from the client's own address, from one
+  other address, spread over 100 addresses): a client with a valid token still connects
+  and registers. The time it takes is printed; the only bound is `connect`'s own 10 s
+  timeout, far above the ~10 ms it takes (so a busy CI machine cannot fail it): what the
+  test asserts is that the client is admitted at all, which it was not before
+  connections that have not initialised got their own budget (issue 26).
 
 The latencies and memory figures are printed (run with ``-s`` to see them).
 """
@@ -16,9 +22,12 @@ The latencies and memory figures are printed (run with ``-s`` to see them).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
+import resource
+import socket
 import subprocess
 import sys
 import time
@@ -224,4 +233,108 @@ async def test_connection_beyond_max_connections_is_refused(tmp_path):
         again = await connect(*replica.eventer, "again")
         await again.close()
     finally:
+        replica.stop()
+
+
+async def _open_idle(port: int, sources: list[str], n: int) -> list[socket.socket]:
+    """`n` raw TCP connections to 127.0.0.1:`port`, round-robin over the `sources`
+    addresses, that never send a byte; opened 200 at a time (the listen backlog)."""
+    loop = asyncio.get_running_loop()
+    held: list[socket.socket] = []
+
+    async def one(source: str) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        held.append(sock)
+        sock.bind((source, 0))
+        with contextlib.suppress(OSError):  # refused or reset: the server chose
+            await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), 20)
+
+    for start in range(0, n, 200):
+        batch = range(start, min(n, start + 200))
+        await asyncio.gather(*(one(sources[i % len(sources)]) for i in batch))
+    return held
+
+
+def _socket_fds(pid: int) -> int:
+    """Sockets the process `pid` holds open (the server's side of the count)."""
+    n = 0
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            n += os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:")
+    return n
+
+
+def _still_open(socks: list[socket.socket]) -> int:
+    """How many of `socks` the server has not closed (no EOF, no reset, nothing sent)."""
+    n = 0
+    for sock in socks:
+        try:
+            sock.getpeername()
+            sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # b"": closed
+        except BlockingIOError:
+            n += 1  # connected, nothing to read: open and idle
+        except OSError:
+            pass  # reset (evicted) or never connected
+    return n
+
+
+@pytest.mark.parametrize(
+    ("flood", "sources"),
+    [
+        (1000, ["127.0.0.1"]),
+        (10_000, [f"127.0.1.{i}" for i in range(1, 101)]),
+    ],
+    ids=["1k-same-address", "10k-100-addresses"],
+)
+async def test_idle_connections_never_take_a_token_clients_place(tmp_path, flood, sources):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = flood + 1000
+    if hard < need:
+        pytest.fail(f"this test holds {flood} sockets: ulimit -n is {hard}, needs {need}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, need), hard))
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret\n")
+    replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), token_file=token_file).start()
+    await replica.wait_ready()
+    socks: list[socket.socket] = []
+    try:
+        baseline = _socket_fds(replica.proc.pid)
+        started = time.monotonic()
+        socks = await _open_idle(replica.ports["eventer"], sources, flood)
+        opened = time.monotonic() - started
+        # Until the replica has accepted what was still in its listen backlog.
+        held, kept = -1, _socket_fds(replica.proc.pid) - baseline
+        while kept != held:
+            await asyncio.sleep(0.5)
+            held, kept = kept, _socket_fds(replica.proc.pid) - baseline
+        open_here = _still_open(socks)
+        started = time.perf_counter()
+        client = await connect(*replica.eventer, "real", client_token="s3cret", timeout=10)
+        try:
+            created = await client.register([RegisterEvent(("real", "one"), None, None)], True)
+            took = time.perf_counter() - started
+            result = await client.query(QueryLatestParams([("real", "*")]))
+        finally:
+            await client.close()
+        assert created is not None and len(created) == 1
+        assert [e.type for e in result.events] == [("real", "one")]
+        evicted = await rejected(replica, "evicted_before_init")
+        print(
+            f"\n{flood} idle connections from {len(sources)} address(es), opened in "
+            f"{opened:.1f} s: the replica holds {kept} of them ({open_here} open on this "
+            f"side), {evicted:.0f} evicted before init; a token "
+            f"client connected and registered in {took * 1000:.1f} ms"
+        )
+        # The pre-init budget held (max_pending 256): every idle connection beyond it
+        # was dropped, the oldest first, none refused for lack of a place.
+        assert kept <= 256, kept
+        # Every idle connection is either evicted or still open on this side (held by
+        # the replica, or never accepted: a full listen backlog leaves the kernel
+        # holding some in limbo).
+        assert evicted + open_here >= flood, (kept, open_here, evicted)
+        assert await rejected(replica, "too_many_connections") == 0
+    finally:
+        for sock in socks:
+            sock.close()
         replica.stop()

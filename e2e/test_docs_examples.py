@@ -16,6 +16,9 @@ The fleet is ``eventfleet fleet --replicas 3`` on a free block of ports; the doc
 ports (the default layout from 23012) are shifted to it. Leading ``NAME=value``
 environment assignments (the Kubernetes section's ``EVENTFLEET_TOKEN=$TOKEN``) are
 dropped: the local fleet has no token.
+
+docs/aggregation.md's local example runs whole, through bash, as written (Spark local
+mode): see ``test_aggregation_local_example_runs_as_written``.
 """
 
 from __future__ import annotations
@@ -158,16 +161,23 @@ class DocRunner:
 
 
 @pytest.fixture(scope="module")
-def fleet_base(tmp_path_factory):
+def local_fleet(tmp_path_factory):
+    """``(base port, data dir)`` of a three-replica local fleet, as ``./scripts/run``."""
     import asyncio
 
     base = free_block(3)
-    fleet = FleetProc(tmp_path_factory.mktemp("docs") / "data", 3, base_port=base).start()
+    data = tmp_path_factory.mktemp("docs") / "data"
+    fleet = FleetProc(data, 3, base_port=base).start()
     try:
         asyncio.run(fleet.wait_up())
-        yield base
+        yield base, data
     finally:
         fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet_base(local_fleet):
+    return local_fleet[0]
 
 
 @pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
@@ -186,6 +196,54 @@ def test_doc_examples_run(doc, fleet_base, tmp_path):
     # The page has examples of each kind: the extraction itself did not silently fail.
     assert runner.ran["python"] >= 1 and runner.ran["register"] >= 1, runner.ran
     assert runner.ran["query"] >= 1 and runner.ran["watch"] >= 1, runner.ran
+
+
+AGGREGATION = ROOT / "docs" / "aggregation.md"
+
+
+def checkout_like(workdir: pathlib.Path, data_dir: pathlib.Path) -> None:
+    """A directory where the docs' relative paths mean what they mean in a checkout
+    after ``./scripts/run``: ``.venv/bin/eventfleet`` (this interpreter's) and ``.data``
+    (the running fleet's data directory, with its ``token``)."""
+    (workdir / ".venv" / "bin").mkdir(parents=True)
+    (workdir / ".venv" / "bin" / "eventfleet").symlink_to(
+        pathlib.Path(sys.executable).parent / "eventfleet"
+    )
+    (workdir / ".data").symlink_to(data_dir)
+
+
+def test_aggregation_local_example_runs_as_written(local_fleet, tmp_path):
+    """docs/aggregation.md's local example, every line through bash, in a checkout-like
+    directory; only the documented ports are moved to the test fleet's. The job reads
+    through ``--http`` (GET /export): a wrong HTTP port or a missing token fails the run
+    (ExportReadError), only a replica without the route falls back to Eventer."""
+    pytest.importorskip("pyspark")
+    base, data_dir = local_fleet
+    (body,) = [b for info, b in blocks(AGGREGATION) if info == "sh" and "aggregate --eventer" in b]
+    assert "127.0.0.1:23017" in body and "--token-file .data/token" in body  # HTTP, token
+    checkout_like(tmp_path, data_dir)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EVENTFLEET_")}
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", shift_ports(body, base)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert result.returncode == 0, f"exit {result.returncode}:\n{result.stderr[-4000:]}"
+    assert "Traceback" not in result.stderr, result.stderr[-4000:]
+    # The last command prints the written-back aggregates: demo/temp's two values.
+    written = [
+        e
+        for e in json_lines("\n".join(ln for ln in result.stdout.splitlines() if ln[:1] == "{"))
+        if e.get("type", [])[:3] == ["eventfleet", "aggregate", "10"]
+    ]
+    demo = [e for e in written if e["type"][3:] == ["demo", "temp"]]
+    assert demo, f"no aggregate of demo/temp in:\n{result.stdout[-4000:]}"
+    assert sum(e["payload"]["json"]["count"] for e in demo) >= 2, demo
+    assert list((tmp_path / "aggregates").rglob("*.parquet")), "no Parquet written"
 
 
 def test_extraction_sees_the_examples():

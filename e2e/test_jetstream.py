@@ -423,3 +423,33 @@ async def test_operator_rendered_jetstream_section_runs_a_replica(tmp_path):
             assert [e.payload.data["text"] for e in result.events] == ["from the operator's config"]
         async with aiohttp.ClientSession() as http, http.get(js_url(r1)) as resp:
             assert resp.status == 404  # not at the default path
+
+
+async def test_connections_without_a_session_never_take_a_session_place(tmp_path):
+    """The pre-init budget (docs/security.md, "Connections"): upgraded websockets that
+    never send SessionCreate fill only `max_pending`, oldest evicted first; a client
+    still creates its session, and one past `max_connections` sessions is refused."""
+    admission = {"max_connections": 1, "max_pending": 3, "max_pending_per_address": 3}
+    extra = {"jetstream": {"admission": admission}}
+    create = json.dumps({"type": "SessionCreate", "index": 0, "version": "0.1.0"})
+    async with replicas(tmp_path, 1, extra=extra) as (r1,), aiohttp.ClientSession() as http:
+        url = js_url(r1)
+        idle = [await http.ws_connect(url) for _ in range(5)]
+        late = await http.ws_connect(url)  # evicts one more idle connection: 3 so far
+        async with http.ws_connect(url) as first:  # and one more: 4
+            await first.send_str(create)
+            (reply,) = json.loads((await first.receive(timeout=5)).data)
+            assert reply["sessionToken"]
+            # The one session place is taken: `late`'s SessionCreate is refused...
+            await late.send_str(create)
+            msg = await late.receive(timeout=5)
+            assert msg.type == aiohttp.WSMsgType.CLOSE and msg.data == 4096
+            assert json.loads(msg.extra)["type"] == "too-many-connections"
+            # ... and a new connection is refused before the upgrade.
+            with pytest.raises(aiohttp.WSServerHandshakeError, match="503"):
+                await http.ws_connect(url)
+        for ws in [*idle, late]:
+            await ws.close()
+        counted = await rejections(r1)
+        assert counted["evicted_before_init"] == 4, counted
+        assert counted["too_many_connections"] == 2, counted

@@ -387,6 +387,11 @@ def test_bad_input_is_rejected_or_reported_and_the_operator_keeps_running(kubect
     assert operator.alive()
 
 
+def _https_endpoint(monitor):
+    endpoints = (monitor or {}).get("spec", {}).get("endpoints", [])
+    return next((e for e in endpoints if e.get("scheme") == "https"), None)
+
+
 def test_optional_crds_missing_gives_a_condition_then_children_appear(kubectl, operator):
     kubectl.apply(
         eventserver(
@@ -432,6 +437,18 @@ def test_optional_crds_missing_gives_a_condition_then_children_appear(kubectl, o
         wait_for(
             lambda: conditions() == ("Applied", "Applied"), timeout=20, what="Applied conditions"
         )
+        assert sm["spec"]["endpoints"][0]["scheme"] == "http"
+        # TLS on the HTTP port: the ServiceMonitor follows (https, the fleet CA), and the
+        # API server accepts the tlsConfig against the real upstream schema.
+        kubectl.run(
+            "patch", "eventserver/extras", "--type=merge", "-p", '{"spec":{"tls":{"enabled":true}}}'
+        )
+        endpoint = wait_for(
+            lambda: _https_endpoint(kubectl.get("servicemonitor", "extras")),
+            timeout=30,
+            what="ServiceMonitor scraping https",
+        )
+        assert endpoint["tlsConfig"]["ca"] == {"secret": {"name": "extras-tls", "key": "ca.crt"}}
         # Turning monitoring off removes the ServiceMonitor (level-based).
         kubectl.run(
             "patch",

@@ -207,9 +207,19 @@ def test_kubectl_eventfleet_plugin(kubectl, operator, kubelet, tmp_path):
     assert (data["replicas"], data["readyReplicas"], data["phase"]) == (2, 2, "Running")
     assert data["updatedReplicas"] == 2 and data["updateRevision"] == data["currentRevision"]
 
+    # Options after the command, as users type them with kubectl.
+    after = subprocess.run(
+        [kubectl.binary, "eventfleet", "status", "plug", "-n", kubectl.namespace,
+         "--kubeconfig", str(kubectl.kubeconfig), "-o", "json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["namespace"] == kubectl.namespace
+
     register(pods, 1, 2)
-    out = plugin("flush", "plug", "--timeout", "60").stdout
-    assert "flushed: all 2 replicas hold each other's events" in out
+    flushed = plugin("flush", "plug", "--timeout", "60")
+    assert "flushed: all 2 replicas hold each other's events" in flushed.stdout
+    assert flushed.stderr.startswith("flush requested (eventfleet.io/flush="), flushed.stderr
     assert kubectl.get("eventserver", "plug")["status"]["lastFlush"]["result"] == "Verified"
 
     plugin("pause", "plug")

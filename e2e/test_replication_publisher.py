@@ -179,6 +179,42 @@ async def test_failed_logins_are_rate_limited_per_address(tmp_path):
         replica.stop()
 
 
+async def test_connections_not_logged_in_never_take_a_session_place(tmp_path):
+    """The pre-login budget (docs/security.md, "Connections"): websockets that never log
+    in fill only `max_pending` and are evicted oldest first; a login still gets a
+    session place, and a login past `max_connections` sessions is refused."""
+    admission = {"max_connections": 1, "max_pending": 3, "max_pending_per_address": 3}
+    extra = replication_conf(tmp_path, admission=admission)
+    replica = ReplicaProc(tmp_path, "adm", 1, free_block(1), extra=extra)
+    replica.start()
+    idle: list[AppWsClient] = []
+    try:
+        await replica.wait_ready()
+        for _ in range(5):
+            idle.append(await AppWsClient(ws_url(replica)).__aenter__())
+        async with AppWsClient(ws_url(replica)) as bob:  # evicts one more idle one
+            alice = await logged_in(replica)  # and one more: 4 evicted
+            try:
+                # The one session place went to alice while bob had not logged in yet.
+                refused = await bob.login(USERS["bob"], sip="bob")
+                assert refused["ok"] is not True
+                assert "too many replication sessions" in refused["error"]
+                # With the session budget full, a new connection is refused before the
+                # upgrade.
+                async with aiohttp.ClientSession() as http:
+                    with pytest.raises(aiohttp.WSServerHandshakeError, match="503"):
+                        await http.ws_connect(ws_url(replica))
+            finally:
+                await alice.__aexit__(None, None, None)
+        counts = await rejected(replica)
+        assert counts["evicted_before_init"] == 4, counts
+        assert counts["too_many_connections"] == 2, counts
+    finally:
+        for c in idle:
+            await c.__aexit__(None, None, None)
+        replica.stop()
+
+
 # -- starts, passes, columns -------------------------------------------------------------
 
 

@@ -381,30 +381,11 @@ def _ep(endpoint: str):
 def _read_parquet(root: pathlib.Path) -> dict:
     """Parquet rows as {(type, bucket us): payload JSON} (the canonical comparison)."""
     import pyarrow.parquet as pq
-    from eventfleet_spark.record import Aggregate, FieldStats
+    from eventfleet_spark.record import Aggregate
 
     out = {}
-    epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-    def us(dt):
-        return (dt - epoch) // datetime.timedelta(microseconds=1)
-
     for row in pq.read_table(root, partitioning="hive").to_pylist():
-        agg = Aggregate(
-            type=tuple(row["type"]),
-            bucket_start_us=us(row["bucket_start"]),
-            bucket_seconds=int(row["bucket_seconds"]),
-            count=row["count"],
-            first_us=us(row["first_timestamp"]),
-            last_us=us(row["last_timestamp"]),
-            numeric_payloads=row["numeric_payloads"],
-            non_numeric_payloads=row["non_numeric_payloads"],
-            invalid_json_payloads=row["invalid_json_payloads"],
-            binary_payloads=row["binary_payloads"],
-            empty_payloads=row["empty_payloads"],
-            skipped_fields=row["skipped_fields"],
-            fields={k: FieldStats(**v) for k, v in row["fields"]},
-        )
+        agg = Aggregate.from_parquet_row(row)
         out[agg.key] = agg.payload_json()
     return out
 

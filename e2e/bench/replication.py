@@ -30,7 +30,10 @@ import json
 import os
 import pathlib
 import platform
+import shutil
+import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -139,7 +142,38 @@ async def fill(a: ReplicaProc, count: int, batch: int = 100, inflight: int = 8) 
     return last
 
 
-async def measure_catchup(a: ReplicaProc, b: ReplicaProc, count: int) -> dict:
+def _start_profile(pid: int, out: pathlib.Path) -> subprocess.Popen:
+    exe = shutil.which("py-spy", path=str(pathlib.Path(sys.executable).parent)) or shutil.which(
+        "py-spy"
+    )
+    if not exe:
+        raise SystemExit("--profile needs py-spy (.venv/bin/python -m pip install py-spy)")
+    return subprocess.Popen(
+        [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "250",
+         "--output", str(out), "--nonblocking", "--threads"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _stop_profile(proc: subprocess.Popen, out: pathlib.Path) -> None:
+    from e2e.bench.eventer import hot_spots
+
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)  # py-spy writes its output on SIGINT
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    if out.exists():
+        for line in hot_spots("catch-up / replica B", out, top=15):
+            log(line)
+
+
+async def measure_catchup(
+    a: ReplicaProc, b: ReplicaProc, count: int, profile: pathlib.Path | None = None
+) -> dict:
     assert b.stop() == 0
     log(f"catch-up: B stopped; registering {count} events on A")
     started = time.perf_counter()
@@ -148,6 +182,8 @@ async def measure_catchup(a: ReplicaProc, b: ReplicaProc, count: int) -> dict:
     cpu_a0 = read_proc(a.proc.pid).cpu_s
     t0 = time.perf_counter()
     b.start()
+    # Catch-up starts before /readyz (ready means synced): sample B from its start.
+    profiler = _start_profile(b.proc.pid, profile) if profile is not None else None
     await b.wait_ready(timeout=300)
     client = await connect(*b.eventer, "bench/catchup-probe")
     try:
@@ -167,6 +203,8 @@ async def measure_catchup(a: ReplicaProc, b: ReplicaProc, count: int) -> dict:
         )
     finally:
         await client.close()
+        if profiler is not None:
+            _stop_profile(profiler, profile)  # type: ignore[arg-type]
     marks = {}
     for e in sorted(states.events, key=lambda e: e.id.instance):
         data = json.loads(e.payload.data)
@@ -223,7 +261,8 @@ async def run(args) -> dict:
             log(f"run {i + 1}/{args.repeat}: lag at {args.rate} events/s for {args.seconds} s")
             lags.append(await measure_lag(a, b, args.rate, args.seconds))
             log(f"lag: {lags[-1]}")
-            catchups.append(await measure_catchup(a, b, args.catchup))
+            profile = workdir / f"catchup-{i + 1}.txt" if args.profile else None
+            catchups.append(await measure_catchup(a, b, args.catchup, profile))
             log(f"catch-up: {catchups[-1]}")
     finally:
         a.stop()
@@ -296,6 +335,11 @@ def main(argv: list[str] | None = None) -> int:
         default="NORMAL",
         choices=["OFF", "NORMAL", "FULL", "EXTRA"],
         help="both replicas' storage.synchronous (default NORMAL, the targets' mode)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="sample replica B with py-spy during each catch-up and print the hot spots",
     )
     p.add_argument("--json", type=pathlib.Path)
     p.add_argument("--markdown", type=pathlib.Path)

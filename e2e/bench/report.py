@@ -121,6 +121,8 @@ def build_rows(results: dict) -> list[Row]:
                     tgt = Target("abs", 20.0, "<= 20 ms @300k")
                     if stored is not None and stored < 300_000:
                         note = f"(measured at {stored:,} stored)"
+                elif name != "ts_one_type":
+                    tgt = Target("ratio", 1.0, "<= ref")  # issue 22: never slower
 
             def q(s, name=name, field=field):
                 r = s["query"][name]
@@ -143,7 +145,16 @@ def build_rows(results: dict) -> list[Row]:
             r = s["query"][name]
             return "ERR" if "error" in r else r["server_cpu_ms"]
 
-        rows.append(Row("server CPU per query run (ms)", label, per(qcpu), "{:,.1f}"))
+        # Issue 22: every query shape at most half the reference's server CPU.
+        rows.append(
+            Row(
+                "server CPU per query run (ms)",
+                label,
+                per(qcpu),
+                "{:,.1f}",
+                None if name == "ts_one_type" else Target("ratio", 1 / 2, "<= 1/2 ref"),
+            )
+        )
 
     def ret(s, name):
         r = s["query"][name]

@@ -330,6 +330,8 @@ class QueryResult:
 
 QUERY_NAMES = [
     ("latest", "latest, 1000 types"),
+    ("latest_list", "latest, explicit list of 1000 types"),
+    ("server", "server, 1000 events"),
     ("ts_bounded", "timeseries 1000, time-bounded, 1 query"),
     ("ts_bounded_paged", "timeseries 1000, time-bounded, pages of 100"),
     ("ts_unbounded", "timeseries 1000, unbounded, 1 query"),
@@ -345,6 +347,19 @@ def query_fns(conn: eventer.Client, pre: Prefill) -> dict[str, Callable[[], Awai
 
     async def latest() -> int:
         res = await conn.query(common.QueryLatestParams(event_types=[("bench", "q", "*")]))
+        return len(res.events)
+
+    # Every type the prefill registered, named one by one (no wildcard).
+    type_list = [("bench", "q", str(i)) for i in range(1000)]
+
+    async def latest_list() -> int:
+        res = await conn.query(common.QueryLatestParams(event_types=type_list))
+        return len(res.events)
+
+    async def server() -> int:
+        # Both servers run with server id 1 and hold only their own events.
+        params = common.QueryServerParams(server_id=1, persisted=True, max_results=1000)
+        res = await conn.query(params)
         return len(res.events)
 
     async def single(bounded: bool) -> int:
@@ -382,6 +397,8 @@ def query_fns(conn: eventer.Client, pre: Prefill) -> dict[str, Callable[[], Awai
     return {
         "ts_one_type": one_type,
         "latest": latest,
+        "latest_list": latest_list,
+        "server": server,
         "ts_bounded": lambda: single(True),
         "ts_bounded_paged": lambda: paged(True),
         "ts_unbounded": lambda: single(False),

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Real-cluster end-to-end test of the operator on kind (Kubernetes in Docker).
 #
-# The CI machines of this project have no Docker engine and no cluster, so this script
-# is NOT run there: the e2e tests in e2e/test_operator*.py use the API emulator instead
-# (e2e/k8s/). Run this where you have Docker and kind; it proves what the emulator
-# cannot: pods really start, probes pass, DNS names of the peer Service resolve, the
-# replicas sync over the Syncer, volumes are bound, garbage collection works.
+# The CI machines of this project have no Docker engine, so this script is NOT run
+# there: CI runs the operator and the chart against a real Kubernetes control plane built
+# from Go modules (e2e/k8s/controlplane.py, docs/operator.md "Tests") with the project's
+# images. Run this where you have Docker and kind, as a check of your own cluster setup:
+# the images built by docker, Helm install, pods starting, probes, DNS names of the peer
+# Service, the replicas syncing, volumes, a safe scale-down, garbage collection.
 #
 # Needs: docker, kind (>= 0.20), kubectl, helm; optional: curl, python3 (checks).
 # Usage:

@@ -19,7 +19,7 @@ import yaml
 
 from eventfleet_operator import constants, naming
 from eventfleet_operator.constants import Service
-from eventfleet_operator.model import FleetSpec
+from eventfleet_operator.model import AGGREGATION_OUTPUT_DIR, FleetSpec
 
 # Keys of the replica config that the replica re-reads without a restart. They stay
 # out of the config hash so that scaling never restarts the surviving replicas.
@@ -713,24 +713,37 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
 
 
 def service_monitor(spec: FleetSpec) -> dict[str, Any]:
-    """prometheus-operator ServiceMonitor scraping every replica through the peer Service."""
+    """prometheus-operator ServiceMonitor scraping every replica through the peer Service.
+
+    With TLS on the HTTP port (``spec.tls.enabled`` and ``spec.tls.http``) the port
+    speaks HTTPS only, so Prometheus scrapes ``https`` and verifies the replicas against
+    the fleet CA: ``ca.crt`` of the fleet's TLS Secret, which every provider fills (the
+    per-fleet ``<name>-ca`` Secret does not exist when a user's issuer signs). Prometheus
+    connects to pod addresses, so the name checked is the client Service's, which every
+    fleet certificate carries. The HTTP port asks for no client certificate.
+    """
     labels = {**naming.labels(spec.name, "monitoring"), **dict(spec.service_monitor.labels)}
     meta = _metadata(spec, naming.service_monitor(spec.name), "monitoring")
     meta["labels"] = labels
+    endpoint: dict[str, Any] = {
+        "port": "http",
+        "path": "/metrics",
+        "scheme": "http",
+        "interval": spec.service_monitor.interval,
+    }
+    if spec.tls.enabled and spec.tls.http:
+        endpoint["scheme"] = "https"
+        endpoint["tlsConfig"] = {
+            "ca": {"secret": {"name": naming.tls_secret(spec.name), "key": "ca.crt"}},
+            "serverName": f"{naming.client_service(spec.name)}.{spec.namespace}.svc",
+        }
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
         "metadata": meta,
         "spec": {
             "selector": {"matchLabels": naming.labels(spec.name, "peers")},
-            "endpoints": [
-                {
-                    "port": "http",
-                    "path": "/metrics",
-                    "scheme": "http",
-                    "interval": spec.service_monitor.interval,
-                }
-            ],
+            "endpoints": [endpoint],
         },
     }
 
@@ -740,8 +753,17 @@ def _aggregation_pod_labels(spec: FleetSpec) -> dict[str, str]:
     return naming.labels(spec.name, "aggregation")
 
 
+# The group of the Spark image's user (the official image's `spark`, uid and gid 185).
+SPARK_GID = 185
+
+
 def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
-    """spark-operator ScheduledSparkApplication running the aggregation job."""
+    """spark-operator ScheduledSparkApplication running the aggregation job.
+
+    ``spec.aggregation`` adds the user's ``sparkConf``, ``hadoopConf`` (S3A endpoint and
+    options) and ``env`` (credentials from Secrets) and, with ``outputVolume``, mounts a
+    PersistentVolumeClaim into the driver and every executor where ``--output`` points.
+    """
     agg = spec.aggregation
     client_host = f"{naming.client_service(spec.name)}.{spec.namespace}.svc"
     eventer = f"{client_host}:{spec.ports.eventer}"
@@ -753,7 +775,10 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
         {
             "name": "EVENTFLEET_TOKEN",
             "valueFrom": {"secretKeyRef": {"name": token.secret_name, "key": token.key}},
-        }
+        },
+        # The user's (S3 credentials from a Secret...): the executors write the Parquet
+        # files, so they need them as much as the driver.
+        *(dict(e) for e in agg.env),
     ]
     pod_labels = _aggregation_pod_labels(spec)
     arguments = ["--eventer", eventer]
@@ -767,12 +792,13 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
         "--window",
         str(agg.window_seconds),
     ]
-    tls_pod: dict[str, Any] = {}
-    tls_app: dict[str, Any] = {}
+    volumes: list[dict[str, Any]] = []
+    mounts: list[dict[str, Any]] = []
+    pod_security: dict[str, Any] = {}
     if spec.tls.enabled:
         # Only the CA (never the fleet's key): the job verifies the replicas.
         arguments += ["--tls-ca", f"{naming.SPARK_TLS_CA_DIR}/ca.crt"]
-        tls_app["volumes"] = [
+        volumes.append(
             {
                 "name": "fleet-ca",
                 "secret": {
@@ -780,10 +806,28 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                     "items": [{"key": "ca.crt", "path": "ca.crt"}],
                 },
             }
-        ]
-        tls_pod["volumeMounts"] = [
-            {"name": "fleet-ca", "mountPath": naming.SPARK_TLS_CA_DIR, "readOnly": True}
-        ]
+        )
+        mounts.append({"name": "fleet-ca", "mountPath": naming.SPARK_TLS_CA_DIR, "readOnly": True})
+    if agg.output_claim:
+        # Parquet is written by the executors and committed by the driver: every pod
+        # mounts the same claim at the same path.
+        volumes.append(
+            {
+                "name": "aggregates",
+                "persistentVolumeClaim": {"claimName": agg.output_claim},
+            }
+        )
+        mounts.append({"name": "aggregates", "mountPath": AGGREGATION_OUTPUT_DIR})
+        # The Spark image runs as uid 185: the volume's files get its group, writable.
+        pod_security = {"podSecurityContext": {"fsGroup": SPARK_GID}}
+    app_volumes: dict[str, Any] = {"volumes": volumes} if volumes else {}
+    pod_mounts: dict[str, Any] = {"volumeMounts": mounts} if mounts else {}
+    conf: dict[str, Any] = {}
+    if agg.spark_conf:
+        conf["sparkConf"] = dict(agg.spark_conf)
+    if agg.hadoop_conf:
+        # spark-operator passes each as spark.hadoop.<key> (e.g. fs.s3a.endpoint).
+        conf["hadoopConf"] = dict(agg.hadoop_conf)
     return {
         "apiVersion": "sparkoperator.k8s.io/v1beta2",
         "kind": "ScheduledSparkApplication",
@@ -804,7 +848,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                 "imagePullPolicy": spec.image_pull_policy,
                 "mainApplicationFile": naming.SPARK_MAIN,
                 "arguments": arguments,
-                **tls_app,
+                **app_volumes,
+                **conf,
                 "sparkVersion": agg.spark_version,
                 "restartPolicy": {"type": "Never"},
                 "driver": {
@@ -813,7 +858,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                     "serviceAccount": agg.service_account_name,
                     "labels": pod_labels,
                     "env": token_env,
-                    **tls_pod,
+                    **pod_mounts,
+                    **pod_security,
                 },
                 "executor": {
                     "instances": agg.executor.instances,
@@ -821,7 +867,8 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
                     "memory": agg.executor.memory,
                     "labels": pod_labels,
                     "env": token_env,
-                    **tls_pod,
+                    **pod_mounts,
+                    **pod_security,
                 },
             },
         },

@@ -108,7 +108,7 @@ def run(
     """Run the operator until it is stopped. Arguments override the environment."""
     import kopf  # heavy import, only when really running
 
-    from eventfleet_operator import handlers
+    from eventfleet_operator import handlers, probe_logs
 
     config = OperatorConfig.from_env(
         namespaces=tuple(namespaces) if namespaces else None,
@@ -138,6 +138,7 @@ def run(
     )
     registry = kopf.OperatorRegistry()
     handlers.register(registry, config)
+    probe_logs.install(config.liveness_endpoint)  # after kopf.configure set up logging
     kopf.run(
         registry=registry,
         standalone=config.peering_name is None,

@@ -138,6 +138,7 @@ class Reason(enum.StrEnum):
     SCALE_DOWN_HELD = "ScaleDownHeld"
     SCALING = "Scaling"
     REPLICAS_NOT_READY = "ReplicasNotReady"
+    STATEFULSET_STATUS_STALE = "StatefulSetStatusStale"
     CHILD_NOT_OWNED = "ChildNotOwned"
     HIBERNATING = "Hibernating"
     HIBERNATED = "Hibernated"

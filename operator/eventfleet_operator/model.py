@@ -171,8 +171,21 @@ class SparkPod:
     instances: int = 1  # executors only
 
 
+# Where spec.aggregation.outputVolume's claim is mounted in the driver and executors.
+AGGREGATION_OUTPUT_DIR = "/var/lib/eventfleet/aggregates"
+# The job's output when neither spec.aggregation.output nor an outputVolume is set: the
+# driver pod's filesystem, lost with the pod (the status says so).
+EPHEMERAL_AGGREGATION_OUTPUT = "/tmp/eventfleet/aggregates"
+# Environment variables the operator sets itself in the Spark pods (the job reads them).
+RESERVED_SPARK_ENV = ("EVENTFLEET_TOKEN", "EVENTFLEET_TLS_CA")
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_URL_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
+
+
 @dataclasses.dataclass(frozen=True)
 class Aggregation:
+    """``spec.aggregation``: the scheduled Spark job and where it writes."""
+
     enabled: bool = False
     schedule: str = "*/10 * * * *"
     time_zone: str = "UTC"
@@ -180,12 +193,22 @@ class Aggregation:
     suspend: bool = False
     bucket_seconds: int = 60
     window_seconds: int = 3600
-    output: str = "/tmp/eventfleet/aggregates"
+    output: str = EPHEMERAL_AGGREGATION_OUTPUT
     image: str = DEFAULT_SPARK_IMAGE
     spark_version: str = "4.0.1"
     service_account_name: str = "spark"
     driver: SparkPod = SparkPod()
     executor: SparkPod = SparkPod()
+    # outputVolume.persistentVolumeClaim.claimName, mounted at AGGREGATION_OUTPUT_DIR.
+    output_claim: str = ""
+    spark_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    hadoop_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    env: tuple[Mapping[str, Any], ...] = ()  # core/v1 EnvVar, driver and executors
+
+    @property
+    def output_is_ephemeral(self) -> bool:
+        """The output is a local path on no volume: it dies with the driver pod."""
+        return not self.output_claim and not _URL_SCHEME.match(self.output)
 
 
 # Who scrapes /metrics by default: prometheus-operator labels its Prometheus pods so.
@@ -645,9 +668,97 @@ def _parse_spark_pod(agg: Mapping[str, Any], key: str) -> SparkPod:
     )
 
 
+def _parse_output_claim(agg: Mapping[str, Any]) -> str:
+    path = "spec.aggregation.outputVolume"
+    volume = _obj(agg, "outputVolume", "spec.aggregation")
+    if agg.get("outputVolume") is None:
+        return ""
+    if volume.get("persistentVolumeClaim") is None:
+        raise SpecError(f"{path}.persistentVolumeClaim", "is required in outputVolume")
+    claim = _obj(volume, "persistentVolumeClaim", path)
+    name = _str(claim, "claimName", f"{path}.persistentVolumeClaim")
+    if not name:
+        raise SpecError(f"{path}.persistentVolumeClaim.claimName", "is required")
+    return str(name)
+
+
+def _parse_output(agg: Mapping[str, Any], claim: str) -> str:
+    """The job's --output: the spec's, else the claim's mount, else the ephemeral path."""
+    field = "spec.aggregation.output"
+    output = _str(agg, "output", "spec.aggregation")
+    if output is None:
+        return AGGREGATION_OUTPUT_DIR if claim else EPHEMERAL_AGGREGATION_OUTPUT
+    if _URL_SCHEME.match(output):
+        if claim:
+            raise SpecError(
+                field,
+                f"{output!r} is a URL, but spec.aggregation.outputVolume mounts a claim: "
+                "write to the claim (leave output unset or a path under "
+                f"{AGGREGATION_OUTPUT_DIR}) or drop outputVolume",
+            )
+        return str(output)
+    if not output.startswith("/"):
+        raise SpecError(field, f"must be an absolute path or a URL such as s3a://, got {output!r}")
+    if claim and not (output + "/").startswith(AGGREGATION_OUTPUT_DIR + "/"):
+        raise SpecError(
+            field,
+            f"{output!r} is not on the claim of spec.aggregation.outputVolume, which is "
+            f"mounted at {AGGREGATION_OUTPUT_DIR}",
+        )
+    return str(output)
+
+
+def _parse_spark_env(agg: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
+    """``spec.aggregation.env``: core/v1 EnvVars with a value or a Secret/ConfigMap key."""
+    entries = _get(agg, "env", "spec.aggregation", list) or []
+    out, seen = [], set()
+    for i, entry in enumerate(entries):
+        path = f"spec.aggregation.env[{i}]"
+        if not isinstance(entry, dict):
+            raise SpecError(path, f"expected an object, got {type(entry).__name__}")
+        name = _str(entry, "name", path)
+        if not name or not _ENV_NAME.match(name):
+            raise SpecError(f"{path}.name", f"{name!r} is not a valid environment variable name")
+        if name in RESERVED_SPARK_ENV:
+            raise SpecError(f"{path}.name", f"{name} is set by the operator")
+        if name in seen:
+            raise SpecError(f"{path}.name", f"{name} is listed twice")
+        seen.add(name)
+        value = _get(entry, "value", path, str)
+        value_from = _obj(entry, "valueFrom", path)
+        if (value is None) == (not value_from):
+            raise SpecError(path, f"{name}: set exactly one of value and valueFrom")
+        item: dict[str, Any] = {"name": name}
+        if value is not None:
+            item["value"] = value
+        else:
+            if len(value_from) != 1 or next(iter(value_from)) not in (
+                "secretKeyRef",
+                "configMapKeyRef",
+            ):
+                raise SpecError(
+                    f"{path}.valueFrom", "must hold exactly one of secretKeyRef, configMapKeyRef"
+                )
+            ((kind, ref),) = value_from.items()
+            ref_path = f"{path}.valueFrom.{kind}"
+            if not isinstance(ref, dict):
+                raise SpecError(ref_path, f"expected an object, got {type(ref).__name__}")
+            ref_name, key = _str(ref, "name", ref_path), _str(ref, "key", ref_path)
+            if not ref_name or not key:
+                raise SpecError(ref_path, "needs name and key")
+            out_ref: dict[str, Any] = {"name": ref_name, "key": key}
+            optional = _get(ref, "optional", ref_path, bool)
+            if optional is not None:
+                out_ref["optional"] = optional
+            item["valueFrom"] = {kind: out_ref}
+        out.append(item)
+    return tuple(out)
+
+
 def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
     agg = _obj(spec, "aggregation", "spec")
     path = "spec.aggregation"
+    claim = _parse_output_claim(agg)
     parsed = Aggregation(
         enabled=_bool(agg, "enabled", path, False),
         schedule=_str(agg, "schedule", path, "*/10 * * * *"),
@@ -656,12 +767,16 @@ def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
         suspend=_bool(agg, "suspend", path, False),
         bucket_seconds=_int(agg, "bucketSeconds", path, 60, 1),
         window_seconds=_int(agg, "windowSeconds", path, 3600, 1),
-        output=_str(agg, "output", path, "/tmp/eventfleet/aggregates"),
+        output=_parse_output(agg, claim),
         image=_str(agg, "image", path, DEFAULT_SPARK_IMAGE),
         spark_version=_str(agg, "sparkVersion", path, "4.0.1"),
         service_account_name=_str(agg, "serviceAccountName", path, "spark"),
         driver=_parse_spark_pod(agg, "driver"),
         executor=_parse_spark_pod(agg, "executor"),
+        output_claim=claim,
+        spark_conf=_str_map(agg, "sparkConf", path),
+        hadoop_conf=_str_map(agg, "hadoopConf", path),
+        env=_parse_spark_env(agg),
     )
     if parsed.enabled:
         validate_cron(parsed.schedule, f"{path}.schedule")

@@ -33,11 +33,28 @@ class PluginError(Exception):
     """A failed command; the message is printed, the exit code is 1."""
 
 
+# Seconds to connect to the API server and to wait for an answer: an unreachable server
+# is an error within seconds, not a hang.
+REQUEST_TIMEOUT = (10, 30)
+INSTALL_HINT = (
+    "the kubectl plugin needs the Python package 'kubernetes': install the operator extra "
+    "into the same environment (./scripts/bootstrap operator in a checkout, or "
+    "pip install 'eventfleet[operator]')"
+)
+
+
 class Api:
-    """The few EventServer calls the plugin makes, with the ``kubernetes`` client."""
+    """The few EventServer calls the plugin makes, with the ``kubernetes`` client.
+
+    Every expected failure (the package missing, no credentials, the API server
+    unreachable, an API error) is a :class:`PluginError` with what to do.
+    """
 
     def __init__(self, kubeconfig: str | None, context: str | None) -> None:
-        import kubernetes  # heavy; only when a command runs
+        try:
+            import kubernetes  # heavy; only when a command runs
+        except ImportError:
+            raise PluginError(INSTALL_HINT) from None
 
         self._k = kubernetes
         try:
@@ -47,50 +64,92 @@ class Api:
                 contexts, _ = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
                 active = next((c for c in contexts if c["name"] == context), active)
             self.default_namespace = (active.get("context") or {}).get("namespace") or "default"
-        except kubernetes.config.ConfigException:
-            kubernetes.config.load_incluster_config()
+            self.server = kubernetes.client.Configuration.get_default_copy().host
+        except kubernetes.config.ConfigException as e:
+            if kubeconfig or context:
+                where = f"--kubeconfig {kubeconfig}" if kubeconfig else f"--context {context}"
+                raise PluginError(f"{where}: {e}") from None
+            try:
+                kubernetes.config.load_incluster_config()
+            except kubernetes.config.ConfigException:
+                raise PluginError(
+                    "no Kubernetes credentials: no kubeconfig ($KUBECONFIG, ~/.kube/config "
+                    f"or --kubeconfig: {e}) and not running in a pod; point KUBECONFIG at "
+                    "your cluster's kubeconfig (the one kubectl uses)"
+                ) from None
             self.default_namespace = "default"
+            self.server = kubernetes.client.Configuration.get_default_copy().host
         self.custom = kubernetes.client.CustomObjectsApi()
 
-    def get(self, namespace: str, name: str) -> dict[str, Any]:
+    def _call(self, what: str, namespace: str, name: str, fn, *args) -> dict[str, Any]:
+        import urllib3
+
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return fn(*args, _request_timeout=REQUEST_TIMEOUT)
         except self._k.client.ApiException as e:
-            raise PluginError(_api_error(e, namespace, name)) from None
+            raise PluginError(_api_error(e, namespace, name, what)) from None
+        except (urllib3.exceptions.HTTPError, OSError) as e:
+            raise PluginError(_unreachable(self.server, e)) from None
+
+    def get(self, namespace: str, name: str) -> dict[str, Any]:
+        c = self.custom
+        args = (GROUP, VERSION, namespace, PLURAL, name)
+        return self._call("eventserver", namespace, name, c.get_namespaced_custom_object, *args)
 
     def patch(self, namespace: str, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            return self.custom.patch_namespaced_custom_object(
-                GROUP, VERSION, namespace, PLURAL, name, dict(body)
-            )
-        except self._k.client.ApiException as e:
-            raise PluginError(_api_error(e, namespace, name)) from None
+        c = self.custom
+        args = (GROUP, VERSION, namespace, PLURAL, name, dict(body))
+        return self._call("eventserver", namespace, name, c.patch_namespaced_custom_object, *args)
 
     def create_backup(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            return self.custom.create_namespaced_custom_object(
-                GROUP, VERSION, namespace, "eventserverbackups", dict(body)
-            )
-        except self._k.client.ApiException as e:
-            raise PluginError(_api_error(e, namespace, body["metadata"]["name"])) from None
+        c = self.custom
+        args = (GROUP, VERSION, namespace, "eventserverbackups", dict(body))
+        name = body["metadata"]["name"]
+        return self._call(
+            "eventserverbackup", namespace, name, c.create_namespaced_custom_object, *args
+        )
 
     def get_backup(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, "eventserverbackups", name
-            )
-        except self._k.client.ApiException as e:
-            raise PluginError(_api_error(e, namespace, name)) from None
+        c = self.custom
+        args = (GROUP, VERSION, namespace, "eventserverbackups", name)
+        return self._call(
+            "eventserverbackup", namespace, name, c.get_namespaced_custom_object, *args
+        )
 
 
-def _api_error(e: Any, namespace: str, name: str) -> str:
-    if e.status == 404:
-        return f'eventserver "{name}" not found in namespace "{namespace}"'
+def _unreachable(server: str | None, e: BaseException) -> str:
+    """One line for a request that never got an answer, with its innermost cause."""
+    cause: BaseException = e
+    while getattr(cause, "reason", None) is not None and isinstance(cause.reason, BaseException):
+        cause = cause.reason  # urllib3's MaxRetryError -> NewConnectionError -> OSError
+    text = str(cause)
+    # urllib3 prefixes its connection object: "<...HTTPSConnection object at 0x..>: Failed..."
+    if text.startswith("<") and ">: " in text:
+        text = text.split(">: ", 1)[1]
+    return (
+        f"cannot reach the Kubernetes API server {server or ''}: "
+        f"{type(cause).__name__}: {text or 'no answer'}; is the cluster running, and does "
+        "`kubectl cluster-info` work with the same kubeconfig and context?"
+    )
+
+
+def _api_error(e: Any, namespace: str, name: str, kind: str = "eventserver") -> str:
     try:
-        message = json.loads(e.body).get("message", e.reason)
-    except (TypeError, ValueError):
-        message = e.reason
-    return f"eventserver {namespace}/{name}: {e.status} {message}"
+        body = json.loads(e.body)
+        message = body.get("message", e.reason)
+    except (TypeError, ValueError, AttributeError):
+        body, message = {}, e.reason
+    if e.status == 404 and not (body.get("details") or {}).get("name") and body:
+        # The API server knows no such resource type: the CRD is missing.
+        return (
+            f"this cluster has no {kind}s ({message}): install the eventfleet CRDs "
+            "(helm install ... charts/eventfleet-operator, or kubectl apply -f crds/)"
+        )
+    if e.status == 404:
+        return f'{kind} "{name}" not found in namespace "{namespace}"'
+    if e.status in (401, 403):
+        message += " (the kubeconfig's user lacks the right; see docs/operator.md, RBAC)"
+    return f"{kind} {namespace}/{name}: {e.status} {message}"
 
 
 def now() -> str:
@@ -197,16 +256,45 @@ def cmd_status(api: Api, args: argparse.Namespace) -> str:
     return json.dumps(s, indent=2) if args.output == "json" else render_status(s)
 
 
+def progress(line: str) -> None:
+    """A progress line of a long wait, on stderr (stdout keeps only the result)."""
+    print(line, file=sys.stderr, flush=True)
+
+
+# Seconds between "still waiting" lines when nothing observable changed.
+PROGRESS_EVERY = 10.0
+
+
+def _ready(es: Mapping[str, Any]) -> str:
+    ready = next(
+        (c for c in (es.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"),
+        None,
+    )
+    return f"Ready={ready.get('status')} {ready.get('reason')}" if ready else "no status yet"
+
+
 def cmd_flush(api: Api, args: argparse.Namespace) -> str:
     token = f"{now()}-{time.monotonic_ns() % 1_000_000}"
     api.patch(args.namespace, args.name, annotate(token, naming.FLUSH_ANNOTATION))
-    deadline = time.monotonic() + args.timeout
+    progress(
+        f"flush requested ({naming.FLUSH_ANNOTATION}={token}): the operator flushes every "
+        f"replica to every other one and verifies; waiting up to {args.timeout:g} s"
+    )
+    started = time.monotonic()
+    deadline, next_note = started + args.timeout, started + PROGRESS_EVERY
     while time.monotonic() < deadline:
-        flush = (api.get(args.namespace, args.name).get("status") or {}).get("lastFlush") or {}
+        es = api.get(args.namespace, args.name)
+        flush = (es.get("status") or {}).get("lastFlush") or {}
         if flush.get("requested") == token:
             if flush.get("result") != "Verified":
                 raise PluginError(f"flush failed: {flush.get('result')}: {flush.get('message')}")
             return f"eventserver/{args.name} flushed: {flush.get('message')}"
+        if time.monotonic() >= next_note:
+            progress(
+                f"  still waiting for the operator's answer after "
+                f"{time.monotonic() - started:.0f} s ({_ready(es)})"
+            )
+            next_note += PROGRESS_EVERY
         time.sleep(0.5)
     raise PluginError(
         f"no answer from the operator within {args.timeout}s "
@@ -258,9 +346,20 @@ def cmd_backup(api: Api, args: argparse.Namespace) -> str:
         return (
             f"eventserverbackup/{name} created; kubectl get eventserverbackup {name} -w follows it"
         )
-    deadline = time.monotonic() + args.timeout
+    progress(f"eventserverbackup/{name} created; waiting up to {args.timeout:g} s")
+    started = time.monotonic()
+    deadline, next_note = started + args.timeout, started + PROGRESS_EVERY
+    seen: tuple[Any, ...] | None = None
     while time.monotonic() < deadline:
         status = api.get_backup(args.namespace, name).get("status") or {}
+        state = (status.get("phase"), status.get("replica"), status.get("error"))
+        elapsed = time.monotonic() - started
+        if state != seen:  # a new phase, replica or reason: say so at once
+            seen, next_note = state, time.monotonic() + PROGRESS_EVERY
+            progress(f"  {elapsed:.0f} s: {_backup_state(status)}")
+        elif time.monotonic() >= next_note:
+            progress(f"  {elapsed:.0f} s: still {_backup_state(status)}")
+            next_note += PROGRESS_EVERY
         if status.get("phase") == backups.COMPLETED:
             digest = status.get("digest") or {}
             return (
@@ -275,6 +374,18 @@ def cmd_backup(api: Api, args: argparse.Namespace) -> str:
     raise PluginError(f"eventserverbackup/{name} not finished within {args.timeout}s")
 
 
+def _backup_state(status: Mapping[str, Any]) -> str:
+    phase = status.get("phase") or "not picked up by the operator yet"
+    parts = [phase]
+    if status.get("replica"):
+        parts.append(f"from {status['replica']}")
+    if status.get("attempts"):
+        parts.append(f"attempt {status['attempts']}")
+    if status.get("error"):
+        parts.append(f"({status['error']})")  # while Pending: why no replica qualifies
+    return " ".join(parts)
+
+
 COMMANDS = {
     "status": (cmd_status, "replicas, revisions, conditions and per-replica sync state"),
     "flush": (cmd_flush, "flush every replica to every other one and verify (waits)"),
@@ -287,16 +398,29 @@ COMMANDS = {
 }
 
 
+def _connection_options(p: argparse.ArgumentParser, default: Any) -> None:
+    p.add_argument(
+        "--kubeconfig",
+        default=default,
+        help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)",
+    )
+    p.add_argument("--context", default=default, help="kubeconfig context")
+    p.add_argument("-n", "--namespace", default=default, help="namespace (default: the context's)")
+
+
 def parser() -> argparse.ArgumentParser:
+    """Options in any position, as with kubectl: ``-n NS status NAME`` and
+    ``status NAME -n NS`` mean the same."""
     p = argparse.ArgumentParser(
         prog="kubectl eventfleet", description="Day-2 commands for eventfleet EventServers."
     )
-    p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG, ~/.kube/config)")
-    p.add_argument("--context", help="kubeconfig context")
-    p.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+    _connection_options(p, None)
+    # After the command too; SUPPRESS keeps a value given before it when absent after.
+    common = argparse.ArgumentParser(add_help=False)
+    _connection_options(common, argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
     for name, (_, help_text) in COMMANDS.items():
-        one = sub.add_parser(name, help=help_text)
+        one = sub.add_parser(name, help=help_text, parents=[common])
         one.add_argument("name", help="the EventServer")
         if name == "status":
             one.add_argument("-o", "--output", choices=("table", "json"), default="table")
@@ -320,6 +444,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PluginError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # Ctrl-C during a wait: what was asked for (a flush, a backup) goes on without us.
+        print("interrupted (the operator still carries out the request)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

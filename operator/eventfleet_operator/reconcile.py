@@ -511,7 +511,12 @@ async def _optional(
     name: str,
     log: logging.Logger,
     emit: Emit,
+    *,
+    note: str = "",
+    report: Callable[[Mapping[str, Any] | None], Mapping[str, Any]] | None = None,
 ) -> status_mod.OptionalChild:
+    """Apply or remove one optional child; ``report`` turns the child as read back after
+    the apply (its controller's status) into the EventServer's status entry."""
     available = await ctx.kube.has_resource(resource)
     if not available:
         if enabled:
@@ -529,7 +534,20 @@ async def _optional(
         await apply_child(ctx, build(), log, emit)
     except (kube.ApiError, ChildNotOwned) as e:
         return status_mod.OptionalChild(enabled=True, error=str(e))
-    return status_mod.OptionalChild(enabled=True, applied=True)
+    observed = None
+    if report is not None:
+        observed = report(await ctx.kube.get(resource, spec.namespace, name))
+    return status_mod.OptionalChild(enabled=True, applied=True, note=note, report=observed)
+
+
+def _aggregation_note(agg: model.Aggregation) -> str:
+    if not agg.output_is_ephemeral:
+        return ""
+    return (
+        f"its output {agg.output} is in the driver pod and lost after every run: set "
+        "spec.aggregation.output to an s3a:// URL or mount a claim with "
+        "spec.aggregation.outputVolume"
+    )
 
 
 async def _network_policy(
@@ -908,6 +926,7 @@ async def _observe_only(
     token = await _read_token(ctx, spec)
     peers = await _observe_replicas(ctx, spec, count, token)
     tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous)
+    pods = await _pods(ctx, spec)
     return dataclasses.replace(
         obs,
         tokens=tokens_c,
@@ -915,7 +934,8 @@ async def _observe_only(
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
-        rollout=_rollout_plan(spec, sts, await _pods(ctx, spec), peers, count),
+        rollout=_rollout_plan(spec, sts, pods, peers, count),
+        pods=status_mod.PodCounts.of(pods, spec.replicas),
         config_hash=str(previous.get("configHash") or ""),
         not_implemented=spec.not_implemented,
     )
@@ -1112,6 +1132,8 @@ async def _apply_children(
         naming.spark_app(spec.name),
         log,
         emit,
+        note=_aggregation_note(spec.aggregation),
+        report=lambda live: status_mod.aggregation_report(live, spec.aggregation.output),
     )
     last_flush = await _requested_flush(
         ctx, spec, meta, previous, decision.target, log, emit, token
@@ -1148,6 +1170,7 @@ async def _apply_children(
         statefulset=sts_after,
         decision=decision,
         peers=peers,
+        pods=status_mod.PodCounts.of(pods, spec.replicas),
         monitoring=monitoring,
         aggregation=aggregation,
         config_hash=config_hash,

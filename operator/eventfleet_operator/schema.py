@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-# The replica's SchemaVersionError text (eventfleet_server.storage.db).
+# The replica's SchemaVersionError text (eventfleet_server.storage.errors).
 _REFUSAL = re.compile(
     r"(?P<file>\S+): storage schema version (?P<found>\d+) is newer than this "
     r"replica's (?P<known>\d+)"

@@ -41,6 +41,76 @@ class OptionalChild:
     available: bool = True
     applied: bool = False
     error: str = ""
+    note: str = ""  # added to the condition's message once applied (a caveat of the spec)
+    report: Mapping[str, Any] | None = None  # its status entry, from the child read this pass
+
+
+# spark-operator's ScheduledSparkApplication status -> status.aggregation (same names,
+# except scheduleState, which is the entry's state).
+_SPARK_STATUS_FIELDS = (
+    ("lastRun", "lastRun"),
+    ("lastRunName", "lastRunName"),
+    ("nextRun", "nextRun"),
+    ("scheduleState", "state"),
+    ("reason", "reason"),
+    ("pastSuccessfulRunNames", "pastSuccessfulRunNames"),
+    ("pastFailedRunNames", "pastFailedRunNames"),
+)
+
+
+def aggregation_report(live: Mapping[str, Any] | None, output: str) -> dict[str, Any]:
+    """``status.aggregation`` from the ScheduledSparkApplication as read in this pass.
+
+    Only what spark-operator wrote is reported (nothing before its first pass over the
+    object), plus the output the runs write to.
+    """
+    observed = (live or {}).get("status") or {}
+    report: dict[str, Any] = {"output": output}
+    for theirs, ours in _SPARK_STATUS_FIELDS:
+        value = observed.get(theirs)
+        if value not in (None, "", []):
+            report[ours] = list(value) if isinstance(value, list) else str(value)
+    return report
+
+
+@dataclasses.dataclass(frozen=True)
+class PodCounts:
+    """The fleet's replica pods as listed in this pass (not the StatefulSet's summary,
+    which lags: its ``readyReplicas`` still counts pods that are shutting down, and is of
+    an older generation right after a scale)."""
+
+    present: int  # pods of any ordinal that still exist, terminating ones included
+    ready: int  # ordinals below the wanted count: not terminating, condition Ready True
+
+    @classmethod
+    def of(cls, pods: Mapping[int, Mapping[str, Any]], replicas: int) -> PodCounts:
+        ready = sum(
+            1
+            for ordinal, pod in pods.items()
+            if ordinal < replicas
+            and not (pod.get("metadata") or {}).get("deletionTimestamp")
+            and _pod_ready(pod)
+        )
+        return cls(present=len(pods), ready=ready)
+
+
+def _pod_ready(pod: Mapping[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    return find_condition(conditions, "Ready").get("status") == "True"
+
+
+def _statefulset_lag(sts: Mapping[str, Any] | None) -> str:
+    """Why the StatefulSet's status does not describe its spec yet ("" when it does)."""
+    if not sts:
+        return ""
+    generation = (sts.get("metadata") or {}).get("generation")
+    observed = (sts.get("status") or {}).get("observedGeneration")
+    if generation is None or (observed is not None and int(observed) >= int(generation)):
+        return ""
+    return (
+        f"the StatefulSet controller has not yet acted on generation {generation} "
+        f"(its status is of generation {observed if observed is not None else 'none'})"
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +154,7 @@ class Observation:
     peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
     tls: Verdict | None = None  # CertificateReady; None: not observed, keep the last
     tls_status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
+    pods: PodCounts | None = None  # the pods listed in this pass (None: not listed)
 
 
 def now_iso() -> str:
@@ -175,7 +246,7 @@ def _optional_condition(
     if opt.error:
         return F, Reason.APPLY_FAILED, opt.error[:300]
     return (
-        (T, Reason.APPLIED, f"{kind} is in place")
+        (T, Reason.APPLIED, f"{kind} is in place{'; ' + opt.note if opt.note else ''}")
         if opt.applied
         else (F, Reason.PENDING, f"{kind} not yet applied")
     )
@@ -193,6 +264,12 @@ def build(
     sts_replicas = sts_spec.get("replicas")
     replicas = int(sts_status.get("replicas") or 0)
     ready = int(sts_status.get("readyReplicas") or 0)
+    sts_lag = _statefulset_lag(obs.statefulset)
+    if obs.pods is not None:
+        # Only pods seen ready in this pass count: never one that is shutting down.
+        ready = min(ready, obs.pods.ready)
+    # Hibernated once no replica pod is left, not when the StatefulSet is told 0.
+    hibernated = sts_replicas == 0 and not sts_lag and not (obs.pods and obs.pods.present)
 
     entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
 
@@ -225,7 +302,7 @@ def build(
                 Reason.HIBERNATED,
                 f"hibernated: no replica runs, the {obs.desired} volumes are kept",
             )
-            if sts_replicas == 0
+            if hibernated
             else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
         )
     elif obs.decision.held:
@@ -238,6 +315,8 @@ def build(
         )
     elif obs.rollout is not None and not obs.rollout.complete:
         ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
+    elif sts_lag:
+        ready_c = (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
     elif ready < obs.desired:
         ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
@@ -285,7 +364,7 @@ def build(
     )
     if not obs.hibernate:
         hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
-    elif sts_replicas == 0:
+    elif hibernated:
         hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
     else:
         hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
@@ -330,7 +409,7 @@ def build(
 
     if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
-    elif obs.hibernate and sts_replicas == 0:
+    elif obs.hibernate and hibernated:
         phase = Phase.HIBERNATED
     elif ready_c[0] is T:
         phase = Phase.RUNNING
@@ -369,6 +448,12 @@ def build(
             status["tls"] = dict(obs.tls_status)
     elif previous.get("tls"):
         status["tls"] = dict(previous["tls"])
+    if obs.aggregation.enabled:
+        if obs.aggregation.report is not None:
+            status["aggregation"] = dict(obs.aggregation.report)
+        elif obs.aggregation.error and previous.get("aggregation"):
+            # Not read this pass (the apply failed): keep the last report.
+            status["aggregation"] = dict(previous["aggregation"])
     last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
     if last_flush:
         status["lastFlush"] = dict(last_flush)

@@ -38,6 +38,13 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="connect over TLS, verifying the replica's certificate against this CA file",
     )
     p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long connecting (TCP, TLS, Eventer init) may take (default 10)",
+    )
+    p.add_argument(
         "--tls-server-name",
         metavar="NAME",
         help="with --tls-ca: the name the certificate must carry when --eventer is not it "
@@ -54,7 +61,7 @@ def add_parsers(sub) -> None:
     g.add_argument("--binary-file", type=pathlib.Path, help="binary payload from a file")
     p.add_argument("--binary-type", default="", help="type name of the binary payload")
     p.add_argument("--source-timestamp", help="ISO 8601 or seconds since the epoch")
-    p.set_defaults(func=lambda a: _run(_register(a)))
+    p.set_defaults(func=lambda a: _run(a, _register(a)))
 
     p = sub.add_parser("query", help="query events, print them as JSON")
     _common(p)
@@ -76,7 +83,7 @@ def add_parsers(sub) -> None:
     q.add_argument("--persisted", action="store_true")
     q.add_argument("--max-results", type=int)
     q.add_argument("--all", action="store_true", help="follow moreFollows to the end")
-    p.set_defaults(func=lambda a: _run(_query(a)))
+    p.set_defaults(func=lambda a: _run(a, _query(a)))
 
     p = sub.add_parser("watch", help="print notified events as JSON lines")
     _common(p)
@@ -84,18 +91,23 @@ def add_parsers(sub) -> None:
     p.add_argument("--server-id", type=int, help="only events created by this server id")
     p.add_argument("--persisted", action="store_true", help="notify after commit")
     p.add_argument("--count", type=int, help="exit after this many events")
-    p.set_defaults(func=lambda a: _run(_watch(a)))
+    p.set_defaults(func=lambda a: _run(a, _watch(a)))
 
 
-def _run(coro) -> int:
+def _run(args, coro) -> int:
+    from eventfleet_server.chatter.connection import FrameError
     from eventfleet_server.client.eventer import EventerInitError
+
+    from eventfleet_cli import errors
 
     try:
         return asyncio.run(coro)
     except EventerInitError as e:
         print(f"eventfleet: server refused the connection: {e}", file=sys.stderr)
-    except (ConnectionError, OSError) as e:
-        print(f"eventfleet: connection failed: {e}", file=sys.stderr)
+    except (OSError, asyncio.IncompleteReadError, FrameError) as e:
+        # OSError covers refused and reset connections, TLS errors and timeouts.
+        message = errors.describe(e, args.eventer, args.timeout, args.tls_ca)
+        print(f"eventfleet: {message}", file=sys.stderr)
     except ValueError as e:
         print(f"eventfleet: {e}", file=sys.stderr)
     return 1
@@ -119,6 +131,9 @@ async def _connect(args, **kwargs):
     if args.tls_ca:
         from eventfleet_server.listener import client_context
 
+        if not args.tls_ca.is_file():
+            raise ValueError(f"--tls-ca {args.tls_ca}: no such file (the fleet's CA, PEM)")
+
         ssl = client_context(str(args.tls_ca))
     return await connect(
         host,
@@ -127,6 +142,7 @@ async def _connect(args, **kwargs):
         client_token=_token(args),
         ssl=ssl,
         server_hostname=args.tls_server_name,
+        timeout=args.timeout,
         **kwargs,
     )
 

@@ -67,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from eventfleet_server import logs
     from eventfleet_server.fleet import FleetError, Supervisor, layout
 
+    logs.private_umask()  # before any file is created: store, configs, logs, tokens
     try:
         tables = tuple(t.strip() for t in args.replication.split(",") if t.strip())
         fleet = layout.plan(

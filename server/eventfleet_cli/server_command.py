@@ -46,6 +46,7 @@ def overrides_from_args(args: argparse.Namespace) -> dict:
 def run(args: argparse.Namespace) -> int:
     from eventfleet_server import config, eventloop, logs, main
 
+    logs.private_umask()  # before any file is created: store, configs, logs, tokens
     try:
         conf = config.load(args.config, overrides=overrides_from_args(args))
         client, peer = config.read_credentials(conf)

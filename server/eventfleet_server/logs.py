@@ -1,11 +1,24 @@
-"""Logging set-up: key=value text for people, JSON lines for log collectors."""
+"""Process set-up: logging (key=value text for people, JSON lines for log collectors)
+and the file-creation mask."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+
+# Files and directories the process creates are its user's only (0600 / 0700), as
+# PostgreSQL does for its data: events may be confidential, and a copy, a backup or a
+# volume mounted elsewhere keeps the modes it was created with.
+PRIVATE_UMASK = 0o077
+
+
+def private_umask() -> int:
+    """Set the process umask to `PRIVATE_UMASK` (inherited by child processes); returns
+    the previous one. Called first thing by ``eventfleet server`` and ``eventfleet fleet``."""
+    return os.umask(PRIVATE_UMASK)
 
 
 class JsonFormatter(logging.Formatter):

@@ -302,13 +302,24 @@ class Replica:
 
 def _private_dir(path: pathlib.Path) -> None:
     """Create the data directory readable by this user only (0700); tighten an existing
-    one we own. Events may be confidential and the token files often sit beside it."""
+    one we own, and the files in it (0600: a store an older version created 0644).
+    Events may be confidential and the token files often sit beside it."""
     path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for item, mode in [(path, 0o700), *((f, 0o600) for f in _files(path))]:
+        try:
+            st = item.lstat()
+            if st.st_uid == os.getuid() and st.st_mode & 0o077:
+                item.chmod(mode)
+                log.info("made %s private (%o)", item, mode)
+        except OSError as e:
+            log.warning("cannot make %s private (%o): %s", item, mode, e)
+
+
+def _files(path: pathlib.Path) -> list[pathlib.Path]:
     try:
-        if path.stat().st_uid == os.getuid() and path.stat().st_mode & 0o077:
-            path.chmod(0o700)
-    except OSError as e:
-        log.warning("cannot make %s private (0700): %s", path, e)
+        return [f for f in path.iterdir() if f.is_file() and not f.is_symlink()]
+    except OSError:
+        return []
 
 
 async def run(

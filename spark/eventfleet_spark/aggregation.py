@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, Row
 from pyspark.sql import functions as F
 
 from eventfleet_spark.payloads import PAYLOAD_CLASSES
-from eventfleet_spark.record import Aggregate, FieldStats
+from eventfleet_spark.record import COUNT_COLUMNS, Aggregate, FieldStats
 
 _US = 1_000_000
 _DAY_US = 86_400 * _US
@@ -116,19 +116,13 @@ def to_aggregate(row: Row, bucket_seconds: int) -> Aggregate:
         type=tuple(row["type"]),
         bucket_start_us=row["bucket_us"],
         bucket_seconds=bucket_seconds,
-        count=row["count"],
         first_us=row["first_us"],
         last_us=row["last_us"],
-        numeric_payloads=row["numeric_payloads"],
-        non_numeric_payloads=row["non_numeric_payloads"],
-        invalid_json_payloads=row["invalid_json_payloads"],
-        binary_payloads=row["binary_payloads"],
-        empty_payloads=row["empty_payloads"],
-        skipped_fields=row["skipped_fields"],
         fields={
             name: FieldStats(s["count"], s["min"], s["max"], s["sum"], s["mean"])
             for name, s in sorted((row["fields"] or {}).items())
         },
+        **{name: row[name] for name in COUNT_COLUMNS},
     )
 
 

@@ -9,8 +9,10 @@ round-trip floats), so equal aggregates have byte-equal payloads.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from eventfleet_server.common.jsonfmt import timestamp_to_iso
 from eventfleet_server.common.model import timestamp_from_us
@@ -72,6 +74,39 @@ class Aggregate:
     def payload_json(self) -> str:
         """Canonical JSON text: equal aggregates give byte-equal text (idempotency)."""
         return json.dumps(self.payload(), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+    @classmethod
+    def from_parquet_row(cls, row: Mapping[str, Any]) -> Aggregate:
+        """The aggregate of one row of the job's Parquet output, as pyarrow reads it
+        (``to_pylist``: timestamps as aware datetimes, ``fields`` as (name, stats) pairs)."""
+        return cls(
+            type=tuple(row["type"]),
+            bucket_start_us=_datetime_to_us(row["bucket_start"]),
+            bucket_seconds=int(row["bucket_seconds"]),
+            first_us=_datetime_to_us(row["first_timestamp"]),
+            last_us=_datetime_to_us(row["last_timestamp"]),
+            fields={name: FieldStats(**stats) for name, stats in sorted(row["fields"] or [])},
+            **{name: row[name] for name in COUNT_COLUMNS},
+        )
+
+
+COUNT_COLUMNS = (
+    "count",
+    "numeric_payloads",
+    "non_numeric_payloads",
+    "invalid_json_payloads",
+    "binary_payloads",
+    "empty_payloads",
+    "skipped_fields",
+)
+"""The integer counters an aggregate row carries under the same name in every form
+(the Spark result rows, the Parquet rows and `Aggregate`)."""
+
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+
+
+def _datetime_to_us(value: datetime.datetime) -> int:
+    return (value - _EPOCH) // datetime.timedelta(microseconds=1)
 
 
 def _iso(us: int) -> str:

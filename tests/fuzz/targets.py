@@ -15,14 +15,20 @@ from eventfleet_server import config
 from eventfleet_server.bus import wire as bus_wire
 from eventfleet_server.chatter import connection as chatter_connection
 from eventfleet_server.common import codec
+from eventfleet_server.common.model import (
+    QueryLatestParams,
+    QueryServerParams,
+    QueryTimeseriesParams,
+)
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
+from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.eventer.decode import (
     MalformedRequest,
     RegisterLimits,
     RequestRefused,
     decode_register,
 )
-from eventfleet_server.eventer.server import _check_query
+from eventfleet_server.eventer.requests import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.jetstream import wire as jetstream_wire
 from eventfleet_server.jetstream.protocol import JetstreamProtocol
 from eventfleet_server.jetstream.server import JetstreamServer
@@ -98,31 +104,33 @@ def eventer_register(data: bytes) -> None:
         pass
 
 
-def _guarded(type_name: str, data: bytes):
-    check_bounds(codec.repo, type_name, data)
-    return codec.repo.decode(type_name, data)
-
-
 def eventer_init(data: bytes) -> None:
-    """MsgInitReq as the Eventer server reads it (bounds, then the C decoder)."""
+    """MsgInitReq as the Eventer server reads it (`eventer.requests`: bounds, the C
+    decoder), then the fields and the subscription it takes from it. The only refusals:
+    `BadRequest` (the init error "does not decode") and an invalid subscription (its own
+    init error); any other exception fails the target."""
     try:
-        req = _guarded("HatEventer.MsgInitReq", data)
-    except SbsBoundsError:
+        req = decode_init_req(data)
+    except BadRequest:
         return
-    except Exception:
-        return  # the C decoder's own refusal (SystemError/ValueError); the server closes
-    assert isinstance(req, dict)
+    assert isinstance(req["clientName"], str)
+    assert req["clientToken"][0] in ("none", "value")
+    assert req["serverId"][0] in ("none", "value")
+    assert isinstance(req["persisted"], bool)
+    try:
+        Subscription(req["subscriptions"])
+    except InvalidSubscriptionError:
+        return
 
 
 def eventer_query(data: bytes) -> None:
-    """MsgQueryReq: bounds, decode, model conversion, the server's checks."""
+    """MsgQueryReq as the Eventer server reads it (`eventer.requests`: bounds, decode,
+    model conversion, the checks). The only refusal is `BadRequest` (``bad_query``)."""
     try:
-        params = codec.query_params_from_sbs(_guarded("HatEventer.MsgQueryReq", data))
-        _check_query(params)
-    except SbsBoundsError:
+        params = decode_query_req(data)
+    except BadRequest:
         return
-    except Exception:
-        return  # refused as bad_query by the server
+    assert isinstance(params, QueryLatestParams | QueryTimeseriesParams | QueryServerParams)
 
 
 def syncer_init(data: bytes) -> None:

@@ -51,8 +51,8 @@ FUZZ = settings(
 
 # Up to 80 characters: lengths of 64 bytes and more take two bytes in SBS, which the
 # register walker reads on its slow path (shorter ones inline).
-segment = st.text(
-    st.characters(blacklist_categories=("Cs",), blacklist_characters="?*"), min_size=1, max_size=80
+segment = st.text(st.characters(blacklist_categories=("Cs",)), max_size=80).filter(
+    lambda s: s not in ("?", "*")  # the one type rule (docs/security.md): empty is valid
 )
 payloads = st.one_of(
     st.none(),
@@ -68,11 +68,11 @@ payloads = st.one_of(
 )
 timestamps = st.one_of(
     st.none(),
-    st.builds(Timestamp, st.integers(0, 253_402_300_799), st.integers(0, 999_999)),
+    st.builds(Timestamp, st.integers(-62_135_596_800, 253_402_300_799), st.integers(0, 999_999)),
 )
 register_events = st.builds(
     RegisterEvent,
-    st.lists(segment, min_size=1, max_size=6).map(tuple).filter(lambda t: t[0] != "event"),
+    st.lists(segment, max_size=6).map(tuple).filter(lambda t: t[:1] != ("event",)),
     timestamps,
     payloads,
 )
@@ -121,6 +121,53 @@ valid_query = st.builds(
     ),
     st.lists(st.lists(segment, min_size=1, max_size=3), max_size=4),
     st.integers(0, 1000),
+)
+
+
+patterns = st.lists(
+    st.lists(st.one_of(segment, st.sampled_from(["?", "*"])), max_size=4), max_size=4
+)  # valid and invalid subscriptions ('*' not last)
+valid_init = st.builds(
+    lambda name, token, subs, server, persisted: codec.repo.encode(
+        "HatEventer.MsgInitReq",
+        {
+            "clientName": name,
+            "clientToken": ("none", None) if token is None else ("value", token),
+            "subscriptions": subs,
+            "serverId": ("none", None) if server is None else ("value", server),
+            "persisted": persisted,
+        },
+    ),
+    st.text(max_size=20),
+    st.none() | st.text(max_size=20),
+    patterns,
+    st.none() | st.integers(-(2**40), 2**40),
+    st.booleans(),
+)
+valid_queries = st.one_of(
+    valid_query,
+    patterns.map(
+        lambda p: codec.repo.encode(
+            "HatEventer.MsgQueryReq", ("latest", {"eventTypes": ("value", p)})
+        )
+    ),
+    st.builds(
+        lambda server, persisted, n: codec.repo.encode(
+            "HatEventer.MsgQueryReq",
+            (
+                "server",
+                {
+                    "serverId": server,
+                    "persisted": persisted,
+                    "maxResults": ("value", n),
+                    "lastEventId": ("none", None),
+                },
+            ),
+        ),
+        st.integers(-(2**40), 2**40),
+        st.booleans(),
+        st.integers(-5, 1000),
+    ),
 )
 
 
@@ -179,9 +226,15 @@ def test_mutated_register_requests_walked_as_the_codec_reads_them(data):
 
 
 @FUZZ
-@given(data=mutated(valid_query))
+@given(data=mutated(valid_queries) | valid_queries)
 def test_mutated_queries(data):
     targets.eventer_query(data)
+
+
+@FUZZ
+@given(data=mutated(valid_init) | valid_init)
+def test_mutated_init_requests(data):
+    targets.eventer_init(data)
 
 
 @FUZZ

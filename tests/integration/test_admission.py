@@ -49,16 +49,36 @@ async def test_connection_caps_refuse_the_next_connection_and_spare_the_others(t
         await again.close()
 
 
-async def test_total_cap_counts_every_address(tmp_path):
-    caps = {"eventer": {"admission": {"max_connections": 2, "max_connections_per_address": 10}}}
+async def test_total_cap_counts_sessions_and_idle_connections_take_no_session_place(tmp_path):
+    caps = {
+        "eventer": {
+            "admission": {
+                "max_connections": 2,
+                "max_connections_per_address": 10,
+                "max_pending": 4,
+                "max_pending_per_address": 4,
+            }
+        }
+    }
     async with running_replica(tmp_path / "r", **caps) as replica:
         port = replica.eventer.port
-        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        assert await _closed_by_server(reader)
-        writer.close()
-        assert replica.eventer.rejected["too_many_connections"] == 1
-        for _, w in held:
+        # Idle connections that never init: they fill the pending budget only; the 5th
+        # and 6th evict the oldest.
+        idle = [await asyncio.open_connection("127.0.0.1", port) for _ in range(6)]
+        await until(lambda: replica.eventer.rejected.get("evicted_before_init") == 2, "evicted")
+        assert await _closed_by_server(idle[0][0]) and await _closed_by_server(idle[1][0])
+        # Both session places are still there for clients that init.
+        clients = [await connect("127.0.0.1", port, f"c{i}") for i in range(2)]
+        try:
+            # The total cap (2 < 10 per address) refuses the next one before any init.
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            assert await _closed_by_server(reader)
+            writer.close()
+            assert replica.eventer.rejected["too_many_connections"] == 1
+        finally:
+            for c in clients:
+                await c.close()
+        for _, w in idle:
             w.close()
 
 

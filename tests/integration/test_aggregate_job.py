@@ -45,7 +45,7 @@ from eventfleet_server.common.model import (  # noqa: E402
 )
 from eventfleet_spark import job, reference  # noqa: E402
 from eventfleet_spark.options import JobOptions  # noqa: E402
-from eventfleet_spark.record import Aggregate, FieldStats  # noqa: E402
+from eventfleet_spark.record import Aggregate  # noqa: E402
 from eventfleet_spark.source import EventerDataSource  # noqa: E402
 
 from tests.conftest import running_replica  # noqa: E402
@@ -259,35 +259,12 @@ def read_parquet(root: pathlib.Path) -> dict:
     table = pa_parquet.read_table(root, partitioning="hive")
     out = {}
     for row in table.to_pylist():
-        fields = {k: FieldStats(**v) for k, v in sorted(row["fields"])}
-        agg = Aggregate(
-            type=tuple(row["type"]),
-            bucket_start_us=_micros(row["bucket_start"]),
-            bucket_seconds=int(row["bucket_seconds"]),
-            count=row["count"],
-            first_us=_micros(row["first_timestamp"]),
-            last_us=_micros(row["last_timestamp"]),
-            numeric_payloads=row["numeric_payloads"],
-            non_numeric_payloads=row["non_numeric_payloads"],
-            invalid_json_payloads=row["invalid_json_payloads"],
-            binary_payloads=row["binary_payloads"],
-            empty_payloads=row["empty_payloads"],
-            skipped_fields=row["skipped_fields"],
-            fields=fields,
-        )
+        agg = Aggregate.from_parquet_row(row)
         assert agg.key not in out, f"duplicate Parquet row for {agg.key}"
         assert row["date"] == row["bucket_start"].date().isoformat()
         assert row["type_key"] == "/".join(agg.type)
         out[agg.key] = agg
     return out
-
-
-def _micros(dt) -> int:
-    import datetime
-
-    return (dt - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)) // datetime.timedelta(
-        microseconds=1
-    )
 
 
 def file_digests(root: pathlib.Path) -> dict[str, list[str]]:

@@ -71,3 +71,20 @@ def test_printed_websocket_and_page_urls_follow_the_fleets_tls(tmp_path, tls):
     ws, page = ("wss://", "https://") if tls else ("ws://", "http://")
     assert urls["jetstream"].startswith(ws) and urls["jetstream_demo"].startswith(page)
     assert replica.replication(tls) == f"{ws}127.0.0.1:{replica.http_port}/replication"
+
+
+@pytest.mark.parametrize(("replicas", "resumed_empty_start"), [(1, True), (3, False)])
+def test_only_a_new_fleet_or_a_lone_replica_may_start_without_asking_peers(
+    tmp_path, replicas, resumed_empty_start
+):
+    data = tmp_path / "f"
+    first = layout.plan(replicas, data, base_port=40000)
+    layout.prepare(first)
+    assert config.load(first.replicas[0].config_path, environ={})["allow_empty_start"] is True
+    # Run again (fleet.json now exists): replicas of a fleet must learn their ids from
+    # peers, but a lone replica has none, and waiting for one would never end.
+    resumed = layout.plan(replicas, data)
+    assert not resumed.new_fleet
+    layout.prepare(resumed)
+    conf = config.load(resumed.replicas[0].config_path, environ={})
+    assert conf["allow_empty_start"] is resumed_empty_start

@@ -53,24 +53,90 @@ def test_rejection_flush_logs_the_pending_summary(caplog):
     assert "2 more (init_timeout)" in caplog.records[-1].getMessage()
 
 
-def test_admission_caps_total_and_per_address():
+def _session(admission: Admission, address: str):
+    """A connection from `address` that initialises at once (or None if refused)."""
+    ticket = admission.admit(address, evict=lambda: None)
+    if ticket is not None and not ticket.promote():
+        ticket.release()
+        return None
+    return ticket
+
+
+def test_admission_caps_sessions_total_and_per_address():
     rejections = Rejections("x")
     admission = Admission(
         AdmissionLimits(max_connections=3, max_connections_per_address=2), rejections
     )
-    a1 = admission.admit("10.0.0.1")
-    a2 = admission.admit("10.0.0.1")
+    a1 = _session(admission, "10.0.0.1")
+    a2 = _session(admission, "10.0.0.1")
     assert a1 and a2
-    assert admission.admit("10.0.0.1") is None  # third from one address
-    b1 = admission.admit("10.0.0.2")
+    assert _session(admission, "10.0.0.1") is None  # third session from one address
+    b1 = _session(admission, "10.0.0.2")
     assert b1 is not None
-    assert admission.admit("10.0.0.3") is None  # fourth in total
+    assert _session(admission, "10.0.0.3") is None  # fourth session in total
     assert rejections.counts == {"too_many_connections": 2}
     a1.release()
     a1.release()  # idempotent: frees one place only
     assert admission.open_connections == 2
+    assert _session(admission, "10.0.0.1") is not None
+    assert _session(admission, "10.0.0.3") is None
+
+
+def test_a_session_place_taken_between_accept_and_init_refuses_the_init():
+    rejections = Rejections("x")
+    admission = Admission(AdmissionLimits(max_connections=1), rejections)
+    early = admission.admit("10.0.0.1", evict=lambda: None)
+    late = admission.admit("10.0.0.2", evict=lambda: None)
+    assert early.promote()
+    assert not late.promote()  # the budget filled up after it was accepted
+    assert rejections.counts == {"too_many_connections": 1}
+    assert admission.session_connections == 1
+
+
+def test_pending_connections_have_their_own_budget_and_the_oldest_is_evicted():
+    rejections = Rejections("x")
+    limits = AdmissionLimits(
+        max_connections=2, max_connections_per_address=2, max_pending=4, max_pending_per_address=3
+    )
+    admission = Admission(limits, rejections)
+    evicted: list[str] = []
+
+    def pending(name: str, address: str):
+        return admission.admit(address, evict=lambda: evicted.append(name))
+
+    # Idle connections from one address: the 4th evicts that address's oldest.
+    idle = [pending(f"idle{i}", "10.6.6.6") for i in range(4)]
+    assert all(idle)
+    assert evicted == ["idle0"]
+    assert admission.pending_connections == 3
+    # A client from elsewhere takes the place of the biggest holder's oldest.
+    other = pending("other", "10.0.0.1")
+    assert admission.pending_connections == 4
+    assert pending("client", "10.0.0.2") is not None
+    assert evicted == ["idle0", "idle1"]
+    # Evicted tickets are gone for good: promote fails, release frees nothing twice.
+    assert not idle[1].promote()
+    idle[1].release()
+    assert admission.pending_connections == 4
+    # Pending connections never took a session place: both sessions are available.
+    assert other.promote()
+    assert idle[3].promote()
+    assert admission.session_connections == 2 and admission.pending_connections == 2
+    assert rejections.counts == {"evicted_before_init": 2}
+    # A refused init gives its place back and is first in line for eviction.
+    idle[3].demote()
+    assert admission.session_connections == 1
+    for i in range(2):
+        assert pending(f"new{i}", "10.0.0.9") is not None
+    assert evicted[-1] == "idle3"
+
+
+def test_without_an_evict_callback_the_newcomer_is_refused():
+    rejections = Rejections("x")
+    admission = Admission(AdmissionLimits(max_pending=1, max_pending_per_address=1), rejections)
     assert admission.admit("10.0.0.1") is not None
-    assert admission.admit("10.0.0.3") is None
+    assert admission.admit("10.0.0.1") is None
+    assert rejections.counts == {"too_many_connections": 1}
 
 
 @pytest.mark.parametrize(

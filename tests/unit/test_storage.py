@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -33,12 +34,24 @@ from eventfleet_server.common.subscription import Subscription
 from eventfleet_server.storage import (
     CorruptStoreError,
     Retention,
+    SbsResult,
     Storage,
     StorageError,
     StorageStats,
-    schema,
 )
-from eventfleet_server.storage import db as storage_db
+from eventfleet_server.storage import backend as storage_backend
+from eventfleet_server.storage import (
+    events as events_table,
+)
+from eventfleet_server.storage import (
+    last_ids as last_ids_table,
+)
+from eventfleet_server.storage import (
+    latest as latest_table,
+)
+from eventfleet_server.storage import (
+    queries as storage_queries,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -273,9 +286,13 @@ def test_queries_match_reference(specs, data):
                     assert sorted(got.events, key=natural_key) == sorted(
                         ref_latest(events, params), key=natural_key
                     )
+                    # The stored bytes answer the same events, in the same order.
+                    assert await s.query_sbs(params) == SbsResult(
+                        [codec.encode_event(e) for e in got.events], False
+                    )
 
-                old = storage_db._MERGE_MAX_TYPES
-                storage_db._MERGE_MAX_TYPES = merge_max
+                old = storage_queries.MERGE_MAX_TYPES
+                storage_queries.MERGE_MAX_TYPES = merge_max
                 try:
                     for params, cap, sentinel in zip(queries, caps, sentinels, strict=True):
                         params = params._replace(last_event_id=sentinel)
@@ -283,11 +300,14 @@ def test_queries_match_reference(specs, data):
                         for _ in range(len(events) + 2):
                             got = await s.query(params, max_results_cap=cap)
                             assert got == ref_query(events, params, cap), params
+                            assert await s.query_sbs(params, max_results_cap=cap) == SbsResult(
+                                [codec.encode_event(e) for e in got.events], got.more_follows
+                            ), params
                             if not got.more_follows or not got.events:
                                 break
                             params = params._replace(last_event_id=got.events[-1].id)
                 finally:
-                    storage_db._MERGE_MAX_TYPES = old
+                    storage_queries.MERGE_MAX_TYPES = old
 
             # Count retention keeps the newest arrivals; latest must follow what is left.
             path = Path(tmp) / "events.sqlite"
@@ -548,7 +568,7 @@ async def test_query_not_blocked_by_open_write_transaction(storage):
         release.wait(10)
         conn.execute("ROLLBACK")
 
-    held = asyncio.ensure_future(storage_db._run(storage._writer, hold))
+    held = asyncio.ensure_future(storage_backend._run(storage._writer, hold))
     assert await asyncio.to_thread(holding.wait, 10)
     try:
         result = await asyncio.wait_for(storage.query(QueryServerParams(1)), 2)
@@ -575,7 +595,7 @@ async def test_query_plans_use_indexes(storage):
         ):
             if source and (source_filter or types):
                 continue  # shapes the storage never builds
-            sql = schema.timeseries_sql(
+            sql = storage_queries.timeseries_sql(
                 source=source,
                 descending=descending,
                 source_filter=source_filter,
@@ -591,30 +611,32 @@ async def test_query_plans_use_indexes(storage):
             if after:
                 assert all(">(" in line or "<(" in line for line in searches), plan
             assert not any("TEMP B-TREE" in line for line in plan), plan
-        assert _plan(conn, schema.SERVER, (1, 0, 5)) == [
+        assert _plan(conn, events_table.SERVER, (1, 0, 5)) == [
             "SEARCH events USING INDEX events_id (server=? AND instance>?)"
         ]
-        assert _plan(conn, schema.SENTINEL, (1, 0, 5)) == [
+        assert _plan(conn, events_table.SENTINEL, (1, 0, 5)) == [
             "SEARCH events USING INDEX events_id (server=? AND instance=?)"
         ]
-        assert _plan(conn, schema.SINCE_SEQ, (1, 5)) == [
+        assert _plan(conn, events_table.SINCE_SEQ, (1, 5)) == [
             "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
         ]
-        assert _plan(conn, schema.NEWEST_OF_TYPE, (1,)) == [
+        assert _plan(conn, latest_table.NEWEST_OF_TYPE, (1,)) == [
             "SEARCH events USING COVERING INDEX events_type_ts (type_id=?)"
         ]
         # Write-time bookkeeping touches only the batch's rows.
-        for sql in (schema.UPSERT_LATEST, schema.UPSERT_LAST_IDS):
+        for sql in (latest_table.UPSERT, last_ids_table.UPSERT):
             assert _plan(conn, sql, (1,))[0] == "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
         # O(types): walk `latest`, fetch each event by its seq.
-        assert _plan(conn, schema.LATEST_ALL, ()) == [
+        assert _plan(conn, latest_table.ALL, ()) == [
             "SCAN latest",
             "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)",
         ]
-        plan = _plan(conn, schema.LATEST_TYPES, ("[1]",))
+        plan = _plan(conn, latest_table.TYPES, ("[1]",))
         assert "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
         assert not any("SCAN events" in line for line in plan), plan
-        assert any("events_ts (ts<?)" in line for line in _plan(conn, schema.DELETE_OLDER, (0, 5)))
+        assert any(
+            "events_ts (ts<?)" in line for line in _plan(conn, events_table.DELETE_OLDER, (0, 5))
+        )
 
 
 # -- scale -----------------------------------------------------------------------------
@@ -709,7 +731,7 @@ async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_
     storage = await Storage.open(tmp_path / "mixed.sqlite", synchronous="NORMAL")
     try:
         assert storage._inline
-        big = storage_db.INLINE_MAX_EVENTS * 20
+        big = storage_backend.INLINE_MAX_EVENTS * 20
         instance = 0
         for round_ in range(5):
             batch = [
@@ -736,3 +758,18 @@ async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_
         }
     finally:
         await storage.close()
+
+
+async def test_bus_records_are_stored_beside_their_events(storage):
+    """The Event BUS's hook (events.bus): set after commit by seq, read back by seq."""
+    inserted = await storage.write(make_events(4))
+    seqs = [seq for seq, _ in inserted]
+    assert await storage.read_bus_since_seq(0, 10) == [(s, None) for s in seqs]
+    await storage.set_bus_records([(seqs[1], b"\x82\xa1a\x01"), (seqs[3], b"rec"), (999, b"x")])
+    assert await storage.read_bus_since_seq(seqs[0], 2) == [
+        (seqs[1], b"\x82\xa1a\x01"),
+        (seqs[2], None),
+    ]
+    assert await storage.read_bus_since_seq(seqs[2], 10) == [(seqs[3], b"rec")]
+    # The events themselves and their SBS bytes are untouched.
+    assert [e for _, e in await storage.read_since_seq(0, 10)] == [e for _, e in inserted]

@@ -7,6 +7,7 @@ from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
     EventId,
+    EventPayloadBinary,
     EventPayloadJson,
     Timestamp,
 )
@@ -15,6 +16,8 @@ from eventfleet_server.syncer import protocol
 from eventfleet_server.syncer.mesh import Backoff, ids_named_by, sync_state_type
 from eventfleet_server.syncer.peers import parse_peers
 from eventfleet_server.syncer.protocol import ProtocolError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
@@ -67,6 +70,31 @@ def test_events_round_trip_and_checks():
         protocol.decode_events(b"\x01", 1)
 
 
+def test_merged_events_follow_the_shared_validation_rule():
+    """What a client may register, a peer may send (empty segments, the empty type,
+    source timestamps before 1970); what the rule refuses, the merge refuses."""
+    ok = [
+        Event(EventId(1, 1, i), t, Timestamp(1, 0), st, None)
+        for i, (t, st) in enumerate(
+            [
+                (("a", ""), None),
+                (("x", "", "y"), Timestamp(-1, 0)),
+                ((), Timestamp(-62_135_596_800, 0)),
+                (("",), Timestamp(253_402_300_799, 999_999)),
+            ],
+            start=1,
+        )
+    ]
+    assert protocol.decode_events(protocol.encode_events(ok), 1) == ok
+    for bad, error in [
+        (ok[0]._replace(type=("?",)), "wildcard"),
+        (ok[0]._replace(source_timestamp=Timestamp(-62_135_596_801, 0)), "years 1..9999"),
+        (ok[0]._replace(source_timestamp=Timestamp(253_402_300_800, 0)), "years 1..9999"),
+    ]:
+        with pytest.raises(ProtocolError, match=error):
+            protocol.decode_events(protocol.encode_events([bad]), 1)
+
+
 def test_init_res():
     assert protocol.decode_init_res(protocol.encode_init_res(None)) is None
     assert protocol.decode_init_res(protocol.encode_init_res("no")) == "no"
@@ -111,3 +139,97 @@ def test_configuration_with_duplicate_peers_is_refused_at_load():
     ]
     with pytest.raises(ConfigError, match=r"peers\[1\] \(b\): server_id 1 appears twice"):
         config.load(None, environ={}, overrides={"peers": peers})
+
+
+def _varied_events(n: int) -> list[Event]:
+    """Events of every SBS shape: long and short integers, empty and long type segments,
+    with and without source timestamps, none/JSON/binary payloads of many lengths."""
+    out = []
+    for i in range(n):
+        payload = [
+            None,
+            EventPayloadJson(f'{{"a": {i}, "é": "{"x" * (i % 90)}"}}'),
+            EventPayloadBinary("t" * (i % 70), bytes(range(256))[: i % 200]),
+        ][i % 3]
+        source = Timestamp(i * 1000 - 500_000, i % 1_000_000) if i % 2 else None
+        out.append(
+            Event(
+                EventId(1, i * 99_999, i * 7_777_777 + (1 << 40) * (i % 2)),
+                tuple(f"s{j}" * (i % 40) for j in range(1 + i % 4)),
+                Timestamp(1_700_000_000 + i, i * 13 % 1_000_000),
+                source,
+                payload,
+            )
+        )
+    return out
+
+
+def test_split_events_array_gives_each_events_own_encoding():
+    events = _varied_events(300)
+    data = protocol.encode_events(events)
+    assert codec.split_events_array(data) == [codec.encode_event(e) for e in events]
+    assert codec.events_array(codec.split_events_array(data)) == data
+    assert codec.split_events_array(codec.events_array([])) == []
+    # Every truncation, and trailing bytes, are refused (never a short element).
+    for cut in range(1, 400):
+        with pytest.raises(ValueError):
+            codec.split_events_array(data[:-cut])
+    with pytest.raises(ValueError, match="1 bytes after the last event"):
+        codec.split_events_array(data + b"\x80")
+
+
+def test_decode_events_sbs_returns_the_received_bytes():
+    events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(50)]
+    data = protocol.encode_events(events)
+    decoded, elements = protocol.decode_events_sbs(data, 1)
+    assert decoded == events
+    assert elements == [codec.encode_event(e) for e in events]
+    with pytest.raises(ProtocolError, match="does not decode"):
+        protocol.decode_events_sbs(data[:-3], 1)
+
+
+@pytest.mark.parametrize(
+    ("events", "server_id", "error"),
+    [
+        ([ev(instance=1), ev(instance=2)], 2, "is of server 1, this stream is for server 2"),
+        ([ev(session=1), ev(session=2, instance=2)], 1, "mixes sessions 1 and 2"),
+        ([ev(type_=("a", "*"))], 1, "wildcard"),
+        ([ev(session=-1)], 1, "outside 0..2"),
+        ([ev(ts=Timestamp(1 << 62, 0))], 1, "storable range"),
+        ([], 1, "empty"),
+    ],
+)
+def test_decode_events_sbs_checks_like_decode_events(events, server_id, error):
+    data = protocol.encode_events(events)
+    with pytest.raises(ProtocolError, match=error):
+        protocol.decode_events_sbs(data, server_id)
+
+
+def _c_decoded(element: bytes) -> Event:
+    return codec.event_from_sbs(codec.repo.decode("HatEventer.Event", element))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=200))
+def test_decode_events_sbs_refuses_garbage_with_a_protocol_error(data):
+    try:
+        events, elements = protocol.decode_events_sbs(data, 1)
+    except ProtocolError:
+        return
+    # What is accepted is stored and served as received: the C decoder (any client)
+    # reads each element as the event it was taken for.
+    assert [_c_decoded(b) for b in elements] == events
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 5000), st.integers(0, 255))
+def test_a_corrupted_byte_is_refused_or_read_as_the_c_decoder_reads_it(index, value):
+    events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(20)]
+    data = bytearray(protocol.encode_events(events))
+    data[index % len(data)] = value
+    try:
+        decoded, elements = protocol.decode_events_sbs(bytes(data), 1)
+    except ProtocolError:
+        return
+    assert [_c_decoded(b) for b in elements] == decoded
+    assert decoded == protocol.decode_events(bytes(data), 1)

@@ -41,6 +41,7 @@ def restore(source: RestoreSource, db_path: pathlib.Path) -> SnapshotInfo:
         tmp.unlink()  # left by a restore that was killed mid-way
     try:
         metadata = s3.download(source, source.key, tmp)
+        os.chmod(tmp, 0o600)  # the store's mode whatever the umask (docs/security.md)
         expected = source.sha256 or metadata.get(s3.META_SHA256)
         if not expected:
             raise BackupError(

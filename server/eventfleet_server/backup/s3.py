@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventfleet_server.common.secretfile import SecretFileError, read_secret_file
+
 INSTALL_HINT = "S3 backups need boto3: pip install 'eventfleet[backup]'"
 # Metadata values are strings (x-amz-meta-*); keys in lower case, as S3 returns them.
 META_SHA256 = "sha256"
@@ -82,12 +84,9 @@ class RestoreSource(Location):
 
 def _read_secret(path: str, what: str) -> str:
     try:
-        value = pathlib.Path(path).read_text().strip()
-    except OSError as e:
-        raise BackupError(f"{what} {path}: {e.strerror}") from None
-    if not value:
-        raise BackupError(f"{what} {path} is empty")
-    return value
+        return read_secret_file(path, what)
+    except SecretFileError as e:
+        raise BackupError(str(e)) from None
 
 
 def client(location: Location) -> Any:

@@ -2,10 +2,10 @@
 
 The protocol supplies one coroutine, ``initialize(conn, first_msg) -> session`` (or it
 raises `InitRejected`), and sessions with a ``run()`` coroutine. This module does the
-rest, identically for every protocol: connection caps (total and per address), the
-small frame limit until init and the configured one after, the init timeout, the
-init-error-then-close sequence with a bounded wait, counted and rate-limited refusals,
-and closing every session on stop.
+rest, identically for every protocol: the pre-init and session budgets (total and per
+address, `listener.admission`), the small frame limit until init and the configured one
+after, the init timeout, the init-error-then-close sequence with a bounded wait, counted
+and rate-limited refusals, and closing every session on stop.
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ class ChatterListener:
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
         """A plain connection: admission, then the session."""
         address = tls_accept.peer_host(writer.transport)
-        ticket = self.admission.admit(address)
+        ticket = self.admission.admit(address, evict=writer.transport.abort)
         if ticket is None:
             writer.transport.abort()
             return
@@ -151,7 +151,7 @@ class ChatterListener:
         layer, bounded by `init_timeout`. A failed handshake is counted
         (``tls_handshake``) with its cause and the connection dropped."""
         address = tls_accept.peer_host(transport)
-        ticket = self.admission.admit(address)
+        ticket = self.admission.admit(address, evict=transport.abort)
         if ticket is None:
             transport.abort()
             return
@@ -182,7 +182,7 @@ class ChatterListener:
             )
             self._conns.add(conn)
             try:
-                session = await self._initialize(conn)
+                session = await self._initialize(conn, ticket)
                 if session is None:
                     return
                 conn.set_max_msg_size(self.limits.max_msg_size)
@@ -197,7 +197,7 @@ class ChatterListener:
                 self._conns.discard(conn)
                 conn.close()
 
-    async def _initialize(self, conn: Connection) -> Session | None:
+    async def _initialize(self, conn: Connection, ticket: Ticket) -> Session | None:
         limits = self.limits
         try:
             async with asyncio.timeout(limits.init_timeout):
@@ -217,9 +217,16 @@ class ChatterListener:
                 f"first message is {msg.type!r}, expected {self._init_type}",
             )
             return None
+        # The session place is taken before the protocol checks the token and answers
+        # (the callbacks decide without awaiting, so no other connection sees the place
+        # taken by one that is then refused); a refused init gives it back at once.
+        if not ticket.promote():  # refusal counted by the admission
+            conn.close(f"{self.protocol}: no session place left", quiet=True)
+            return None
         try:
             return await self._initialize_cb(conn, msg)
         except InitRejected as e:
+            ticket.demote()
             client = f" client {e.client!r}" if e.client else ""
             self.rejections.reject(e.reason, f"init of{client} rejected: {e.error}", conn.peer)
             if e.reply is not None:

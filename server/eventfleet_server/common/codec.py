@@ -8,6 +8,7 @@ the offending field named so a connection can answer with a clear error.
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Sequence
 
 from hat import sbs
 
@@ -27,6 +28,7 @@ from eventfleet_server.common.model import (
     Status,
     Timestamp,
 )
+from eventfleet_server.common.sbsint import encode_int, read_int
 
 NONE = ("none", None)
 
@@ -102,6 +104,210 @@ def event_to_sbs(e: Event) -> dict:
         "sourceTimestamp": NONE if st is None else ("value", {"s": st.s, "us": st.us}),
         "payload": payload_to_sbs(e.payload),
     }
+
+
+_EVENT = "HatEventer.Event"
+
+
+def encode_event(e: Event) -> bytes:
+    """The SBS ``HatEventer.Event`` bytes of `e`: what the storage keeps next to each
+    event and every Eventer/Syncer message carries as an array element."""
+    return repo.encode(_EVENT, event_to_sbs(e))
+
+
+def events_array(items: Sequence[bytes]) -> bytes:
+    """An SBS ``Array(Event)`` from encoded elements (`encode_event` bytes): the count,
+    then the elements as they are. This is the whole body of ``MsgEventsNotify``, the
+    Syncer's ``MsgEvents`` and the array inside ``MsgQueryRes``/``MsgRegisterRes``."""
+    return b"".join([encode_int(len(items)), *items])
+
+
+def query_res(items: Sequence[bytes], more_follows: bool) -> bytes:
+    """``MsgQueryRes`` (Record {events: Array(Event), moreFollows: Boolean}) from
+    encoded elements; a Boolean is one byte, 1 or 0."""
+    return b"".join([encode_int(len(items)), *items, b"\x01" if more_follows else b"\x00"])
+
+
+def _length(data: bytes, pos: int) -> tuple[int, int]:
+    # A String/Bytes length: one byte (0b10xxxxxx) nearly always, else the long way.
+    b = data[pos]
+    if b & 0xC0 == 0x80:
+        return b & 0x3F, pos + 1
+    n, pos = read_int(data, pos)
+    if n < 0:
+        raise ValueError("negative length")
+    return n, pos
+
+
+def split_events_array(data: bytes) -> list[bytes]:
+    """The element bytes of an SBS ``Array(Event)`` (a ``MsgEvents``/``MsgEventsNotify``
+    body), each exactly what `encode_event` gives for that event, by walking the
+    encoding without decoding it: an Integer ends at its first byte with bit 0x80 set,
+    so skipping one is a scan. Raises ValueError on bytes that are not such an array
+    (run the C decoder on `data` too: it validates the values themselves).
+
+    This is the Syncer's receiving hot path (every merged event is stored with these
+    bytes), hence one flat loop."""
+    try:
+        count, pos = read_int(data, 0)
+        if count < 0:
+            raise ValueError("negative event count")
+        out: list[bytes] = []
+        append = out.append
+        length = _length
+        for _ in range(count):
+            start = pos
+            for _ in range(3):  # id: server, session, instance
+                while data[pos] < 0x80:
+                    pos += 1
+                pos += 1
+            segments, pos = length(data, pos)  # type: Array(String)
+            for _ in range(segments):
+                n, pos = length(data, pos)
+                pos += n
+            for _ in range(2):  # timestamp: s, us
+                while data[pos] < 0x80:
+                    pos += 1
+                pos += 1
+            b = data[pos]  # sourceTimestamp: Optional(Timestamp)
+            pos += 1
+            if b == 0x81:
+                for _ in range(2):
+                    while data[pos] < 0x80:
+                        pos += 1
+                    pos += 1
+            elif b != 0x80:
+                raise ValueError(f"bad sourceTimestamp option at {pos - 1}")
+            b = data[pos]  # payload: Optional(Choice {binary: Record, json: String})
+            pos += 1
+            if b == 0x81:
+                kind = data[pos]
+                pos += 1
+                if kind == 0x81:  # json: the text
+                    n, pos = length(data, pos)
+                    pos += n
+                elif kind == 0x80:  # binary: type, data
+                    n, pos = length(data, pos)
+                    n, pos = length(data, pos + n)
+                    pos += n
+                else:
+                    raise ValueError(f"bad payload choice at {pos - 1}")
+            elif b != 0x80:
+                raise ValueError(f"bad payload option at {pos - 1}")
+            if pos > len(data):
+                raise ValueError("truncated")
+            append(data[start:pos])
+    except IndexError:
+        raise ValueError("truncated") from None
+    if pos != len(data):
+        raise ValueError(f"{len(data) - pos} bytes after the last event")
+    return out
+
+
+def _read_int(data: bytes, pos: int) -> tuple[int, int]:
+    # An SBS Integer: big-endian 7-bit groups, the last byte marked with 0x80, the sign
+    # from bit 0x40 of the first; at most 10 bytes (64 bits), so garbage cannot make a
+    # huge Python int.
+    b = data[pos]
+    value = -1 if b & 0x40 else 0
+    end = pos + 10
+    while True:
+        value = (value << 7) | (b & 0x7F)
+        pos += 1
+        if b & 0x80:
+            return value, pos
+        if pos >= end:
+            raise ValueError("an integer longer than 64 bits")
+        b = data[pos]
+
+
+def decode_events_array(data: bytes) -> tuple[list[Event], list[bytes]]:
+    """The events of an SBS ``Array(Event)`` and each one's element bytes (what
+    `encode_event` gives for it), in one walk of the encoding: the Syncer's receiving
+    hot path, where the C decoder's dicts plus a second walk for the bytes cost more.
+    Raises ValueError on bytes that are not such an array (truncated, a bad choice, an
+    integer over 64 bits, text that is not UTF-8). Values are not range-checked here."""
+    new = tuple.__new__
+    read_int = _read_int
+    end = len(data)
+    try:
+        count, pos = read_int(data, 0)
+        if count < 0 or count > end:
+            raise ValueError(f"bad event count {count}")
+        events: list[Event] = []
+        elements: list[bytes] = []
+        for _ in range(count):
+            start = pos
+            server, pos = read_int(data, pos)
+            session, pos = read_int(data, pos)
+            instance, pos = read_int(data, pos)
+            segments, pos = read_int(data, pos)
+            if segments < 0 or segments > end - pos:
+                raise ValueError(f"bad type segment count {segments}")
+            parts = []
+            for _ in range(segments):
+                n, pos = read_int(data, pos)
+                if n < 0 or pos + n > end:
+                    raise ValueError("a type segment runs past the end")
+                parts.append(data[pos : pos + n].decode())
+                pos += n
+            s, pos = read_int(data, pos)
+            us, pos = read_int(data, pos)
+            b = data[pos]
+            pos += 1
+            if b == 0x81:
+                ss, pos = read_int(data, pos)
+                sus, pos = read_int(data, pos)
+                source = new(Timestamp, (ss, sus))
+            elif b == 0x80:
+                source = None
+            else:
+                raise ValueError(f"bad sourceTimestamp option at {pos - 1}")
+            b = data[pos]
+            pos += 1
+            if b == 0x80:
+                payload = None
+            elif b == 0x81:
+                kind = data[pos]
+                pos += 1
+                n, pos = read_int(data, pos)
+                if n < 0 or pos + n > end:
+                    raise ValueError("a payload runs past the end")
+                if kind == 0x81:  # json
+                    payload = new(EventPayloadJson, (data[pos : pos + n].decode(),))
+                    pos += n
+                elif kind == 0x80:  # binary: type, data
+                    ptype = data[pos : pos + n].decode()
+                    pos += n
+                    n, pos = read_int(data, pos)
+                    if n < 0 or pos + n > end:
+                        raise ValueError("a payload runs past the end")
+                    payload = new(EventPayloadBinary, (ptype, data[pos : pos + n]))
+                    pos += n
+                else:
+                    raise ValueError(f"bad payload choice at {pos - 1}")
+            else:
+                raise ValueError(f"bad payload option at {pos - 1}")
+            events.append(
+                new(
+                    Event,
+                    (
+                        new(EventId, (server, session, instance)),
+                        tuple(parts),
+                        new(Timestamp, (s, us)),
+                        source,
+                        payload,
+                    ),
+                )
+            )
+            elements.append(data[start:pos])
+    except IndexError:
+        raise ValueError("truncated") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"text is not UTF-8: {e}") from None
+    if pos != end:
+        raise ValueError(f"{end - pos} bytes after the last event")
+    return events, elements
 
 
 def event_from_sbs(data: dict) -> Event:

@@ -12,7 +12,7 @@ import enum
 import json
 import time
 from collections.abc import Iterable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 EventType = tuple[str, ...]
 
@@ -153,47 +153,66 @@ def split_sessions(events: Iterable[Event]) -> list[list[Event]]:
     return groups
 
 
-# Source timestamps a client may give: the Unix epoch up to the end of year 9999.
-# Anything else is a client bug (uninitialised clocks, ms taken for s) that would sort
-# oddly forever; refusing it says so at once.
-SOURCE_TS_MIN_S = 0
-SOURCE_TS_MAX_S = 253_402_300_799
+# The one validation rule of registered events, shared by every protocol (Eventer,
+# Syncer merge, Event BUS, Replication, Jetstream; docs/security.md "Validation"). It is
+# hat-event 0.9.44's reference server's, which stores whatever a client sends, narrowed
+# only to what we could not store and query faithfully:
+#
+# - a type is a list of strings, any of them empty, the list too (('a', ''),
+#   ('x', '', 'y'), ('',), ()); a whole segment '*' or '?' is refused: a query for that
+#   type would be a wildcard and match others (segments merely containing them are fine);
+# - a source timestamp is any calendar time from 0001-01-01 to 9999-12-31 UTC (before
+#   1970 too), `us` 0..999999: what every protocol can render (ISO 8601 text, the BUS's
+#   producer timestamps, Arrow) and order (integer microseconds). The reference keeps
+#   any int64 `s` and uint32 `us`, which it cannot render either.
+WILDCARD_SEGMENTS = ("*", "?")
+SOURCE_TS_MIN_S = -62_135_596_800  # 0001-01-01T00:00:00Z
+SOURCE_TS_MAX_S = 253_402_300_799  # 9999-12-31T23:59:59Z
 
 # The first type segment reserved for events the servers register themselves
 # (`('event', N, 'synced', M)` sync states): clients may not register under it.
 RESERVED_TYPE_PREFIX = "event"
 
 
+def event_type_error(t: Any) -> str | None:
+    """Why `t` cannot be a registered event's type (the shared rule above), or None."""
+    if type(t) is not tuple and not isinstance(t, tuple):
+        return f"type {t!r} must be a list of strings"
+    # Written for the register hot path (every event of every request passes here):
+    # tuple membership tests run in C, a generator per check cost more than the checks.
+    for s in t:
+        if type(s) is not str and not isinstance(s, str):
+            return f"type {t!r} must be a list of strings"
+    if "*" in t or "?" in t:
+        return f"type {list(t)!r} has a wildcard segment ('*' or '?' alone)"
+    return None
+
+
+def source_timestamp_error(t: Any) -> str | None:
+    """Why `t` cannot be a source timestamp (the shared rule above), or None."""
+    if not isinstance(t, Timestamp):
+        return f"sourceTimestamp {t!r} is invalid"
+    if not (0 <= t.us < _US and SOURCE_TS_MIN_S <= t.s <= SOURCE_TS_MAX_S):
+        return (
+            f"sourceTimestamp s={t.s} us={t.us} is out of range (years 1..9999: "
+            f"s {SOURCE_TS_MIN_S}..{SOURCE_TS_MAX_S}, us 0..999999)"
+        )
+    return None
+
+
 def check_register_event(i: int, e: RegisterEvent) -> None:
     """Refuse what no event may be, naming event `i` and the bad value (`ValueError`).
 
-    Types: a non-empty list of non-empty strings without wildcards. Payloads: JSON text
-    must parse. Source timestamps: within the epoch .. year 9999, us 0..999999.
-    Deployment limits (sizes, counts) are the protocol's (see eventer.limits).
+    The shared rule (above): types are lists of strings without a whole-segment
+    wildcard; source timestamps within years 1..9999, us 0..999999; a JSON payload must
+    parse. Deployment limits (sizes, counts) are the protocol's (see eventer.limits).
     """
-    # Written for the register hot path (every event of every request passes here):
-    # tuple membership tests run in C, a generator per check cost more than the checks.
-    t = e.type
-    if type(t) is not tuple and not isinstance(t, tuple):
-        raise ValueError(f"event {i}: type {t!r} must be a list of strings")
-    for s in t:
-        if type(s) is not str and not isinstance(s, str):
-            raise ValueError(f"event {i}: type {t!r} must be a list of strings")
-    if not t:
-        raise ValueError(f"event {i}: type is empty")
-    if "" in t:
-        raise ValueError(f"event {i}: type {list(t)!r} has an empty segment")
-    if "*" in t or "?" in t:
-        raise ValueError(f"event {i}: type {list(t)!r} contains a wildcard segment")
+    error = event_type_error(e.type)
+    if error is not None:
+        raise ValueError(f"event {i}: {error}")
     st = e.source_timestamp
-    if st is not None:
-        if not isinstance(st, Timestamp):
-            raise ValueError(f"event {i}: sourceTimestamp {st!r} is invalid")
-        if not (0 <= st.us < _US and SOURCE_TS_MIN_S <= st.s <= SOURCE_TS_MAX_S):
-            raise ValueError(
-                f"event {i}: sourceTimestamp {st.s}.{st.us:06d} is out of range "
-                f"(s {SOURCE_TS_MIN_S}..{SOURCE_TS_MAX_S}, us 0..999999)"
-            )
+    if st is not None and (error := source_timestamp_error(st)) is not None:
+        raise ValueError(f"event {i}: {error}")
     p = e.payload
     if isinstance(p, EventPayloadJson):
         if not isinstance(p.data, str):

@@ -59,8 +59,24 @@ def _walk(refs, t, data: memoryview, pos: int, budget: list[int]) -> int:
         n, pos = read_int(data, pos)
         if n < 0 or n > len(data) - pos:
             raise SbsBoundsError(f"an array of {n} elements in {len(data) - pos} bytes")
+        item = _resolve(refs, t.t)
+        if isinstance(item, sbs.StringType | sbs.BytesType):
+            # Arrays of strings (event types) and arrays of those (subscriptions, query
+            # type lists) are most of what clients send: walked inline, without a call
+            # and a type dispatch per element.
+            return _walk_strings(data, pos, n, budget)
+        if isinstance(item, sbs.ArrayType) and isinstance(
+            _resolve(refs, item.t), sbs.StringType | sbs.BytesType
+        ):
+            budget[0] -= n
+            for _ in range(n):
+                count, pos = read_int(data, pos)
+                if count < 0 or count > len(data) - pos:
+                    raise SbsBoundsError(f"an array of {count} elements in {len(data) - pos} bytes")
+                pos = _walk_strings(data, pos, count, budget)
+            return pos
         for _ in range(n):
-            pos = _walk(refs, t.t, data, pos, budget)
+            pos = _walk(refs, item, data, pos, budget)
         return pos
     if isinstance(t, sbs.RecordType):
         for _, entry in t.entries:
@@ -72,6 +88,33 @@ def _walk(refs, t, data: memoryview, pos: int, budget: list[int]) -> int:
             raise SbsBoundsError(f"choice index {i} of {len(t.entries)}")
         return _walk(refs, t.entries[i][1], data, pos, budget)
     raise SbsBoundsError(f"unknown SBS type {t!r}")
+
+
+def _resolve(refs, t):
+    while isinstance(t, sbs.Ref):
+        t = refs[t]
+    return t
+
+
+def _walk_strings(data: memoryview, pos: int, n: int, budget: list[int]) -> int:
+    """Past `n` Strings/Bytes at `pos` (each a length and that many bytes)."""
+    budget[0] -= n
+    if budget[0] < 0:
+        raise SbsBoundsError("too many elements to check")
+    end = len(data)
+    for _ in range(n):
+        b = data[pos] if pos < end else 0
+        if b & 0xC0 == 0x80:  # a one-byte length (0..63): nearly always
+            length = b & 0x3F
+            pos += 1
+        else:
+            length, pos = read_int(data, pos)
+            if length < 0:
+                raise SbsBoundsError(f"negative length {length}")
+        pos += length
+        if pos > end:
+            raise SbsBoundsError(f"{length} bytes needed at {pos - length}, fewer left")
+    return pos
 
 
 def _need(data: memoryview, pos: int, n: int) -> int:

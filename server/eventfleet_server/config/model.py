@@ -14,6 +14,8 @@ class AdmissionConfig:
 
     max_connections: int
     max_connections_per_address: int
+    max_pending: int
+    max_pending_per_address: int
     pre_init_max_msg_size: int
     init_timeout: float
 
@@ -22,6 +24,8 @@ class AdmissionConfig:
         return AdmissionLimits(
             max_connections=self.max_connections,
             max_connections_per_address=self.max_connections_per_address,
+            max_pending=self.max_pending,
+            max_pending_per_address=self.max_pending_per_address,
             pre_init_max_msg_size=min(self.pre_init_max_msg_size, max_msg_size),
             max_msg_size=max_msg_size,
             init_timeout=self.init_timeout,

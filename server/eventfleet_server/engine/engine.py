@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
+from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -22,7 +23,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.listener import Tasks
-from eventfleet_server.storage import Storage
+from eventfleet_server.storage import SbsResult, Storage, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +33,14 @@ Listener = Callable[[list[Event], bool], None]
 Listeners run synchronously on the event loop and must not block: they hand events
 to their own bounded per-connection queues.
 """
+
+SbsListener = Callable[[list[Event], list[bytes], bool], None]
+"""A `Listener` that also gets each event's SBS ``Event`` bytes (the stored form,
+aligned with the events): protocols that send SBS join them instead of encoding."""
+
+Encoder = Callable[[list[Event]], list[bytes] | None]
+"""Builds the SBS ``Event`` bytes of just-created events (a protocol that holds the
+request's bytes splices them: `eventer.decode.event_elements`); None: encode them."""
 
 StatusListener = Callable[[Status], None]
 
@@ -88,11 +97,13 @@ class Engine:
         self._max_results_cap = max_results_cap
         self._status = Status.STANDBY
         self._listeners: list[Listener] = []
+        self._sbs_listeners: list[SbsListener] = []
         self._status_listeners: list[StatusListener] = []
         self._session = 0
         self._instance = 0
         self._last_ts_us = 0
         self._pending: list[Event] = []
+        self._pending_sbs: list[bytes] = []  # aligned with _pending
         self._pending_sessions: list[tuple[int, int]] = []  # (start index, end index) per session
         self._pending_futures: list[asyncio.Future] = []
         self._uncommitted = 0
@@ -193,6 +204,11 @@ class Engine:
         self._listeners.append(listener)
         return lambda: self._listeners.remove(listener)
 
+    def add_sbs_listener(self, listener: SbsListener) -> Callable[[], None]:
+        """Like `add_listener`, with each event's SBS bytes (see `SbsListener`)."""
+        self._sbs_listeners.append(listener)
+        return lambda: self._sbs_listeners.remove(listener)
+
     def add_status_listener(self, listener: StatusListener) -> Callable[[], None]:
         self._status_listeners.append(listener)
         return lambda: self._status_listeners.remove(listener)
@@ -223,17 +239,26 @@ class Engine:
         self._query_listeners.append(listener)
         return lambda: self._query_listeners.remove(listener)
 
-    def _fan_out(self, events: list[Event], persisted: bool) -> None:
+    def _fan_out(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
         for listener in self._listeners:
             try:
                 listener(events, persisted)
             except Exception:
                 log.exception("listener %r failed", listener)
+        for sbs_listener in self._sbs_listeners:
+            try:
+                sbs_listener(events, sbs, persisted)
+            except Exception:
+                log.exception("listener %r failed", sbs_listener)
 
     # -- registration ----------------------------------------------------------------------
 
     def register(
-        self, events: Sequence[RegisterEvent], *, validated: bool = False
+        self,
+        events: Sequence[RegisterEvent],
+        *,
+        validated: bool = False,
+        encode: Encoder | None = None,
     ) -> tuple[list[Event], asyncio.Future]:
         """Create one session from `events`; returns the events and a commit future.
 
@@ -242,6 +267,8 @@ class Engine:
         commit future fails for all of its events or none. `persisted=false` listeners
         see the events before this returns. `validated`: the caller already ran
         `check_register_event` on every event (in chunks, off the hot loop turn).
+        `encode`: builds the events' SBS bytes (see `Encoder`); each event is encoded
+        once here otherwise. Those bytes are what is stored, notified and answered.
 
         Refused as a whole (`RegisterError`) when the batch would take the ids handed
         out but not committed beyond `max_uncommitted` (the restart id gap relies on
@@ -282,15 +309,19 @@ class Engine:
             Event(EventId(server, session, first + i), e.type, ts, e.source_timestamp, e.payload)
             for i, e in enumerate(events)
         ]
+        sbs = encode(created) if encode is not None else None
+        if sbs is None:
+            sbs = [codec.encode_event(e) for e in created]
         start = len(self._pending)
         self._pending.extend(created)
+        self._pending_sbs.extend(sbs)
         self._pending_sessions.append((start, len(self._pending)))
         fut = asyncio.get_running_loop().create_future()
         self._pending_futures.append(fut)
         self._last_future = fut
         self._uncommitted += len(created)
         self._wakeup.set()
-        self._fan_out(created, False)
+        self._fan_out(created, sbs, False)
         return created, fut
 
     async def register_wait(self, events: Sequence[RegisterEvent]) -> list[Event]:
@@ -299,17 +330,42 @@ class Engine:
         await fut
         return created
 
-    async def merge(self, events: Sequence[Event]) -> list[Event]:
+    async def merge(
+        self, events: Sequence[Event], encoded: Sequence[bytes] | None = None
+    ) -> list[Event]:
         """Store events created elsewhere (replication); returns those that were new.
 
-        Every listener is told after the commit, once with ``persisted=False`` and once
-        with ``True``, one session at a time.
+        `encoded`: their SBS bytes as received (aligned with `events`), stored and
+        notified as they are; encoded here if None. Every listener is told after the
+        commit, once with ``persisted=False`` and once with ``True``, one session at a
+        time.
         """
-        pairs = await self._storage.write(events)
+        if encoded is None:
+            encoded = []
+            for i, e in enumerate(events):
+                try:
+                    encoded.append(codec.encode_event(e))
+                except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as err:
+                    # As a refused write: the merger then retries stream by stream.
+                    raise StorageError(f"event {i} {e!r:.300}: does not encode: {err}") from err
+        pairs = await self._storage.write(events, encoded=encoded)
         inserted = [e for _, e in pairs]
+        if len(inserted) == len(events):
+            sbs = list(encoded)
+        else:
+            # `inserted` is a subsequence of `events` (the same objects): pick theirs.
+            sbs, j = [], 0
+            for e in inserted:
+                while events[j] is not e:
+                    j += 1
+                sbs.append(encoded[j])
+                j += 1
+        start = 0
         for group in split_sessions(inserted):
-            self._fan_out(group, False)
-            self._fan_out(group, True)
+            group_sbs = sbs[start : start + len(group)]
+            start += len(group)
+            self._fan_out(group, group_sbs, False)
+            self._fan_out(group, group_sbs, True)
         self._fan_out_sequenced(pairs)
         return inserted
 
@@ -333,13 +389,14 @@ class Engine:
             if not self._pending:
                 continue
             batch, self._pending = self._pending, []
+            batch_sbs, self._pending_sbs = self._pending_sbs, []
             sessions, self._pending_sessions = self._pending_sessions, []
             futures, self._pending_futures = self._pending_futures, []
             last = batch[-1]
             meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
             started = time.perf_counter()
             try:
-                pairs = await self._storage.write(batch, meta)
+                pairs = await self._storage.write(batch, meta, encoded=batch_sbs)
             except Exception as e:
                 log.error("commit of %d events failed: %s", len(batch), e)
                 self._commit_failed(e)
@@ -355,7 +412,7 @@ class Engine:
                 if not fut.done():
                     fut.set_result(None)
             for start, end in sessions:
-                self._fan_out(batch[start:end], True)
+                self._fan_out(batch[start:end], batch_sbs[start:end], True)
             self._fan_out_sequenced(pairs)
             for cb in self._commit_listeners:
                 cb(len(batch), elapsed)
@@ -402,6 +459,41 @@ class Engine:
             elapsed = time.perf_counter() - started
             for cb in self._query_listeners:
                 cb(params, elapsed)
+
+    async def query_sbs(self, params: QueryParams) -> SbsResult:
+        """`query` answered with each event's stored SBS bytes (what Eventer sends)."""
+        started = time.perf_counter()
+        try:
+            result = await self._storage.query_sbs(params, max_results_cap=self._max_results_cap)
+            if (
+                isinstance(params, QueryServerParams)
+                and not params.persisted
+                and params.server_id == self._server_id
+                and self._pending
+                and not result.more_follows
+            ):
+                # Committed ones come first; the pending ones follow, above the last id
+                # returned (ids grow with the pending list's order).
+                after = params.last_event_id.instance if params.last_event_id else 0
+                if result.events:
+                    after = max(after, self._last_committed_instance(result))
+                limit = min(params.max_results or self._max_results_cap, self._max_results_cap)
+                extra = [
+                    b
+                    for e, b in zip(self._pending, self._pending_sbs, strict=True)
+                    if e.id.instance > after
+                ]
+                room = max(limit - len(result.events), 0)
+                result = SbsResult(result.events + extra[:room], len(extra) > room)
+            return result
+        finally:
+            elapsed = time.perf_counter() - started
+            for cb in self._query_listeners:
+                cb(params, elapsed)
+
+    @staticmethod
+    def _last_committed_instance(result: SbsResult) -> int:
+        return codec.repo.decode("HatEventer.Event", result.events[-1])["id"]["instance"]
 
     async def _query(self, params: QueryParams) -> QueryResult:
         result = await self._storage.query(params, max_results_cap=self._max_results_cap)

@@ -85,11 +85,9 @@ def _walk_event(data: bytes, pos: int, i: int, limits: RegisterLimits) -> tuple[
             pos += 1
         else:
             segments, pos = _int(data, pos)
-        if not 0 < segments <= limits.max_type_segments:
-            if segments <= 0:
-                if segments < 0:
-                    raise MalformedRequest(f"event {i}: negative segment count")
-                raise RequestRefused(f"event {i}: type is empty")
+        if not 0 <= segments <= limits.max_type_segments:
+            if segments < 0:
+                raise MalformedRequest(f"event {i}: negative segment count")
             raise RequestRefused(
                 f"event {i}: type has {segments} segments (max_type_segments "
                 f"{limits.max_type_segments})"
@@ -209,7 +207,7 @@ def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None
                 f"event {i}: type segment {segment[:40]!r}... has {len(segment)} characters "
                 f"(max_segment_length {limits.max_segment_length})"
             )
-    if e.type[0] == RESERVED_TYPE_PREFIX:
+    if e.type[:1] == (RESERVED_TYPE_PREFIX,):  # an empty type is valid: no [0]
         raise ValueError(
             f"event {i}: type {list(e.type)!r}: the prefix {RESERVED_TYPE_PREFIX!r} is "
             "reserved for events the servers register themselves"
@@ -279,6 +277,53 @@ def _register_res_chunks(
         yield parts
 
 
+_LAST_GROUP = [bytes([0x80 | i]) for i in range(128)]
+
+
+def event_elements(
+    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
+) -> list[bytes] | None:
+    """The SBS ``Event`` bytes of each of `created` (the events registered from
+    `request`), spliced from the request's bytes as `encode_register_res` does: its
+    id, the request's bytes of its type, the registration's timestamp, the request's
+    bytes of the rest. These are what the engine stores, notifies and answers with
+    (`Engine.register`'s `encode`); None when they cannot be spliced.
+
+    Instances are consecutive: an instance's encoding differs from the previous one's
+    only in its last 7-bit group until that group wraps, so most are a prefix and a
+    byte from a table instead of an `encode_int` call."""
+    if len(spans) != len(created) or not created:
+        return None
+    head = created[0]
+    server, session, ts = head.id.server, head.id.session, head.timestamp
+    if server < 0 or session < 0 or ts.s < 0 or ts.us < 0:
+        return None  # encode_int writes non-negative integers only
+    id_prefix = encode_int(server) + encode_int(session)
+    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
+    out: list[bytes] = []
+    append = out.append
+    join = b"".join
+    last_group = _LAST_GROUP
+    high = -1
+    prefix = b""
+    for (start, type_end, end), event in zip(spans, created, strict=True):
+        event_id = event.id
+        if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
+            return None
+        n = event_id.instance
+        if n >> 7 == high and n >= 128:
+            instance = prefix + last_group[n & 0x7F]
+        else:
+            if n < 0:
+                return None
+            instance = encode_int(n)
+            high, prefix = n >> 7, instance[:-1]
+        append(
+            join((id_prefix, instance, request[start:type_end], ts_bytes, request[type_end:end]))
+        )
+    return out
+
+
 def encode_register_res(
     request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
 ) -> bytes | None:
@@ -316,6 +361,11 @@ async def encode_register_res_sliced(
     except _NotSpliceable:
         return None
     return b"".join(parts)
+
+
+def register_res(elements: list[bytes]) -> bytes:
+    """``MsgRegisterRes`` (the events choice) from the events' SBS bytes."""
+    return _EVENTS_CHOICE + codec.events_array(elements)
 
 
 def encode_count(n: int) -> bytes:

@@ -15,11 +15,8 @@ from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
     QueryLatestParams,
-    QueryResult,
-    QueryTimeseriesParams,
     Status,
 )
-from eventfleet_server.common.sbsguard import check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.eventer.decode import (
@@ -27,11 +24,10 @@ from eventfleet_server.eventer.decode import (
     MalformedRequest,
     RegisterLimits,
     decode_register,
-    encode_count,
-    encode_events,
-    encode_register_res,
-    encode_register_res_sliced,
+    event_elements,
+    register_res,
 )
+from eventfleet_server.eventer.requests import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,
@@ -94,7 +90,7 @@ class EventerServer:
         self._tasks = tasks if tasks is not None else Tasks("eventer")
         # Large sessions are fanned out a slice at a time by a task, in order with
         # everything queued after them (see `_on_events`).
-        self._fanout: deque[tuple[list[Event], bool]] = deque()
+        self._fanout: deque[tuple[list[Event], list[bytes], bool]] = deque()
         self._fanout_task: asyncio.Task | None = None
         # A policy, or a function returning the current one (token rotation). Without
         # one: open, but a token sent to a server that has none is refused.
@@ -143,7 +139,7 @@ class EventerServer:
 
     async def start(self) -> None:
         self._unsubscribe = [
-            self._engine.add_listener(self._on_events),
+            self._engine.add_sbs_listener(self._on_events),
             self._engine.add_status_listener(self._on_status),
         ]
         await self._listener.start()
@@ -158,41 +154,50 @@ class EventerServer:
 
     # -- fan-out -----------------------------------------------------------------------------
 
-    def _on_events(self, events: list[Event], persisted: bool) -> None:
+    def _on_events(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
         # Small sessions go out at once; a large one (or anything behind it, to keep
-        # the order) is encoded and sent a slice at a time with yields to the loop, so
-        # that 10,000 events of 1.6 KB do not hold the loop for the whole encoding.
+        # the order) is selected and sent a slice at a time with yields to the loop, so
+        # that 10,000 events do not hold the loop for the whole selection.
         if not self._fanout and len(events) <= CHUNK_EVENTS:
-            self._deliver(events, persisted)
+            self._deliver(events, sbs, persisted)
             return
-        self._fanout.append((events, persisted))
+        self._fanout.append((events, sbs, persisted))
         if self._fanout_task is None or self._fanout_task.done():
             self._fanout_task = self._tasks.spawn("fan-out", self._fanout_loop(), critical=False)
 
     async def _fanout_loop(self) -> None:
         while self._fanout:
-            events, persisted = self._fanout[0]
+            events, sbs, persisted = self._fanout[0]
             for start in range(0, len(events), CHUNK_EVENTS):
-                self._deliver(events[start : start + CHUNK_EVENTS], persisted)
+                end = start + CHUNK_EVENTS
+                self._deliver(events[start:end], sbs[start:end], persisted)
                 await asyncio.sleep(0)
             self._fanout.popleft()
 
-    def _deliver(self, events: list[Event], persisted: bool) -> None:
+    def _deliver(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
+        # A MsgEventsNotify is an SBS array: the count and the events' stored bytes.
         encoded_all: bytes | None = None
         for session in self._sessions:
             if session.persisted != persisted or session.conn.is_closed:
                 continue
-            selected = session.select(events)
+            selected = session.select(events, sbs)
             if not selected:
                 continue
             if len(selected) == len(events):
-                # Most subscribers take the whole session: encode it once for all of them.
+                # Most subscribers take the whole session: one message for all of them.
                 if encoded_all is None:
-                    encoded_all = _encode_events(events)
+                    encoded_all = codec.events_array(sbs)
                 data = encoded_all
             else:
-                data = _encode_events(selected)
-            session.notify(data, len(selected))
+                data = codec.events_array(selected)
+            try:
+                session.notify(data, len(selected))
+            except Exception as e:
+                # One client's failure (a transport closed under us: uvloop raises
+                # RuntimeError) must not cost the other subscribers this notification.
+                log.warning("eventer client %r: notify failed, closing: %r", session.name, e)
+                with contextlib.suppress(Exception):
+                    session.conn.close(f"client {session.name!r}: notify failed: {e!r}")
 
     def _on_status(self, status: Status) -> None:
         data = codec.repo.encode(_P + "MsgStatusNotify", codec.status_to_sbs(status))
@@ -205,10 +210,9 @@ class EventerServer:
     async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
         try:
             # Untrusted bytes: bounds first (docs/security.md), the C decoder after.
-            check_bounds(codec.repo, msg.type, msg.data)
-            req = codec.repo.decode(msg.type, msg.data)
-        except Exception as e:
-            raise _init_error(RejectReason.BAD_MESSAGE, f"MsgInitReq does not decode: {e}") from e
+            req = decode_init_req(msg.data)
+        except BadRequest as e:
+            raise _init_error(RejectReason.BAD_MESSAGE, str(e)) from e
         name = req["clientName"]
         token = req["clientToken"][1] if req["clientToken"][0] == "value" else None
         error = self._tokens().check(token, conn.address)
@@ -244,10 +248,6 @@ def _init_error(reason: RejectReason, error: str, name: str | None = None) -> In
     return InitRejected(reason, error, reply, name)
 
 
-def _encode_events(events: list[Event]) -> bytes:
-    return codec.repo.encode(_P + "MsgEventsNotify", [codec.event_to_sbs(e) for e in events])
-
-
 class _Session:
     """One initialized client connection."""
 
@@ -269,15 +269,16 @@ class _Session:
         self._tasks = Tasks(f"eventer/{conn.peer}")
         conn.max_write_buffer = self._limits.max_write_buffer
 
-    def select(self, events: list[Event]) -> list[Event]:
+    def select(self, events: list[Event], sbs: list[bytes]) -> list[bytes]:
+        """The SBS bytes of the events (`sbs`, aligned) this client subscribed to."""
         if self.subscription.is_empty:
             return []
         if self.server_id is not None and events[0].id.server != self.server_id:
             return []  # a session's events all come from one server
         if self.subscription.matches_all:
-            return events
+            return sbs
         matches = self.subscription.matches
-        return [e for e in events if matches(e.type)]
+        return [b for e, b in zip(events, sbs, strict=True) if matches(e.type)]
 
     # -- notifications with flow control ---------------------------------------------------
 
@@ -369,7 +370,8 @@ class _Session:
     async def _on_register(self, msg: chatter.Msg) -> None:
         conn = self.conn
         wants_response = not msg.last
-        spans: list[tuple[int, int, int]] | None = [] if wants_response else None
+        # Where each event lies in the request: its stored bytes are spliced from them.
+        spans: list[tuple[int, int, int]] = []
         try:
             # Slice by slice, yielding between slices: a maximal request never holds
             # the loop (docs/security.md). Limits are checked before decoding.
@@ -389,8 +391,18 @@ class _Session:
             return
         if conn.is_closed:
             return
+        elements: list[bytes] = []
+
+        def encode(created: list[Event]) -> list[bytes]:
+            # Spliced from the request (~1 µs/event); encoded only if it cannot be.
+            spliced = event_elements(msg.data, spans, created)
+            elements.extend(
+                spliced if spliced is not None else [codec.encode_event(e) for e in created]
+            )
+            return elements
+
         try:
-            created, fut = self._engine.register(events, validated=True)
+            _, fut = self._engine.register(events, validated=True, encode=encode)
         except EngineError as e:
             self.server.rejections.reject(
                 RejectReason.REGISTER_FAILED,
@@ -403,7 +415,7 @@ class _Session:
         if wants_response:
             # Answer once committed: a MsgRegisterRes means the events are durable.
             fut.add_done_callback(
-                lambda f: self._respond_register(msg, None if f.exception() else created, spans)
+                lambda f: self._respond_register(msg, None if f.exception() else elements)
             )
         elif len(events) > CHUNK_EVENTS:
             # No answer to wait for: still, the next request waits for this commit, so
@@ -411,72 +423,42 @@ class _Session:
             with contextlib.suppress(Exception):
                 await fut
 
-    def _respond_register(
-        self,
-        msg: chatter.Msg,
-        created: list[Event] | None,
-        spans: list[tuple[int, int, int]] | None = None,
-    ) -> None:
+    def _respond_register(self, msg: chatter.Msg, elements: list[bytes] | None) -> None:
+        """MsgRegisterRes: the events' stored bytes joined behind the header (one C join,
+        no encoding), or the failure choice."""
         if self.conn.is_closed:
             return
-        if created is not None and spans:
-            # Spliced from the request's bytes (decode.encode_register_res): no SBS
-            # values built, nothing encoded again; ~1 µs per event.
-            if len(created) <= CHUNK_EVENTS:
-                data = encode_register_res(msg.data, spans, created)
-                if data is not None:
-                    self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
-                    return
-            else:
-                self._tasks.spawn(
-                    "register-res", self._respond_spliced(msg, created, spans), critical=False
-                )
-                return
-        if created is not None and len(created) > CHUNK_EVENTS:
-            self._tasks.spawn("register-res", self._respond_large(msg, created), critical=False)
-            return
-        value = (
-            ("failure", None)
-            if created is None
-            else ("events", [codec.event_to_sbs(e) for e in created])
-        )
-        self._send(
-            _P + "MsgRegisterRes", codec.repo.encode(_P + "MsgRegisterRes", value), conv=msg.conv
-        )
-
-    async def _respond_spliced(
-        self, msg: chatter.Msg, created: list[Event], spans: list[tuple[int, int, int]]
-    ) -> None:
-        data = await encode_register_res_sliced(msg.data, spans, created)
-        if data is None:
-            await self._respond_large(msg, created)
-        elif not self.conn.is_closed:
-            self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
-
-    async def _respond_large(self, msg: chatter.Msg, created: list[Event]) -> None:
-        # MsgRegisterRes = Choice {events: Array(Event), failure: None}: index 0, then
-        # the array encoded a slice at a time.
-        data = await encode_events(created, prefix=encode_count(0))
+        if elements is None:
+            data = codec.repo.encode(_P + "MsgRegisterRes", ("failure", None))
+        else:
+            data = register_res(elements)
         self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
 
     async def _on_query(self, msg: chatter.Msg) -> None:
         try:
             try:
-                check_bounds(codec.repo, msg.type, msg.data)
-                params = codec.query_params_from_sbs(codec.repo.decode(msg.type, msg.data))
-                _check_query(params)
-            except Exception as e:
+                params = decode_query_req(msg.data)
+            except BadRequest as e:
                 self._refuse(RejectReason.BAD_QUERY, f"invalid MsgQueryReq: {e}")
                 return
+            except Exception as e:  # a bug of the decoder (the fuzz targets fail on it)
+                log.exception("MsgQueryReq from %r: decoder failed", self.name)
+                self._refuse(RejectReason.BAD_QUERY, f"invalid MsgQueryReq: {e!r}")
+                return
             try:
-                result = await self._engine.query(params)
+                result = await self._engine.query_sbs(params)
             except Exception:
                 log.exception("query %r by %r failed", params, self.name)
                 self.conn.close(f"client {self.name!r}: query failed on the server")
                 return
-            if isinstance(params, QueryLatestParams):
-                result = _cap_latest(result, self._limits.max_latest_results)
-            data = codec.repo.encode(_P + "MsgQueryRes", codec.query_result_to_sbs(result))
+            items, more = result
+            cap = self._limits.max_latest_results
+            if isinstance(params, QueryLatestParams) and len(items) > cap:
+                # At most the cap; moreFollows tells the client there were more (narrow
+                # the types to see them).
+                items, more = items[:cap], True
+            # The stored bytes of each event joined behind the count: nothing encoded.
+            data = codec.query_res(items, more)
             if not self._send(_P + "MsgQueryRes", data, conv=msg.conv):
                 return
             # Hold the query slot until the reply has left: a client that sends queries
@@ -495,26 +477,3 @@ class _Session:
                 pass
         finally:
             self._queries.release()
-
-
-def _cap_latest(result: QueryResult, cap: int) -> QueryResult:
-    """At most `cap` latest events; ``moreFollows`` tells the client there were more
-    (narrow the types to see them)."""
-    if len(result.events) <= cap:
-        return result
-    return QueryResult(result.events[:cap], True)
-
-
-def _check_query(params) -> None:
-    """Reject what no sensible client sends, naming the field."""
-    types = getattr(params, "event_types", None)
-    if types is not None:
-        Subscription(types)  # raises InvalidSubscriptionError naming the pattern
-    max_results = getattr(params, "max_results", None)
-    if max_results is not None and max_results < 0:
-        raise ValueError(f"maxResults {max_results} is negative")
-    if isinstance(params, QueryTimeseriesParams):
-        for field in ("t_from", "t_to", "source_t_from", "source_t_to"):
-            t = getattr(params, field)
-            if t is not None and not 0 <= t.us < 1_000_000:
-                raise ValueError(f"{field} has us={t.us}, must be 0..999999")

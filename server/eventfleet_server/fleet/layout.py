@@ -281,8 +281,10 @@ def replica_config(fleet: FleetPlan, r: ReplicaLayout, log_level: str = "INFO") 
         "data_dir": str(r.data_dir),
         "token_file": str(fleet.token_file),
         "peer_token_file": str(fleet.peer_token_file),
-        # Only a brand-new fleet may create identities without asking a peer first.
-        "allow_empty_start": fleet.new_fleet,
+        # Only a brand-new fleet may create identities without asking a peer first. A
+        # single replica has no peer to ask: waiting could never end (a resumed
+        # one-replica fleet that had registered nothing stayed unready for good).
+        "allow_empty_start": fleet.new_fleet or len(fleet.replicas) == 1,
         "eventer": {
             "port": r.eventer_port,
             "allow_tokenless_clients": fleet.tokenless_loopback,

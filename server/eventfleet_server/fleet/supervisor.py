@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from eventfleet_server.fleet import banner
 from eventfleet_server.fleet.layout import FleetPlan, ReplicaLayout
 
 log = logging.getLogger(__name__)
@@ -219,27 +220,7 @@ class Supervisor:
         self._announced = True
         if not self.json_lines:
             first = self.replicas[0].layout
-            tls = f" --tls-ca {self.fleet.tls_dir / 'ca.pem'}" if self.fleet.tls else ""
-            self.out(
-                f"fleet of {len(self.replicas)} replicas up (data: {self.fleet.data_dir}, "
-                f"token: {self.fleet.token_file})\n"
-                f"  eventfleet watch --eventer {first.endpoints()['eventer']}{tls} '*'\n"
-                f"  eventfleet register --eventer {first.endpoints()['eventer']}{tls} a/b "
-                "--json '{\"value\": 1}'\n"
-                "  any Hat Eventer client: hat.event.eventer.client.connect("
-                f"('{first.host}', {first.eventer_port}), 'me')\n"
-                + (
-                    "  Jetstream demo (a shared list): "
-                    f"{first.jetstream(self.fleet.tls)['jetstream_demo']}"
-                    "?token=<contents of the token file>\n"
-                    if self.fleet.jetstream
-                    else ""
-                )
-                + f"  Event BUS (ZeroMQ): SNAPSHOT tcp://{first.host}:{first.bus_port}, "
-                f"PUBLISHER :{first.bus_port + 1}, COLLECTOR :{first.bus_port + 2}; "
-                "ZAP PLAIN, password = the token\n"
-                + "Ctrl-C stops the fleet; running the same command again resumes it."
-            )
+            self.out(banner.connect_banner(self.fleet, banner.cli_command()))
             if self.fleet.replication_tables:
                 self.out(
                     f"  replication: {first.replication(self.fleet.tls)}, tables "

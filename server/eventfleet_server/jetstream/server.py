@@ -29,6 +29,7 @@ from eventfleet_server.listener import (
     Admission,
     Rejections,
     RejectReason,
+    Ticket,
     TokenPolicy,
     receive_text_frames,
 )
@@ -283,7 +284,8 @@ class JetstreamServer:
                 status=400,
                 text=f"Jetstream is a websocket endpoint; try {self.config.path}/demo\n",
             )
-        ticket = self._admission.admit(peer)
+        transport = request.transport
+        ticket = self._admission.admit(peer, evict=transport.abort if transport else None)
         if ticket is None:
             return web.Response(status=503, text="too many Jetstream connections\n")
         with ticket:
@@ -294,7 +296,7 @@ class JetstreamServer:
                 f"conn-{next(self._ids)}-writer", conn.run_writer(), critical=False
             )
             try:
-                session = await self._open_session(request, ws, conn)
+                session = await self._open_session(request, ws, conn, ticket)
                 if session is not None:
                     conn.session = session
                     await self._serve(ws, conn, session)
@@ -310,13 +312,16 @@ class JetstreamServer:
         return ws
 
     async def _open_session(
-        self, request: web.Request, ws: web.WebSocketResponse, conn: Connection
+        self, request: web.Request, ws: web.WebSocketResponse, conn: Connection, ticket: Ticket
     ) -> Session | None:
         params = _connection_params(request)
         token = params.get("sessiontoken")
         if token:
+            if not self._promote(conn, ticket):
+                return None
             session = self.protocol.resume(token, conn)
             if session is None:
+                ticket.demote()
                 self.rejections.reject(
                     RejectReason.UNKNOWN_SESSION,
                     "resume with an unknown or expired session token",
@@ -392,10 +397,22 @@ class JetstreamServer:
             first = {**first, "params": {**first["params"], "token": params["token"]}}
         elif first.get("params") is None and "token" in params:
             first = {**first, "params": {"token": params["token"]}}
+        if not self._promote(conn, ticket):
+            return None
         session = self.protocol.create_session(first, conn)
         if session is None:
+            ticket.demote()
             conn.close(wire.CLOSE_DENIED, _reason("auth-error", "Session creation denied"))
         return session
+
+    @staticmethod
+    def _promote(conn: Connection, ticket: Ticket) -> bool:
+        """Take a session place (listener/admission.py) before the credentials are
+        checked (synchronously: nobody sees the place taken by a refused one)."""
+        if ticket.promote():
+            return True
+        conn.close(wire.CLOSE_DENIED, _reason("too-many-connections", "Too many sessions"))
+        return False
 
     async def _serve(self, ws: web.WebSocketResponse, conn: Connection, session: Session) -> None:
         async def on_text(text: str) -> None:

@@ -16,6 +16,9 @@ class RejectReason(StrEnum):
     TOO_MANY_CONNECTIONS = "too_many_connections"
     MESSAGE_TOO_LARGE = "message_too_large"
     INIT_TIMEOUT = "init_timeout"
+    # a connection not yet initialised, dropped to make room for a newer one (the
+    # pre-init budget, listener/admission.py)
+    EVICTED_BEFORE_INIT = "evicted_before_init"
     BAD_FRAME = "bad_frame"
     NOT_INITIALIZED = "not_initialized"
     BAD_MESSAGE = "bad_message"

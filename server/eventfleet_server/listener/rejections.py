@@ -34,6 +34,7 @@ class Rejections:
         self._clock = clock
         self._log = logger
         self._counts: dict[str, int] = {}
+        self._last: dict[str, str] = {}  # reason -> detail of its latest refusal
         # reason -> (start of the current log window, refusals suppressed in it)
         self._windows: dict[str, tuple[float, int]] = {}
 
@@ -42,10 +43,15 @@ class Rejections:
         """Refusals so far by reason value (a copy)."""
         return dict(self._counts)
 
+    def last(self, reason: RejectReason | str) -> str | None:
+        """The detail of the latest refusal of `reason` (logged or not), None if none."""
+        return self._last.get(RejectReason(reason).value)
+
     def reject(self, reason: RejectReason, detail: str, peer: str | None = None) -> None:
         """Count one refusal of `reason`; log it unless this reason was logged recently."""
         reason = RejectReason(reason)
         self._counts[reason.value] = self._counts.get(reason.value, 0) + 1
+        self._last[reason.value] = detail
         now = self._clock()
         window = self._windows.get(reason.value)
         if window is not None and now - window[0] < self._interval:

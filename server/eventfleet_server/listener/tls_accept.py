@@ -74,6 +74,9 @@ def handshake_failure(error: BaseException, timeout: float) -> str:
     if isinstance(error, ConnectionAbortedError):  # the TLS layer's own timeout
         return f"no handshake within {timeout:g} s"
     detail = getattr(error, "reason", None) or str(error)
+    verify = getattr(error, "verify_message", None)  # why the peer's certificate failed
+    if verify:
+        detail = f"{detail} ({verify})"
     if not detail and isinstance(error, ConnectionResetError):
         detail = "closed by the client during the handshake"
     return f"{type(error).__name__}: {detail}"

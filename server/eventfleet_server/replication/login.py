@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from eventfleet_server.common.secretfile import read_secret_file
+
 LOGIN_FIELDS = ("app", "domain", "sip", "guid", "dn")
 
 log = logging.getLogger(__name__)
@@ -101,7 +103,9 @@ class Credentials:
         """Users from `users_file` (a JSON/YAML mapping sip -> password), one password
         for everyone from `password_file`, else the fleet token. Errors name the file."""
         users = _read_users(users_file) if users_file else {}
-        default = read_secret(password_file, "replication.password_file") if password_file else None
+        default = None
+        if password_file:
+            default = read_secret_file(password_file, "replication.password_file")
         if default is None and not users_file:
             default = token
         return cls(users, default, users_file)
@@ -127,16 +131,6 @@ def _read_users(users_file: str) -> dict[str, str]:
             "password strings"
         )
     return data
-
-
-def read_secret(path: str, what: str) -> str:
-    try:
-        text = pathlib.Path(path).read_text().strip()
-    except OSError as e:
-        raise ValueError(f"{what} {path}: cannot read: {e.strerror}") from e
-    if not text:
-        raise ValueError(f"{what} {path}: file is empty")
-    return text
 
 
 class Challenges:

@@ -89,7 +89,11 @@ class PublisherSession:
         peer: str,
         send: Callable[[dict[str, Any]], None],
         rejections: Rejections,
+        claim_session: Callable[[], bool] = lambda: True,
     ):
+        # Takes a session place once the login is good (listener/admission.py); False
+        # (refusal counted there) when the session budget is full.
+        self._claim_session = claim_session
         self._backend = backend
         self._credentials = credentials
         self._failed = failed_logins
@@ -170,6 +174,10 @@ class PublisherSession:
                 RejectReason.LOGIN_FAILED, f"sip={msg.get('sip')!r}: {e}", self._peer
             )
             self._send(codec.reply(msg, "AppLoginResult", ok=False, error=str(e)))
+            return
+        if not self._claim_session():
+            error = "too many replication sessions; retry later"
+            self._send(codec.reply(msg, "AppLoginResult", ok=False, error=error))
             return
         self.user = user
         log.info("replication login from %s as %r", self._peer, user)

@@ -23,10 +23,11 @@ from typing import Any
 
 import aiohttp
 
+from eventfleet_server.common.secretfile import read_secret_file
 from eventfleet_server.listener import Rejections, Tasks
 from eventfleet_server.replication import codec
 from eventfleet_server.replication.config import UpstreamConfig
-from eventfleet_server.replication.login import digest, read_secret
+from eventfleet_server.replication.login import digest
 from eventfleet_server.replication.outbox import Outbox
 from eventfleet_server.replication.publisher import WriteError
 from eventfleet_server.replication.table import Change, OwnWrites, row_key
@@ -100,7 +101,7 @@ class Upstream:
     async def start(self) -> None:
         cfg = self.config
         if cfg.password_file:
-            self._password = read_secret(
+            self._password = read_secret_file(
                 cfg.password_file, f"replication.upstreams[{cfg.name}].password_file"
             )
         elif self._token:

@@ -19,6 +19,7 @@ from eventfleet_server.listener import (
     Admission,
     Rejections,
     RejectReason,
+    Ticket,
     receive_text_frames,
 )
 from eventfleet_server.replication import codec
@@ -131,7 +132,8 @@ class ReplicationServer:
         peer = request.remote or "unknown"
         if self._stopping:
             return web.json_response({"error": "replica is stopping"}, status=503)
-        ticket = self._admission.admit(peer)
+        transport = request.transport
+        ticket = self._admission.admit(peer, evict=transport.abort if transport else None)
         if ticket is None:
             return web.json_response({"error": "too many replication connections"}, status=503)
         with ticket:
@@ -139,7 +141,7 @@ class ReplicationServer:
                 max_msg_size=self.config.max_message_size, heartbeat=HEARTBEAT, compress=False
             )
             await ws.prepare(request)
-            conn = _Connection(self, ws, peer, next(self._ids))
+            conn = _Connection(self, ws, peer, next(self._ids), ticket)
             self._connections.add(conn)
             try:
                 await conn.run()
@@ -150,7 +152,14 @@ class ReplicationServer:
 
 
 class _Connection:
-    def __init__(self, server: ReplicationServer, ws: web.WebSocketResponse, peer: str, n: int):
+    def __init__(
+        self,
+        server: ReplicationServer,
+        ws: web.WebSocketResponse,
+        peer: str,
+        n: int,
+        ticket: Ticket,
+    ):
         self._server = server
         self._ws = ws
         self.peer = peer
@@ -166,6 +175,7 @@ class _Connection:
             peer=peer,
             send=self._send,
             rejections=server._rejections,
+            claim_session=ticket.promote,
         )
         self._closing = False
 

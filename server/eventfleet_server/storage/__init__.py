@@ -1,21 +1,22 @@
 """Event storage: one SQLite (aiosqlite, WAL) database per replica.
 
-See `eventfleet_server.storage.db` for threading and `eventfleet_server.storage.schema`
-for tables, indexes and the SQL of every query.
+`eventfleet_server.storage.backend` owns the connections, threads and transactions;
+`eventfleet_server.storage.schema` lists the tables (one module each), the schema
+version and the migrations; `eventfleet_server.storage.queries` the Eventer queries.
 """
 
-from eventfleet_server.storage.db import (
-    CorruptStoreError,
+from eventfleet_server.storage.backend import (
     Retention,
-    SchemaVersionError,
+    SbsResult,
     Storage,
-    StorageError,
     StorageStats,
 )
+from eventfleet_server.storage.errors import CorruptStoreError, SchemaVersionError, StorageError
 
 __all__ = [
     "CorruptStoreError",
     "Retention",
+    "SbsResult",
     "SchemaVersionError",
     "Storage",
     "StorageError",

@@ -37,7 +37,7 @@ from typing import Any, NamedTuple
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventfleet_server.storage.db import Storage, _run
+from eventfleet_server.storage.backend import Storage, _run
 
 __all__ = [
     "END_METADATA_KEY",

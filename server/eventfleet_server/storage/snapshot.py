@@ -106,7 +106,8 @@ def inspect(path: pathlib.Path, *, quick_check: bool = True) -> SnapshotInfo:
             if problems:
                 raise SnapshotError(f"{path} is damaged (quick_check: {'; '.join(problems)[:300]})")
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version != schema.SCHEMA_VERSION:
+        # An older version the replica migrates on open is a sound store too.
+        if version not in (schema.SCHEMA_VERSION, *schema.MIGRATABLE):
             raise SnapshotError(
                 f"{path}: schema version {version} is not {schema.SCHEMA_VERSION} "
                 "(not an eventfleet store of this version)"

@@ -211,7 +211,7 @@ class SyncStream:
                 raise
             t = msg.type
             if t == protocol.EVENTS:
-                events = protocol.decode_events(msg.data, self.server_id)
+                events, elements = protocol.decode_events_sbs(msg.data, self.server_id)
                 now = time.time()
                 stats.received_events += len(events)
                 if not stats.synced:
@@ -222,7 +222,7 @@ class SyncStream:
                 stats.last_event_id = last.id
                 stats.last_received_at = now
                 stats.last_event_age = max(0.0, now - timestamp_to_us(last.timestamp) / 1e6)
-                await merger.put(owner, events)
+                await merger.put(owner, events, elements)
             elif t == protocol.SYNCED:
                 if stats.synced:
                     raise ProtocolError("second MsgSynced")

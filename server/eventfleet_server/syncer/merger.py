@@ -41,11 +41,18 @@ class MergeOwner:
 
 
 class _Item:
-    __slots__ = ("events", "future", "owner")
+    __slots__ = ("events", "future", "owner", "sbs")
 
-    def __init__(self, owner: MergeOwner, events: list[Event] | None, future=None):
+    def __init__(
+        self,
+        owner: MergeOwner,
+        events: list[Event] | None,
+        future=None,
+        sbs: list[bytes] | None = None,
+    ):
         self.owner = owner
         self.events = events
+        self.sbs = sbs  # the events' SBS bytes as received, or None (encoded on merge)
         self.future = future
 
 
@@ -95,14 +102,17 @@ class Merger:
                 item.future.set_exception(ConnectionError("merger stopped"))
         self._queue.clear()
 
-    async def put(self, owner: MergeOwner, events: list[Event]) -> None:
+    async def put(
+        self, owner: MergeOwner, events: list[Event], sbs: list[bytes] | None = None
+    ) -> None:
         """Queue `events` (one session) for merging; waits while the queue is full.
+        `sbs`: their SBS bytes as received (stored as they are).
 
         Waiting here stops the stream from reading, so TCP pushes back on the peer.
         """
         while not self._room.is_set():
             await self._room.wait()
-        self._queue.append(_Item(owner, events))
+        self._queue.append(_Item(owner, events, sbs=sbs))
         self._queued_events += len(events)
         owner.pending += len(events)
         if self._queued_events >= self._max_queued:
@@ -140,9 +150,12 @@ class Merger:
     async def _merge(self, batch: list[_Item]) -> None:
         items = [i for i in batch if i.events and i.owner.error is None]
         events = [e for i in items for e in i.events]
+        sbs: list[bytes] | None = None
+        if all(i.sbs is not None for i in items):
+            sbs = [b for i in items for b in i.sbs]  # type: ignore[union-attr]
         try:
             try:
-                inserted = await self._engine.merge(events) if events else []
+                inserted = await self._engine.merge(events, sbs) if events else []
                 for item in items:
                     item.owner.committed += len(item.events)  # upper bound: dupes count too
             except StorageError as e:
@@ -151,7 +164,7 @@ class Merger:
                 inserted = []
                 for item in items:
                     try:
-                        inserted += await self._engine.merge(item.events)
+                        inserted += await self._engine.merge(item.events, item.sbs)
                     except StorageError as err:
                         item.owner.fail(err)
             if inserted and self._committed_cb:

@@ -4,7 +4,9 @@ Per connection: ``MsgInitReq`` → ``MsgInitRes`` at once; history after ``lastE
 in ``MsgEvents`` (one session each, ascending ids); ``MsgSynced``; then what was
 committed meanwhile (buffered since the init) and live events. Only committed events
 are ever sent: the engine listener is used with ``persisted=True`` only, and history
-comes from storage. See docs/syncer.md.
+comes from storage. Every ``MsgEvents`` is an SBS array joined from the events'
+stored bytes (the engine's and the storage's ``sbs``): nothing is encoded here and the
+history builds no object per event. See docs/syncer.md.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 from eventfleet_server import chatter
 from eventfleet_server.chatter import ChatterListener, InitRejected
-from eventfleet_server.common.model import Event, EventId, Status
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import Event, Status
 from eventfleet_server.engine import Engine
 from eventfleet_server.listener import (
     AdmissionLimits,
@@ -121,7 +124,7 @@ class SyncerServer:
         return [s.describe() for s in self.sessions()]
 
     async def start(self) -> None:
-        self._unsubscribe = self._engine.add_listener(self._on_events)
+        self._unsubscribe = self._engine.add_sbs_listener(self._on_events)
         await self._listener.start()
         log.info("syncer listening on port %s", self.port)
 
@@ -163,28 +166,29 @@ class SyncerServer:
 
     # -- fan-out of committed events ---------------------------------------------------------
 
-    def _on_events(self, events: list[Event], persisted: bool) -> None:
+    def _on_events(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
         if not persisted:
             return  # peers only ever get committed events
         if not self._sessions.get(events[0].id.server):
             return
         if not self._fanout and len(events) <= FANOUT_SLICE:
-            self._deliver(events)
+            self._deliver(events, sbs)
             return
-        self._fanout.append(events)
+        self._fanout.append((events, sbs))
         if len(self._fanout) == 1:
             self._fanout_tasks.spawn("slices", self._fanout_loop(), critical=False)
 
     async def _fanout_loop(self) -> None:
         while self._fanout:
-            events = self._fanout[0]
+            events, sbs = self._fanout[0]
             for start in range(0, len(events), FANOUT_SLICE):
                 # Each slice is one MsgEvents of one session (a part of it), in order.
-                self._deliver(events[start : start + FANOUT_SLICE])
+                end = start + FANOUT_SLICE
+                self._deliver(events[start:end], sbs[start:end])
                 await asyncio.sleep(0)
             self._fanout.popleft()
 
-    def _deliver(self, events: list[Event]) -> None:
+    def _deliver(self, events: list[Event], sbs: list[bytes]) -> None:
         sessions = self._sessions.get(events[0].id.server)
         if not sessions:
             return
@@ -193,15 +197,23 @@ class SyncerServer:
         for session in list(sessions):
             if last <= session.req.last_event_id.instance:
                 continue  # all at or below what the client already holds
-            selected = session.select(events)
+            selected, selected_sbs = session.select(events, sbs)
             if not selected:
                 continue
-            if len(selected) == len(events):
-                if encoded_all is None:
-                    encoded_all = protocol.encode_events(events)
-                session.on_live(selected, encoded_all)
-            else:
-                session.on_live(selected, None)
+            if len(selected) == len(events) and encoded_all is None:
+                encoded_all = codec.events_array(sbs)
+            try:
+                session.on_live(
+                    selected, selected_sbs, encoded_all if len(selected) == len(events) else None
+                )
+            except Exception as e:
+                # One peer's failure (a transport closed under us: uvloop raises
+                # RuntimeError, not ConnectionError) must not cost the other peers these
+                # events: they would be missing, with later ones held, for good. This
+                # peer is closed; it reconnects and resumes after its last held id.
+                log.warning("syncer client %s: live send failed, closing: %r", session.label, e)
+                with contextlib.suppress(Exception):
+                    session.conn.close(f"syncer client {session.label}: live send failed: {e!r}")
 
     # -- connections -------------------------------------------------------------------------
 
@@ -286,7 +298,7 @@ class _Session:
         self.last_sent = req.last_event_id.instance
         self.connected_at = time.time()
         self._limits = server._limits
-        self._buffer: deque[list[Event]] = deque()
+        self._buffer: deque[tuple[list[Event], list[bytes]]] = deque()
         self._buffered = 0
         self._flushes: dict[chatter.Conversation, asyncio.Future] = {}
 
@@ -300,29 +312,31 @@ class _Session:
             "last_sent_instance": self.last_sent,
         }
 
-    def select(self, events: list[Event]) -> list[Event]:
+    def select(self, events: list[Event], sbs: list[bytes]) -> tuple[list[Event], list[bytes]]:
+        """The subscribed events and their bytes (`sbs`, aligned with `events`)."""
         sub = self.req.subscription
         if sub.matches_all:
-            return events
+            return events, sbs
         if sub.is_empty:
-            return []
-        return [e for e in events if sub.matches(e.type)]
+            return [], []
+        keep = [i for i, e in enumerate(events) if sub.matches(e.type)]
+        return [events[i] for i in keep], [sbs[i] for i in keep]
 
     # -- live ------------------------------------------------------------------------------
 
-    def on_live(self, events: list[Event], encoded: bytes | None) -> None:
+    def on_live(self, events: list[Event], sbs: list[bytes], encoded: bytes | None) -> None:
         if self.conn.is_closed:
             return
         floor = self.req.last_event_id.instance
         if events[0].id.instance <= floor:
             # The client asked for ids above `lastEventId` only: it holds these (a
             # relayed older event, or our own events echoed back by a merge).
-            events = [e for e in events if e.id.instance > floor]
+            events, sbs = _above(events, sbs, floor)
             encoded = None
             if not events:
                 return
         if not self.live:
-            self._buffer.append(events)
+            self._buffer.append((events, sbs))
             self._buffered += len(events)
             if self._buffered > self._limits.max_buffered_events:
                 self._drop(
@@ -330,7 +344,7 @@ class _Session:
                     f"(limit {self._limits.max_buffered_events})"
                 )
             return
-        self._send(events, encoded)
+        self._send(sbs, events[-1].id.instance, encoded)
         if self.conn.write_buffer_size > self._limits.max_write_buffer:
             self._drop(
                 f"not reading, {self.conn.write_buffer_size} bytes unsent "
@@ -349,14 +363,16 @@ class _Session:
             abort=True,
         )
 
-    def _send(self, events: list[Event], encoded: bytes | None = None) -> None:
-        data = encoded if encoded is not None else protocol.encode_events(events)
+    def _send(self, sbs: list[bytes], last_instance: int, encoded: bytes | None = None) -> None:
+        """One MsgEvents of one session: the stored bytes `sbs` joined behind their count
+        (or `encoded`, that message already joined); `last_instance` is its last id."""
+        data = encoded if encoded is not None else codec.events_array(sbs)
         try:
             self.conn.send(protocol.EVENTS, data)
         except ConnectionError:
             return
-        self.sent_events += len(events)
-        self.last_sent = max(self.last_sent, events[-1].id.instance)
+        self.sent_events += len(sbs)
+        self.last_sent = max(self.last_sent, last_instance)
 
     # -- flush -----------------------------------------------------------------------------
 
@@ -416,41 +432,52 @@ class _Session:
         storage = self.server._engine.storage
         page_size = self._limits.history_page
         after = self.req.last_event_id.instance
-        group: list[Event] = []  # held back: the next page may continue its session
+        sub = self.req.subscription
+        wanted: dict[int, bool] = {}  # type id -> subscribed (only for a partial subscription)
+        group: list[bytes] = []  # held back: the next page may continue its session
+        group_session = group_last = 0
         started = time.monotonic()
         loop = asyncio.get_running_loop()
 
         def read(after: int) -> asyncio.Task:
-            return loop.create_task(
-                storage.read_server(self.server_id, EventId(self.server_id, 0, after), page_size)
-            )
+            return loop.create_task(storage.read_server_stream(self.server_id, after, page_size))
 
-        # The next page is read (storage's reader thread) while this one is encoded and
-        # sent (event loop): catch-up throughput is the slower of the two, not the sum.
+        # The next page is read (storage's reader thread) while this one is sent (event
+        # loop): catch-up throughput is the slower of the two, not the sum. Rows are
+        # (session, instance, type id, stored bytes): one MsgEvents per session.
         pending: asyncio.Task | None = read(after)
         try:
             while pending is not None:
                 page = await pending
-                pending = read(page[-1].id.instance) if len(page) == page_size else None
-                for e in self.select(page):
-                    if group and group[0].id.session != e.id.session:
-                        self._send(group)
+                pending = read(page[-1][1]) if len(page) == page_size else None
+                if sub.is_empty:
+                    continue
+                for session, instance, type_id, sbs in page:
+                    if not sub.matches_all:
+                        ok = wanted.get(type_id)
+                        if ok is None:
+                            ok = wanted[type_id] = sub.matches(storage.type_of(type_id))
+                        if not ok:
+                            continue
+                    if group and group_session != session:
+                        self._send(group, group_last)
                         group = []
-                    group.append(e)
+                    group_session, group_last = session, instance
+                    group.append(sbs)
                 await self._drain()
         finally:
             if pending is not None:
                 pending.cancel()
         if group:
-            self._send(group)
+            self._send(group, group_last)
         self.conn.send(protocol.SYNCED, protocol.encode_none())
         history = self.sent_events
         # Committed after the init: sent now, after MsgSynced. Those also read as
         # history (committed between the listener and the read) are skipped.
         while self._buffer:
-            events = [e for e in self._buffer.popleft() if e.id.instance > self.last_sent]
+            events, sbs = _above(*self._buffer.popleft(), self.last_sent)
             if events:
-                self._send(events)
+                self._send(sbs, events[-1].id.instance)
         self._buffered = 0
         self.live = True
         self.synced.set_result(None)
@@ -486,3 +513,9 @@ class _Session:
                 f"{label}: unexpected message {msg.type!r}",
             )
             return
+
+
+def _above(events: list[Event], sbs: list[bytes], floor: int) -> tuple[list[Event], list[bytes]]:
+    """The events (and their bytes) with instance above `floor`."""
+    keep = [i for i, e in enumerate(events) if e.id.instance > floor]
+    return [events[i] for i in keep], [sbs[i] for i in keep]

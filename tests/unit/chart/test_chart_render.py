@@ -272,6 +272,7 @@ def test_packaged_chart_renders_the_same_as_the_directory(home, tmp_path, defaul
         "--include-crds",
         "--kube-version",
         KUBE_VERSION,
+        "--skip-tests",
     ).stdout
     assert [d for d in yaml.safe_load_all(out) if d] == default_docs
 

@@ -129,6 +129,11 @@ BAD_VALUES = [
     ("metrics.serviceMonitor.interval=soon", "/metrics/serviceMonitor/interval"),
     ("podDisruptionBudget.minAvailable=lots", "/podDisruptionBudget/minAvailable"),
     ("resources.requests.gpu[0]=1", "/resources/requests/gpu"),
+    # Wrong types: the schema names the key, what it got and what it wants.
+    ("replicaCount=one", "at '/replicaCount': got string, want integer"),
+    ("operator.allNamespaces=yes", "at '/operator/allNamespaces': got string, want boolean"),
+    ("image.tag[0]=x", "at '/image/tag': got array, want string"),
+    ("commonLabels.team.name=a", "/commonLabels/team"),
     # Cross-field rules the schema cannot express are enforced by the templates.
     ("metrics.serviceMonitor.enabled=true", "needs metrics.enabled"),
     ("metrics.enabled=true,metrics.port=8080", "must differ"),
@@ -148,11 +153,23 @@ def test_chart_metadata_matches_the_package_and_the_crd():
     # Images are tagged with the package version, and the chart's default operator image
     # is `eventfleet/operator:<appVersion>`: the two must name the same release.
     assert chart["appVersion"] == project["version"]
-    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
-    (storage,) = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
-    (listed,) = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
-    assert (listed["name"], listed["kind"], listed["version"]) == (
-        crd["metadata"]["name"],
-        crd["spec"]["names"]["kind"],
-        storage,
-    )
+    # Artifact Hub lists every CRD the chart installs, at its storage version.
+    expected = []
+    for path in sorted((REPO / "crds").glob("*.yaml")):
+        crd = yaml.safe_load(path.read_text())
+        (storage,) = [v["name"] for v in crd["spec"]["versions"] if v.get("storage")]
+        expected.append((crd["metadata"]["name"], crd["spec"]["names"]["kind"], storage))
+    listed = yaml.safe_load(chart["annotations"]["artifacthub.io/crds"])
+    assert sorted((c["name"], c["kind"], c["version"]) for c in listed) == sorted(expected)
+    # ... and the images a release runs, at the release's version.
+    images = yaml.safe_load(chart["annotations"]["artifacthub.io/images"])
+    assert {i["image"] for i in images} == {
+        f"eventfleet/{name}:{project['version']}" for name in ("operator", "server", "spark")
+    }
+
+
+def test_lint_refuses_a_wrong_typed_value(home):
+    # `helm lint` (what a chart CI runs) checks the values against the schema as well.
+    proc = helm(home, "lint", str(CHART), "--set", "replicaCount=one", check=False)
+    assert proc.returncode != 0
+    assert "at '/replicaCount': got string, want integer" in proc.stdout + proc.stderr

@@ -104,3 +104,71 @@ def test_every_repository_path_mentioned_exists():
             if "*" in ref or not (REPO / ref).exists():
                 missing.add(f"{path.relative_to(REPO)}: {ref}")
     assert missing == set()
+
+
+def _table_names(text: str) -> set[str]:
+    """The backquoted names that open a row of a Markdown table."""
+    return set(re.findall(r"^\| `([A-Za-z]+)` \|", text, re.M))
+
+
+def test_reference_tables_name_every_condition_and_phase():
+    """A condition or phase the operator writes is explained where users look it up."""
+    from eventfleet_operator.constants import ConditionType, Phase
+
+    conditions = {c.value for c in ConditionType}
+    for doc in (DOCS / "runbook.md", DOCS / "operator.md"):
+        missing = conditions - _table_names(doc.read_text())
+        assert missing == set(), f"{doc.name}: no table row for the conditions {missing}"
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    status = crd_version_schema(crd, "v1")["properties"]["status"]["properties"]
+    runbook = (DOCS / "runbook.md").read_text()
+    (runbook_phases,) = re.findall(r"^`phase` \(([^)]*)\)", runbook, re.M)
+    for where, text in (
+        ("CRD status.phase", status["phase"]["description"]),
+        ("runbook", runbook_phases),
+    ):
+        missing = [p.value for p in Phase if p.value not in text]
+        assert missing == [], f"{where} does not name the phases {missing}"
+
+
+@pytest.mark.parametrize("page", ["replication.md", "jetstream.md"])
+def test_documented_http_from_admits_websocket_clients(page):
+    """The NetworkPolicy example where websocket users look is a valid EventServer, and
+    the policy the operator builds from it admits those sources to the HTTP port."""
+    from eventfleet_operator import builders, model
+
+    crd = yaml.safe_load((REPO / "crds" / "eventfleet.io_eventservers.yaml").read_text())
+    (doc,) = [
+        d
+        for block in _blocks(DOCS / page, "yaml")
+        for d in yaml.safe_load_all(block)
+        if isinstance(d, dict) and "networkPolicy" in (d.get("spec") or {})
+    ]
+    jsonschema.validate(doc, structural_to_jsonschema(crd_version_schema(crd, "v1")))
+    sources = doc["spec"]["networkPolicy"]["http"]["from"]
+    spec = model.parse("events", "prod", doc["spec"], uid="u")
+    policy = builders.network_policy(spec, {"podSelector": {"matchLabels": {"app": "op"}}})
+    http_port = spec.ports.http
+    (http_rule,) = [
+        r for r in policy["spec"]["ingress"] if {"protocol": "TCP", "port": http_port} in r["ports"]
+    ]
+    assert all(source in http_rule["from"] for source in sources)
+
+
+def test_chart_readme_quick_install_puts_the_fleet_where_the_operator_watches(tmp_path):
+    """Installed without watch settings, the operator watches only its release
+    namespace: the example must be applied (and waited for) there."""
+    # The first install block is the quick install (later ones install the package).
+    block = next(b for b in _blocks(CHART / "README.md", "sh") if "helm install" in b)
+    lines = [line for line in block.splitlines() if line.strip()]
+    (install,) = [line for line in lines if line.startswith("helm install")]
+    release_ns = re.search(r"(?:-n|--namespace)[ =](\S+)", install).group(1)
+    assert "watchNamespaces" not in install and "allNamespaces" not in install
+    # What the chart renders for that install: the operator's --namespace argument.
+    docs = render(tmp_path, namespace=release_ns, release="eventfleet-operator")
+    (container,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    watched = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--namespace=")]
+    assert watched == [release_ns], container["args"]
+    for line in lines:
+        if line.startswith(("kubectl apply", "kubectl wait")):
+            assert re.search(rf"(?:-n|--namespace)[ =]{re.escape(release_ns)}\b", line), line

@@ -109,6 +109,15 @@ FULL_SPEC: dict[str, Any] = {
         "serviceAccountName": "spark-driver",
         "driver": {"cores": 2, "memory": "1g"},
         "executor": {"instances": 3, "cores": 2, "memory": "2g"},
+        "sparkConf": {"spark.jars.packages": "org.apache.hadoop:hadoop-aws:3.4.1"},
+        "hadoopConf": {"fs.s3a.endpoint": "http://minio.storage:9000"},
+        "env": [
+            {
+                "name": "AWS_ACCESS_KEY_ID",
+                "valueFrom": {"secretKeyRef": {"name": "s3", "key": "access-key-id"}},
+            },
+            {"name": "AWS_REGION", "value": "eu-central-1"},
+        ],
     },
     "nodeSelector": {"disktype": "ssd"},
     "tolerations": [

@@ -79,6 +79,39 @@ def test_service_monitor_is_valid_against_prometheus_operator_crd(any_spec):
     validate_k8s_meta(doc)
 
 
+@pytest.mark.parametrize("tls", [{"enabled": True}, {"enabled": True, "http": True}])
+def test_service_monitor_scrapes_https_with_the_fleet_ca_when_the_http_port_has_tls(tls):
+    # With TLS on the HTTP port the port speaks HTTPS only: an `http` scrape fails and
+    # every replica alert goes quiet.
+    schema = k8s_schema.external_crd("monitoring.coreos.com_servicemonitors.yaml")
+    spec = fleet({"tls": tls, "monitoring": {"serviceMonitor": {"enabled": True}}})
+    doc = builders.service_monitor(spec)
+    assert k8s_schema.errors(schema, doc) == []
+    (endpoint,) = doc["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "ca": {"secret": {"name": naming.tls_secret("demo"), "key": "ca.crt"}},
+        "serverName": "demo.events.svc",
+    }
+    # The name Prometheus checks is one the fleet certificate carries.
+    assert endpoint["tlsConfig"]["serverName"] in naming.tls_names("demo", "events")
+    # ... and the CA key is one the replicas mount from the same Secret.
+    sts = builders.statefulset(spec, replicas=1, config_hash="x")
+    (tls_volume,) = [v for v in sts["spec"]["template"]["spec"]["volumes"] if v["name"] == "tls"]
+    assert tls_volume["secret"]["secretName"] == naming.tls_secret("demo")
+    assert {"key": "ca.crt", "path": "ca.crt"} in tls_volume["secret"]["items"]
+
+
+@pytest.mark.parametrize("tls", [{}, {"enabled": False}, {"enabled": True, "http": False}])
+def test_service_monitor_scrapes_plain_http_when_the_http_port_has_no_tls(tls):
+    schema = k8s_schema.external_crd("monitoring.coreos.com_servicemonitors.yaml")
+    doc = builders.service_monitor(fleet({"tls": tls}))
+    assert k8s_schema.errors(schema, doc) == []
+    (endpoint,) = doc["spec"]["endpoints"]
+    assert endpoint["scheme"] == "http"
+    assert "tlsConfig" not in endpoint
+
+
 def validate_k8s_meta(doc):
     # Custom resources' metadata is plain ObjectMeta: validate it via a ConfigMap wrapper.
     validate_k8s({"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]})

@@ -49,7 +49,11 @@ async def test_hibernate_flushes_every_pair_then_scales_to_zero_and_wake_restore
     flushes = {(c[1], c[2]) for c in h.replicas.calls if c[0] == "flush"}
     assert flushes == {(i, f"demo-{j}") for i in range(3) for j in range(3) if i != j}
     assert h.sts()["spec"]["replicas"] == 0
-    h.kube.objects[("StatefulSet", "ns", "demo")]["status"] = {"replicas": 0, "readyReplicas": 0}
+    h.kube.objects[("StatefulSet", "ns", "demo")]["status"] = {
+        "replicas": 0,
+        "readyReplicas": 0,
+        "observedGeneration": h.sts()["metadata"]["generation"],
+    }
     status = await h.run()
     assert status["phase"] == "Hibernated"
     assert h.condition("Hibernated")["status"] == "True"

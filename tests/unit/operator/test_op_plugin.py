@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 
 import pytest
+import yaml
 from eventfleet_operator import plugin
 
 ES = {
@@ -171,3 +176,159 @@ def test_backup_creates_an_on_demand_eventserverbackup_and_waits_for_it():
 def test_backup_of_a_fleet_without_spec_backup_is_refused():
     with pytest.raises(plugin.PluginError, match=r"no spec\.backup"):
         run(FakeApi(ES), "backup", "demo")
+
+
+# ---------------------------------------------------------------- first contact
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-n", "prod", "status", "demo"],
+        ["status", "demo", "-n", "prod"],
+        ["status", "-n", "prod", "demo"],
+        ["--namespace", "prod", "status", "demo", "-o", "json"],
+        ["status", "demo", "--namespace=prod"],
+    ],
+)
+def test_namespace_is_accepted_in_any_position(argv):
+    args = plugin.parser().parse_args(argv)
+    assert (args.namespace, args.name) == ("prod", "demo")
+
+
+def test_options_after_the_command_win_and_absent_ones_keep_the_earlier_value():
+    args = plugin.parser().parse_args(["--context", "c1", "-n", "a", "flush", "demo", "-n", "b"])
+    assert (args.context, args.namespace, args.kubeconfig) == ("c1", "b", None)
+    assert plugin.parser().parse_args(["status", "demo"]).namespace is None
+
+
+def test_backup_wait_prints_each_phase_as_it_changes(capsys):
+    es = json.loads(json.dumps(ES))
+    es["spec"]["backup"] = {"s3": {"bucket": "bkt"}}
+    api = FakeApi(es)
+    answers = iter(
+        [
+            {},
+            {"phase": "Pending", "attempts": 1, "error": "1: not ready"},
+            {"phase": "Pending", "attempts": 1, "error": "1: not ready"},
+            {"phase": "Running", "replica": "demo-1", "attempts": 2},
+            {"phase": "Completed", "replica": "demo-1", "bucket": "bkt", "objectKey": "k",
+             "digest": {"events": 1, "size": 1, "sha256": "00"}},
+        ]
+    )  # fmt: skip
+    api.create_backup = lambda namespace, body: body
+    api.get_backup = lambda namespace, name: {"status": next(answers)}
+    out = run(api, "backup", "demo", "--wait", "--backup-name", "b1", "--timeout", "30")
+    assert "b1 completed from demo-1" in out
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "eventserverbackup/b1 created; waiting up to 30 s"
+    # One line per change (the repeated Pending answer adds none), as it happens.
+    assert [line.split(": ", 1)[1] for line in err[1:]] == [
+        "not picked up by the operator yet",
+        "Pending attempt 1 (1: not ready)",
+        "Running from demo-1 attempt 2",
+        "Completed from demo-1",
+    ]
+
+
+def test_flush_says_at_once_what_it_waits_for(capsys):
+    api = FakeApi(ES)
+
+    def patch(namespace, name, body):
+        token = body["metadata"]["annotations"]["eventfleet.io/flush"]
+        api.es["status"]["lastFlush"] = {"requested": token, "result": "Verified", "message": "ok"}
+
+    api.patch = patch
+    run(api, "flush", "demo", "--timeout", "7")
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("flush requested (eventfleet.io/flush=")
+    assert line.endswith("waiting up to 7 s")
+
+
+def _plugin(env_extra: dict, *argv: str, prelude: str = "") -> subprocess.CompletedProcess:
+    """The real ``kubectl-eventfleet`` entry point in a fresh interpreter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "EVENTFLEET_"))}
+    env.update(env_extra)
+    code = f"{prelude}import sys; from eventfleet_operator import plugin; sys.exit(plugin.main())"
+    return subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def _one_line_error(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 1, result
+    assert "Traceback" not in result.stderr, result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: ")
+    return line
+
+
+def test_no_kubeconfig_is_one_line_with_what_to_do(tmp_path):
+    line = _one_line_error(
+        _plugin({"HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}, "status", "demo")
+    )
+    assert "no Kubernetes credentials" in line and "KUBECONFIG" in line
+
+
+def test_a_kubeconfig_that_does_not_exist_is_named(tmp_path):
+    missing = tmp_path / "kc.yaml"
+    line = _one_line_error(
+        _plugin({"HOME": str(tmp_path)}, "--kubeconfig", str(missing), "status", "demo")
+    )
+    assert f"--kubeconfig {missing}" in line
+
+
+def test_an_unreachable_api_server_is_one_line_with_its_cause(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": {"server": f"https://127.0.0.1:{port}"}}],
+                    "users": [{"name": "u", "user": {"token": "t"}}],
+                    "contexts": [
+                        {"name": "x", "context": {"cluster": "c", "user": "u", "namespace": "ns"}}
+                    ],
+                    "current-context": "x",
+                }
+            )
+        )
+        result = _plugin({"HOME": str(tmp_path), "KUBECONFIG": str(kubeconfig)}, "status", "demo")
+    line = _one_line_error(result)
+    assert f"cannot reach the Kubernetes API server https://127.0.0.1:{port}" in line
+    assert "ConnectionRefusedError" in line or "Connection refused" in line, line
+    assert "kubectl cluster-info" in line
+
+
+def test_without_the_kubernetes_package_it_says_how_to_install_it(tmp_path):
+    # A `None` entry in sys.modules is how Python spells "this module cannot be imported".
+    prelude = "import sys; sys.modules['kubernetes'] = None; "
+    result = _plugin({"HOME": str(tmp_path)}, "status", "demo", prelude=prelude)
+    line = _one_line_error(result)
+    assert "'kubernetes'" in line and "eventfleet[operator]" in line
+
+
+def test_api_errors_tell_a_missing_object_from_a_missing_crd():
+    from kubernetes.client import ApiException
+
+    def error(status, body):
+        e = ApiException(status=status, reason="Not Found")
+        e.body = json.dumps(body)
+        return e
+
+    missing = error(404, {"message": 'eventservers.eventfleet.io "x" not found',
+                          "details": {"name": "x", "kind": "eventservers"}})  # fmt: skip
+    assert plugin._api_error(missing, "ns", "x") == 'eventserver "x" not found in namespace "ns"'
+    no_crd = error(404, {"message": "the server could not find the requested resource"})
+    assert "install the eventfleet CRDs" in plugin._api_error(no_crd, "ns", "x")
+    forbidden = error(403, {"message": "eventservers is forbidden: User u cannot get"})
+    assert "lacks the right" in plugin._api_error(forbidden, "ns", "x")

@@ -134,9 +134,15 @@ class Fleet:
                             "annotations": dict(template["metadata"]["annotations"]),
                         },
                         "spec": copy.deepcopy(template["spec"]),
+                        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
                     }
                 )
-        sts["status"] = {"replicas": self.n, "readyReplicas": self.n}
+        # As the StatefulSet controller reports once it has acted on the current spec.
+        sts["status"] = {
+            "replicas": self.n,
+            "readyReplicas": self.n,
+            "observedGeneration": sts["metadata"]["generation"],
+        }
         self.h.kube.objects[("StatefulSet", "ns", "demo")]["status"] = sts["status"]
 
     def all_ready(self, broken=()):

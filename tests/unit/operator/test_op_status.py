@@ -154,3 +154,54 @@ def test_the_outcome_of_the_last_scale_down_stays_until_the_next_one():
         "ScaleDownVerified",
         "scaled to 2",
     )
+
+
+def pod(ready=True, terminating=False):
+    meta = {"deletionTimestamp": "2026-11-26T18:39:29Z"} if terminating else {}
+    return {
+        "metadata": meta,
+        "status": {"conditions": [{"type": "Ready", "status": "True" if ready else "False"}]},
+    }
+
+
+def test_ready_is_false_while_the_statefulset_status_is_of_an_older_generation():
+    # Right after a wake (0 -> 3) the StatefulSet still shows the counts of before.
+    sts = {
+        "metadata": {"generation": 7},
+        "spec": {"replicas": 3},
+        "status": {"replicas": 3, "readyReplicas": 3, "observedGeneration": 6},
+    }
+    s = st.build(obs(statefulset=sts), None, now="T0")
+    ready = cond(s, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "StatefulSetStatusStale")
+    assert "generation 7" in ready["message"] and "generation 6" in ready["message"]
+    sts["status"]["observedGeneration"] = 7
+    assert cond(st.build(obs(statefulset=sts), None, now="T1"), "Ready")["status"] == "True"
+
+
+def test_terminating_or_unready_pods_do_not_count_as_ready():
+    # The StatefulSet's readyReplicas still counts pods that are shutting down.
+    pods = {0: pod(terminating=True), 1: pod(), 2: pod(ready=False)}
+    s = st.build(obs(pods=st.PodCounts.of(pods, 3)), None, now="T0")
+    assert s["readyReplicas"] == 1
+    ready = cond(s, "Ready")
+    assert (ready["status"], ready["reason"]) == ("False", "ReplicasNotReady")
+    assert s["phase"] == "Degraded"
+    pods = {i: pod() for i in range(3)}
+    s = st.build(obs(pods=st.PodCounts.of(pods, 3)), None, now="T1")
+    assert (s["readyReplicas"], cond(s, "Ready")["status"]) == (3, "True")
+
+
+def test_hibernated_only_once_no_pod_is_left():
+    sts = {
+        "metadata": {"generation": 4},
+        "spec": {"replicas": 0},
+        "status": {"replicas": 0, "observedGeneration": 4},
+    }
+    still = st.PodCounts.of({0: pod(terminating=True)}, 0)
+    s = st.build(obs(statefulset=sts, hibernate=True, pods=still), None, now="T0")
+    assert cond(s, "Hibernated")["status"] == "False"
+    assert s["phase"] != "Hibernated"
+    s = st.build(obs(statefulset=sts, hibernate=True, pods=st.PodCounts.of({}, 0)), None, "T1")
+    assert cond(s, "Hibernated")["status"] == "True"
+    assert s["phase"] == "Hibernated"

@@ -1,4 +1,10 @@
-"""Event storage on SQLite through aiosqlite.
+"""Event storage on SQLite through aiosqlite: the backend that owns the connections
+and the transactions; the tables are modules of their own (see `schema`).
+
+Transactions: every change goes through `Storage._transaction` (BEGIN IMMEDIATE,
+COMMIT, ROLLBACK on any error, a failed SQLite call raised as `StorageError` naming
+the file and the operation) — schema creation, migration, event writes, event keys
+and retention alike.
 
 Threads and connections: two aiosqlite connections to one WAL database, each with its
 own thread. The *writer* runs `write` and `enforce_retention`; the *reader* runs every
@@ -30,88 +36,60 @@ import asyncio
 import contextlib
 import json
 import logging
-import math
 import os
 import pathlib
 import sqlite3
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import aiosqlite
 
 from eventfleet_server.common.model import (
     Event,
     EventId,
-    EventPayloadBinary,
-    EventPayloadJson,
     EventType,
-    Order,
-    OrderBy,
     QueryLatestParams,
     QueryResult,
     QueryServerParams,
     QueryTimeseriesParams,
-    Timestamp,
-    timestamp_to_us,
 )
-from eventfleet_server.common.subscription import Subscription
-from eventfleet_server.storage import schema
+from eventfleet_server.storage import (
+    event_keys,
+    event_types,
+    events,
+    last_ids,
+    latest,
+    queries,
+    schema,
+    state,
+)
+from eventfleet_server.storage.errors import (
+    RESTORE_HINT,
+    CorruptStoreError,
+    SchemaVersionError,
+    StorageError,
+)
 
-__all__ = ["Retention", "Storage", "StorageError", "StorageStats"]
+__all__ = [
+    "CorruptStoreError",
+    "Retention",
+    "SbsResult",
+    "SchemaVersionError",
+    "Storage",
+    "StorageError",
+    "StorageStats",
+]
 
 _T = TypeVar("_T")
 _US = 1_000_000
-_MIN_I64 = -(1 << 63)
-_MAX_I64 = (1 << 63) - 1
 _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
-_KIND_NONE, _KIND_BINARY, _KIND_JSON = 0, 1, 2
-# Up to this many matching types a timeseries query merges per-type index scans;
-# beyond it, it scans the timestamp index and filters by type id.
-_MERGE_MAX_TYPES = 32
 # Small enough that an inline chunk blocks the event loop only for milliseconds.
 _RETENTION_CHUNK = 2_000
 _CHECKPOINT_INTERVAL = 0.5  # seconds between PASSIVE checkpoints when inline writes are on
 
 log = logging.getLogger(__name__)
-_EXPANSION_CACHE = 256
-
-
-class StorageError(Exception):
-    """A write or the database failed; the message names the bad event or value."""
-
-
-class CorruptStoreError(StorageError):
-    """The database file failed its integrity check at start (one line: the file, what
-    is wrong, what to do)."""
-
-
-class SchemaVersionError(StorageError):
-    """The database file has a storage schema version this replica does not know (one
-    line: the file and both versions). Raised before anything in the file changes."""
-
-    def __init__(self, path: object, found: int, known: int) -> None:
-        self.found, self.known = found, known
-        if found > known:
-            text = (
-                f"{path}: storage schema version {found} is newer than this replica's "
-                f"{known} (the store was written by a newer eventfleet): run that version "
-                "or a newer one; a downgrade across storage schema versions is not supported"
-            )
-        else:
-            text = (
-                f"{path}: storage schema version {found} is older than this replica's "
-                f"{known} and no migration from it exists: run the eventfleet version that "
-                "wrote it, or restore the replica from a peer (docs/runbook.md, 'Restore')"
-            )
-        super().__init__(text)
-
-
-RESTORE_HINT = (
-    "stop this replica, move the file aside and restore the replica from a peer "
-    "(docs/runbook.md, 'Restore')"
-)
 
 # Batches above this many events are written on the writer thread even in inline mode,
 # so that one large register request never holds the event loop for the whole insert.
@@ -146,58 +124,16 @@ class StorageStats:
     last_seq: int
 
 
+class SbsResult(NamedTuple):
+    """A query answered with the stored SBS ``Event`` bytes of each event, in order."""
+
+    events: list[bytes]
+    more_follows: bool
+
+
 def _run(conn: aiosqlite.Connection, fn: Callable[..., _T], *args: Any) -> Awaitable[_T]:
     # One queue hop to the connection's thread for a whole operation (see module doc).
     return conn._execute(fn, *args)
-
-
-def _describe(index: int, event: Any) -> str:
-    text = repr(event)
-    if len(text) > 300:
-        text = text[:300] + "..."
-    return f"event {index} {text}"
-
-
-def _decode(rows: list[tuple], types: list[EventType | None]) -> list[Event]:
-    # The only per-row Python work on reads: build the model tuples.
-    out = []
-    append = out.append
-    for server, session, instance, type_id, ts, sts, kind, ptype, data in rows:
-        s, us = divmod(ts, _US)
-        if sts is not None:
-            ss, sus = divmod(sts, _US)
-            source = Timestamp(ss, sus)
-        else:
-            source = None
-        if kind == _KIND_JSON:
-            payload = EventPayloadJson(data)
-        elif kind == _KIND_BINARY:
-            payload = EventPayloadBinary(ptype, data)
-        else:
-            payload = None
-        append(
-            Event(
-                EventId(server, session, instance),
-                types[type_id],  # type: ignore[arg-type]
-                Timestamp(s, us),
-                source,
-                payload,
-            )
-        )
-    return out
-
-
-def _bounds(lo: Timestamp | None, hi: Timestamp | None) -> tuple[int, int]:
-    return (
-        _MIN_I64 if lo is None else timestamp_to_us(lo),
-        _MAX_I64 if hi is None else timestamp_to_us(hi),
-    )
-
-
-def _page_size(max_results: int | None, cap: int) -> int:
-    if max_results is None:
-        return cap
-    return max(0, min(max_results, cap))
 
 
 class Storage:
@@ -226,7 +162,8 @@ class Storage:
         `quick_check_timeout` > 0 runs ``PRAGMA quick_check`` for at most that many
         seconds first; a damaged file raises `CorruptStoreError`. `max_db_bytes` caps
         the database size (SQLite ``max_page_count``): past it commits fail as on a full
-        disk.
+        disk. A store of an older schema version is migrated (`schema.migrate`); one of
+        a newer version raises `SchemaVersionError` before anything changes.
         """
         if not isinstance(synchronous, str) or synchronous.upper() not in _SYNCHRONOUS:
             raise ValueError(f"synchronous {synchronous!r} is not one of {', '.join(_SYNCHRONOUS)}")
@@ -239,15 +176,11 @@ class Storage:
         self._path = path
         self._retention = retention
         self._closed = False
-        # type_id -> type (None for ids burned by a rolled-back write) and back.
-        self._types: list[EventType | None] = []
-        self._type_ids: dict[EventType, int] = {}
+        self._cache = event_types.TypeCache()
         self._last_ids: dict[int, EventId] = {}
         self._last_seq = 0
         self._event_count = 0
         self._meta: dict[str, str] = {}
-        # Subscription patterns -> (types scanned so far, matching ids, ids as JSON).
-        self._expansions: dict[tuple, tuple[int, list[int], str]] = {}
 
         sync = synchronous.upper()
         self._inline = sync in ("OFF", "NORMAL")
@@ -290,6 +223,27 @@ class Storage:
             self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
         return self
 
+    # -- the one transaction helper ------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _transaction(self, what: str) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE on the writer connection; COMMIT when the block ends, ROLLBACK
+        if it raises. A failed SQLite call (also the COMMIT) becomes `StorageError`
+        ("<file>: <what> failed: ..."); other exceptions pass through unchanged."""
+        conn = self._writer._conn
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            yield conn
+            conn.execute("COMMIT")
+        except BaseException as e:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if isinstance(e, sqlite3.Error):
+                raise StorageError(f"{self._path}: {what} failed: {e}") from e
+            raise
+
+    # -- set-up ----------------------------------------------------------------------------
+
     def _quick_check(self, conn: sqlite3.Connection) -> None:
         """``PRAGMA quick_check``, interrupted after `_quick_check_timeout` seconds (a
         huge store must not hold the start-up longer than that; a skipped check is
@@ -324,7 +278,7 @@ class Storage:
             self._quick_check(conn)
         # Version first: a file of another schema is refused before anything changes it.
         version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version not in (0, schema.SCHEMA_VERSION):
+        if version not in (0, schema.SCHEMA_VERSION, *schema.MIGRATABLE):
             raise SchemaVersionError(self._path, version, schema.SCHEMA_VERSION)
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if mode.lower() != "wal":
@@ -337,36 +291,19 @@ class Storage:
         if self._max_db_bytes:
             page_size = conn.execute("PRAGMA page_size").fetchone()[0]
             conn.execute(f"PRAGMA max_page_count = {max(self._max_db_bytes // page_size, 1)}")
-        if version == 0:
-            try:
-                # One script, one transaction: a half-created schema is never committed.
-                conn.executescript(
-                    f"BEGIN IMMEDIATE; {schema.DDL};"
-                    f" PRAGMA user_version = {schema.SCHEMA_VERSION}; COMMIT;"
-                )
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-
+        if version != schema.SCHEMA_VERSION:
+            # One transaction: a half-created or half-migrated schema is never committed.
+            with self._transaction("schema creation" if version == 0 else "migration") as tx:
+                if version == 0:
+                    schema.create(tx)
+                else:
+                    schema.migrate(tx, version, self._path)
+                tx.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION}")
         conn.execute(schema.EVENT_KEYS_DDL)
 
-        for type_id, text in conn.execute("SELECT type_id, type FROM types"):
-            event_type = tuple(json.loads(text))
-            if type_id >= len(self._types):
-                self._types.extend([None] * (type_id + 1 - len(self._types)))
-            self._types[type_id] = event_type
-            self._type_ids[event_type] = type_id
-        self._last_ids = {
-            server: EventId(server, session, instance)
-            for server, session, instance in conn.execute(
-                "SELECT server, session, instance FROM last_ids"
-            )
-        }
-        self._last_seq, self._event_count = conn.execute(
-            "SELECT last_seq, event_count FROM state WHERE id = 0"
-        ).fetchone()
-        self._meta = dict(conn.execute("SELECT key, value FROM meta").fetchall())
+        self._cache.load(conn)
+        self._last_ids = last_ids.load(conn)
+        self._last_seq, self._event_count, self._meta = state.load(conn)
 
     def _init_reader(self) -> None:
         conn = self._reader._conn
@@ -418,6 +355,15 @@ class Storage:
     def path(self) -> pathlib.Path:
         return self._path
 
+    @property
+    def _types(self) -> list[EventType | None]:
+        # type_id -> type; read by the Arrow export (`bulk`) and the Syncer's history.
+        return self._cache.types
+
+    def type_of(self, type_id: int) -> EventType:
+        """The event type of a stored `type_id` (as returned by `read_server_stream`)."""
+        return self._cache.types[type_id]  # type: ignore[return-value]
+
     async def get_meta(self, key: str) -> Any | None:
         """The JSON value stored under `key` by `write`, or None."""
         text = self._meta.get(key)
@@ -426,7 +372,11 @@ class Storage:
     # -- writing ---------------------------------------------------------------------
 
     async def write(
-        self, events: Sequence[Event], meta: Mapping[str, Any] | None = None
+        self,
+        events: Sequence[Event],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        encoded: Sequence[bytes] | None = None,
     ) -> list[tuple[int, Event]]:
         """Insert `events` and set `meta` keys in one transaction, committed on return.
 
@@ -435,6 +385,9 @@ class Storage:
         number (strictly increasing, never reused). Returns ``(seq, event)`` for the
         inserted events in the given order. All or nothing: on any error nothing is
         stored and `StorageError` names the bad event or meta key.
+
+        `encoded`: the SBS ``Event`` bytes of each event when the caller has them (the
+        engine builds them once for notifications and the reply); encoded here if not.
         """
         meta_items: list[tuple[str, str]] = []
         for key, value in (meta or {}).items():
@@ -446,13 +399,15 @@ class Storage:
                 raise StorageError(f"meta key {key!r}: value is not JSON: {e}") from e
         if not events and not meta_items:
             return []
+        if encoded is not None and len(encoded) != len(events):
+            raise ValueError(f"{len(encoded)} encoded events for {len(events)} events")
         self._check_open()
         async with self._write_lock:
             if self._inline and len(events) <= INLINE_MAX_EVENTS:
-                inserted = self._write(events, meta_items)
+                inserted = self._write(events, meta_items, encoded)
                 self._commits_since_checkpoint += 1
                 return inserted
-            return await _run(self._writer, self._write, events, meta_items)
+            return await _run(self._writer, self._write, events, meta_items, encoded)
 
     async def probe_write(self) -> None:
         """One tiny committed write (a meta key): does the store accept commits again?"""
@@ -467,27 +422,31 @@ class Storage:
         conn.execute(f"PRAGMA max_page_count = {pages}")
 
     def _write(
-        self, events: Sequence[Event], meta_items: list[tuple[str, str]]
+        self,
+        batch: Sequence[Event],
+        meta_items: list[tuple[str, str]],
+        encoded: Sequence[bytes] | None,
     ) -> list[tuple[int, Event]]:
-        conn = self._writer._conn
-        type_ids = self._type_ids
-        last_ids = self._last_ids
+        cache = self._cache
+        type_ids = cache.ids
+        last = self._last_ids
         new_types: list[int] = []
         rows: list[tuple] = []
         inserted: list[tuple[int, Event]] = []
-        tops: dict[int, int] = {}  # highest instance per server seen in this batch
+        tops: dict[int, float] = {}  # highest instance per server seen in this batch
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
+        conn = self._writer._conn
+        lids: list[tuple[int, int, int]] = []
         try:
-            for index, event in enumerate(events):
+            for index, event in enumerate(batch):
                 try:
                     event_id = event.id
                     server = event_id.server
                     instance = event_id.instance
                     top = tops.get(server)
                     if top is None:
-                        last = last_ids.get(server)
-                        top = last.instance if last is not None else -math.inf
+                        top = events.top_instance(last, server)
                     if instance > top:
                         # Above everything held for this server: new, no lookup needed.
                         tops[server] = instance
@@ -496,109 +455,44 @@ class Storage:
                     else:
                         if seen is None:
                             seen = {(row[1], row[3]) for row in rows}
-                        if (server, instance) in seen or conn.execute(
-                            schema.IS_HELD, (server, instance)
-                        ).fetchall():
+                        if (server, instance) in seen or events.is_held(conn, server, instance):
                             continue
                         seen.add((server, instance))
-
-                    event_type = event.type
-                    type_id = type_ids.get(event_type)
+                    type_id = type_ids.get(event.type)
                     if type_id is None:
-                        type_id = self._add_type(event_type, new_types)
-
-                    source = event.source_timestamp
-                    payload = event.payload
-                    if payload is None:
-                        kind, ptype, data = _KIND_NONE, None, None
-                    elif type(payload) is EventPayloadJson:
-                        kind, ptype, data = _KIND_JSON, None, payload.data
-                        if type(data) is not str:
-                            raise TypeError(f"JSON payload data {data!r} is not a str")
-                    elif type(payload) is EventPayloadBinary:
-                        kind, ptype, data = _KIND_BINARY, payload.type, payload.data
-                        if type(ptype) is not str or not isinstance(
-                            data, bytes | bytearray | memoryview
-                        ):
-                            raise TypeError(f"binary payload {payload!r} needs str type, bytes")
-                    else:
-                        raise TypeError(f"payload {payload!r} is not a model payload")
+                        type_id = cache.add(event.type, new_types)
                     seq += 1
                     rows.append(
-                        (
-                            seq,
-                            server,
-                            event_id.session,
-                            instance,
-                            type_id,
-                            timestamp_to_us(event.timestamp),
-                            None if source is None else timestamp_to_us(source),
-                            kind,
-                            ptype,
-                            data,
-                        )
+                        events.row(seq, event, type_id, None if encoded is None else encoded[index])
                     )
                     inserted.append((seq, event))
                 except (TypeError, ValueError, AttributeError) as e:
-                    raise StorageError(f"{_describe(index, event)}: {e}") from e
+                    raise StorageError(f"{events.describe(index, event)}: {e}") from e
 
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                if new_types:
-                    conn.executemany(
-                        schema.INSERT_TYPE,
-                        [(i, json.dumps(self._types[i])) for i in new_types],
-                    )
-                lids: list[tuple[int, int, int]] = []
+            with self._transaction("write") as tx:
+                cache.insert(tx, new_types)
                 if rows:
                     try:
-                        conn.executemany(schema.INSERT_EVENT, rows)
+                        tx.executemany(events.INSERT, rows)
                     except (sqlite3.Error, OverflowError, UnicodeError) as e:
-                        raise StorageError(_diagnose(events, rows, inserted, e)) from e
+                        raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     first = rows[0][0]
-                    conn.execute(schema.UPSERT_LATEST, (first,))
-                    lids = conn.execute(schema.UPSERT_LAST_IDS, (first,)).fetchall()
-                    conn.execute(schema.UPDATE_STATE, (seq, len(rows)))
+                    latest.update(tx, first)
+                    lids = last_ids.update(tx, first)
+                    tx.execute(state.UPDATE, (seq, len(rows)))
                 if meta_items:
-                    conn.executemany(schema.UPSERT_META, meta_items)
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
-        except BaseException as e:
-            for type_id in new_types:
-                # Burn the id instead of reusing it: a concurrent reader may hold it.
-                del type_ids[self._types[type_id]]  # type: ignore[arg-type]
-                self._types[type_id] = None
-            if isinstance(e, sqlite3.Error):
-                raise StorageError(f"{self._path}: write failed: {e}") from e
+                    state.set_meta(tx, meta_items)
+        except BaseException:
+            cache.burn(new_types)
             raise
 
         self._last_seq = seq
         self._event_count += len(rows)
         for server, session, instance in lids:
-            last_ids[server] = EventId(server, session, instance)
+            last[server] = EventId(server, session, instance)
         for key, value in meta_items:
             self._meta[key] = value
         return inserted
-
-    def _add_type(self, event_type: Any, new_types: list[int]) -> int:
-        if not isinstance(event_type, tuple | list):
-            raise TypeError(f"type {event_type!r} is not a tuple of str")
-        event_type = tuple(event_type)
-        for i, segment in enumerate(event_type):
-            if type(segment) is not str:
-                raise TypeError(f"type segment {i} {segment!r} is not a str")
-        type_id = self._type_ids.get(event_type)  # the type was given as a list
-        if type_id is not None:
-            return type_id
-        type_id = len(self._types)
-        # Visible to the reader before commit; harmless, no committed row uses it yet.
-        self._types.append(event_type)
-        self._type_ids[event_type] = type_id
-        new_types.append(type_id)
-        return type_id
 
     # -- reading ---------------------------------------------------------------------
 
@@ -627,141 +521,56 @@ class Storage:
         Page size: ``min(max_results, max_results_cap)`` (the cap when `max_results`
         is None). A `max_results` <= 0 gives no events, with `more_follows` telling
         whether any event would have been returned. `more_follows` is True when more
-        events follow the page. Cost is O(page) index range scans (see `schema`).
+        events follow the page. Cost is O(page) index range scans (see `queries`).
         """
-        if not isinstance(max_results_cap, int) or max_results_cap < 1:
-            raise ValueError(f"max_results_cap {max_results_cap!r} must be an integer >= 1")
+        rows = await self._query(params, max_results_cap, events.COLS)
+        return QueryResult(events.decode(rows.rows, self._cache.types), rows.more_follows)
+
+    async def query_sbs(
+        self,
+        params: QueryLatestParams | QueryTimeseriesParams | QueryServerParams,
+        *,
+        max_results_cap: int = 10_000,
+    ) -> SbsResult:
+        """`query`, answered with the stored SBS ``Event`` bytes of each event (what the
+        Eventer sends): no model object per event."""
+        rows = await self._query(params, max_results_cap, queries.SBS)
+        return SbsResult([row[0] for row in rows.rows], rows.more_follows)
+
+    def _query(self, params: Any, cap: int, cols: str) -> Awaitable[queries.Rows]:
+        if not isinstance(cap, int) or cap < 1:
+            raise ValueError(f"max_results_cap {cap!r} must be an integer >= 1")
+        if not isinstance(params, QueryLatestParams | QueryTimeseriesParams | QueryServerParams):
+            raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
-        if isinstance(params, QueryTimeseriesParams):
-            return await _run(self._reader, self._timeseries, params, max_results_cap)
-        if isinstance(params, QueryServerParams):
-            return await _run(self._reader, self._server, params, max_results_cap)
-        if isinstance(params, QueryLatestParams):
-            return await _run(self._reader, self._latest, params)
-        raise TypeError(f"query params {params!r} are not a query")
-
-    def _expand(self, event_types: list[EventType] | None) -> tuple[list[int], str] | None:
-        """Type ids matching `event_types` and their JSON; None when every type matches."""
-        if event_types is None:
-            return None
-        subscription = Subscription(event_types)
-        if subscription.matches_all:
-            return None
-        patterns = subscription.patterns
-        types = self._types
-        known = len(types)  # the writer may append while we look; take a fixed prefix
-        cached = self._expansions.get(patterns)
-        if cached is not None and cached[0] == known:
-            return cached[1], cached[2]
-        start, ids = (cached[0], list(cached[1])) if cached is not None else (0, [])
-        for type_id in range(start, known):
-            event_type = types[type_id]
-            if event_type is not None and subscription.matches(event_type):
-                ids.append(type_id)
-        text = json.dumps(ids)
-        if len(self._expansions) >= _EXPANSION_CACHE:
-            self._expansions.clear()
-        self._expansions[patterns] = (known, ids, text)
-        return ids, text
-
-    def _latest(self, params: QueryLatestParams) -> QueryResult:
-        conn = self._reader._conn
-        expansion = self._expand(params.event_types)
-        if expansion is None:
-            rows = conn.execute(schema.LATEST_ALL).fetchall()
-        elif not expansion[0]:
-            return QueryResult([], False)
-        else:
-            rows = conn.execute(schema.LATEST_TYPES, (expansion[1],)).fetchall()
-        return QueryResult(_decode(rows, self._types), False)
-
-    def _timeseries(self, params: QueryTimeseriesParams, cap: int) -> QueryResult:
-        conn = self._reader._conn
-        try:
-            source = OrderBy(params.order_by) is OrderBy.SOURCE_TIMESTAMP
-            descending = Order(params.order) is Order.DESCENDING
-            lo, hi = _bounds(params.t_from, params.t_to)
-            slo, shi = _bounds(params.source_t_from, params.source_t_to)
-        except ValueError as e:
-            raise ValueError(f"timeseries query {params!r}: {e}") from e
-        source_filter = params.source_t_from is not None or params.source_t_to is not None
-        page = _page_size(params.max_results, cap)
-
-        expansion = self._expand(params.event_types)
-        if expansion is not None and not expansion[0]:
-            return QueryResult([], False)
-
-        args: dict[str, Any] = {"lo": lo, "hi": hi}
-        if source or source_filter:
-            args["slo"], args["shi"] = slo, shi
-
-        after = params.last_event_id
-        if after is not None:
-            found = conn.execute(
-                schema.SENTINEL, (after.server, after.instance, after.session)
-            ).fetchall()
-            if not found:
-                return QueryResult([], False)
-            ts, sts, type_id = found[0]
-            if (
-                not lo <= ts <= hi
-                or ((source or source_filter) and (sts is None or not slo <= sts <= shi))
-                or (expansion is not None and type_id not in expansion[0])
-            ):
-                return QueryResult([], False)
-            key = (
-                (sts, ts, after.server, after.session, after.instance)
-                if source
-                else (ts, after.server, after.session, after.instance)
-            )
-            for i, value in enumerate(key):
-                args[f"k{i}"] = value
-
-        types: int | None = None
-        if expansion is not None:
-            ids, text = expansion
-            if not source and len(ids) <= _MERGE_MAX_TYPES:
-                types = len(ids)
-                for i, type_id in enumerate(ids):
-                    args[f"t{i}"] = type_id
-            else:
-                types = 0
-                args["types"] = text
-
-        # One row beyond the page tells whether more follow.
-        args["limit"] = page + 1
-        sql = schema.timeseries_sql(
-            source=source,
-            descending=descending,
-            source_filter=source_filter and not source,
-            types=types,
-            after=after is not None,
-        )
-        rows = conn.execute(sql, args).fetchall()
-        more = len(rows) > page
-        return QueryResult(_decode(rows[:page], self._types), more)
-
-    def _server(self, params: QueryServerParams, cap: int) -> QueryResult:
-        page = _page_size(params.max_results, cap)
-        after = params.last_event_id
-        rows = self._reader._conn.execute(
-            schema.SERVER,
-            (params.server_id, _MIN_I64 if after is None else after.instance, page + 1),
-        ).fetchall()
-        return QueryResult(_decode(rows[:page], self._types), len(rows) > page)
+        return _run(self._reader, queries.run, self._reader._conn, self._cache, params, cap, cols)
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         """Up to `limit` events of `server_id` with instance above ``after.instance``
-        (all if `after` is None), ascending (session, instance). For the Syncer."""
+        (all if `after` is None), ascending (session, instance)."""
         self._check_open()
         return await _run(self._reader, self._read_server, server_id, after, limit)
 
     def _read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         rows = self._reader._conn.execute(
-            schema.SERVER,
-            (server_id, _MIN_I64 if after is None else after.instance, max(limit, 0)),
+            events.SERVER,
+            (server_id, events.MIN_I64 if after is None else after.instance, max(limit, 0)),
         ).fetchall()
-        return _decode(rows, self._types)
+        return events.decode(rows, self._cache.types)
+
+    async def read_server_stream(
+        self, server_id: int, after_instance: int, limit: int
+    ) -> list[tuple[int, int, int, bytes]]:
+        """Up to `limit` ``(session, instance, type_id, sbs)`` of the events of
+        `server_id` with instance above `after_instance`, ascending: the Syncer's
+        history, sent as stored (`type_of` names a type id)."""
+        self._check_open()
+        return await _run(self._reader, self._read_server_stream, server_id, after_instance, limit)
+
+    def _read_server_stream(self, server_id: int, after: int, limit: int) -> list[tuple]:
+        return self._reader._conn.execute(
+            events.SERVER_STREAM, (server_id, after, max(limit, 0))
+        ).fetchall()
 
     async def read_since_seq(self, seq: int, limit: int) -> list[tuple[int, Event]]:
         """Up to `limit` ``(seq, event)`` with local sequence number above `seq`,
@@ -770,9 +579,33 @@ class Storage:
         return await _run(self._reader, self._read_since_seq, seq, limit)
 
     def _read_since_seq(self, seq: int, limit: int) -> list[tuple[int, Event]]:
-        rows = self._reader._conn.execute(schema.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
-        events = _decode([row[1:] for row in rows], self._types)
-        return [(row[0], event) for row, event in zip(rows, events, strict=True)]
+        rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        decoded = events.decode([row[1:] for row in rows], self._cache.types)
+        return [(row[0], event) for row, event in zip(rows, decoded, strict=True)]
+
+    # -- the Event BUS's stored records (events.bus) -----------------------------------
+
+    async def set_bus_records(self, items: Sequence[tuple[int, bytes]]) -> None:
+        """Store the Event BUS's record (msgpack bytes) of the events with these local
+        sequence numbers, ``(seq, record)`` pairs, in one transaction (an unknown seq —
+        deleted by retention meanwhile — is skipped)."""
+        self._check_open()
+        rows = [(record, seq) for seq, record in items]
+        if rows:
+            await self._on_writer(self._set_bus_records, rows)
+
+    def _set_bus_records(self, rows: list[tuple[bytes, int]]) -> None:
+        with self._transaction("bus records write") as tx:
+            tx.executemany(events.SET_BUS, rows)
+
+    async def read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
+        """Up to `limit` ``(seq, record)`` with sequence number above `seq`, ascending;
+        `record` is what `set_bus_records` stored, None where nothing was."""
+        self._check_open()
+        return await _run(self._reader, self._read_bus_since_seq, seq, limit)
+
+    def _read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
+        return self._reader._conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
 
     async def read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
         """`read_since_seq` without model objects, for bulk readers that re-encode
@@ -798,7 +631,7 @@ class Storage:
     @property
     def event_keys_seq(self) -> int:
         """Local sequence number up to which `add_event_keys` was told it has indexed."""
-        text = self._meta.get(schema.EVENT_KEYS_META)
+        text = self._meta.get(event_keys.META_KEY)
         return 0 if text is None else int(json.loads(text))
 
     async def add_event_keys(self, items: Sequence[tuple[str, int]], upto_seq: int) -> None:
@@ -808,20 +641,11 @@ class Storage:
         await self._on_writer(self._add_event_keys, list(items), upto_seq)
 
     def _add_event_keys(self, items: list[tuple[str, int]], upto_seq: int) -> None:
-        conn = self._writer._conn
         value = json.dumps(max(upto_seq, self.event_keys_seq))
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(schema.INSERT_EVENT_KEY, items)
-            conn.execute(schema.UPSERT_META, (schema.EVENT_KEYS_META, value))
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise StorageError(f"{self._path}: event keys write failed: {e}") from e
-            raise
-        self._meta[schema.EVENT_KEYS_META] = value
+        with self._transaction("event keys write") as tx:
+            tx.executemany(event_keys.INSERT, items)
+            state.set_meta(tx, [(event_keys.META_KEY, value)])
+        self._meta[event_keys.META_KEY] = value
 
     async def find_event_keys(self, keys: Sequence[str]) -> dict[str, int]:
         """The held keys among `keys`, with the sequence number of their event."""
@@ -845,7 +669,7 @@ class Storage:
         return dict(rows.fetchall())
 
     def _find_event_keys(self, keys_json: str) -> dict[str, int]:
-        return dict(self._reader._conn.execute(schema.FIND_EVENT_KEYS, (keys_json,)).fetchall())
+        return dict(self._reader._conn.execute(event_keys.FIND, (keys_json,)).fetchall())
 
     async def read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
         """``(seq, event)`` of the latest event of every stored type matching
@@ -855,14 +679,14 @@ class Storage:
         return await _run(self._reader, self._read_latest, event_types)
 
     def _read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
-        expansion = self._expand(event_types)
+        expansion = self._cache.expand(event_types)
         if expansion is not None and not expansion[0]:
             return []
         if expansion is None:
             raise ValueError("read_latest needs event types that do not match every type")
-        rows = self._reader._conn.execute(schema.LATEST_TYPES_SEQ, (expansion[1],)).fetchall()
-        events = _decode([row[1:] for row in rows], self._types)
-        return [(row[0], event) for row, event in zip(rows, events, strict=True)]
+        rows = self._reader._conn.execute(latest.TYPES_SEQ, (expansion[1],)).fetchall()
+        decoded = events.decode([row[1:] for row in rows], self._cache.types)
+        return [(row[0], event) for row, event in zip(rows, decoded, strict=True)]
 
     # -- retention and stats ---------------------------------------------------------
 
@@ -881,7 +705,7 @@ class Storage:
             cutoff = time.time_ns() // 1000 - round(retention.max_age_seconds * _US)
             while True:
                 n = await self._on_writer(
-                    self._delete, schema.DELETE_OLDER, (cutoff, _RETENTION_CHUNK)
+                    self._delete, events.DELETE_OLDER, (cutoff, _RETENTION_CHUNK)
                 )
                 total += n
                 if n < _RETENTION_CHUNK:
@@ -889,7 +713,7 @@ class Storage:
         if retention.max_events is not None:
             while (excess := self._event_count - retention.max_events) > 0:
                 chunk = (min(excess, _RETENTION_CHUNK),)
-                n = await self._on_writer(self._delete, schema.DELETE_FIRST, chunk)
+                n = await self._on_writer(self._delete, events.DELETE_FIRST, chunk)
                 total += n
                 if n == 0:  # the counter disagrees with the table; do not spin
                     break
@@ -907,25 +731,11 @@ class Storage:
         return result
 
     def _delete(self, sql: str, args: tuple) -> int:
-        conn = self._writer._conn
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            deleted = conn.execute(sql, args).rowcount
+        with self._transaction("retention") as tx:
+            deleted = tx.execute(sql, args).rowcount
             if deleted:
-                for (type_id,) in conn.execute(schema.STALE_LATEST).fetchall():
-                    newest = conn.execute(schema.NEWEST_OF_TYPE, (type_id,)).fetchall()
-                    if newest:
-                        conn.execute(schema.REPLACE_LATEST, (type_id, *newest[0]))
-                    else:
-                        conn.execute(schema.DELETE_LATEST, (type_id,))
-                conn.execute(schema.DELETED_STATE, (deleted,))
-            conn.execute("COMMIT")
-        except BaseException as e:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            if isinstance(e, sqlite3.Error):
-                raise StorageError(f"{self._path}: retention failed: {e}") from e
-            raise
+                latest.repair(tx)
+                tx.execute(state.DELETED, (deleted,))
         self._event_count -= deleted
         return deleted
 
@@ -942,24 +752,3 @@ class Storage:
     def _check_open(self) -> None:
         if self._closed:
             raise StorageError(f"{self._path}: storage is closed")
-
-
-def _diagnose(
-    events: Sequence[Event], rows: list[tuple], inserted: list[tuple[int, Event]], error: Exception
-) -> str:
-    """Name the event whose row SQLite refused (only runs after a failed insert)."""
-    for row, (_, event) in zip(rows, inserted, strict=True):
-        problem = None
-        for value in row[1:4]:
-            if type(value) is not int or not _MIN_I64 <= value <= _MAX_I64:
-                problem = f"id {value!r} is not a 64-bit integer"
-        for value in row[8:]:
-            if isinstance(value, str):
-                try:
-                    value.encode()
-                except UnicodeError:
-                    problem = "text is not valid UTF-8"
-        if problem is not None:
-            index = next(i for i, e in enumerate(events) if e is event)
-            return f"{_describe(index, event)}: {problem}: {error}"
-    return f"write of {len(rows)} events failed: {error}"

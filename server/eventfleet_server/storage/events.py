@@ -1,0 +1,229 @@
+"""The ``events`` table: one row per event, its indexes, and every read of it.
+
+Columns: ``seq`` (the rowid) is the local arrival sequence number; timestamps are
+integer microseconds; ``type_id`` points into ``types``; ``kind`` is 0 (no payload),
+1 (binary: ``ptype`` + BLOB ``payload``) or 2 (JSON: TEXT ``payload``). The columns
+are what indexes, retention, the Arrow export and the backup digest read.
+
+``sbs`` is the event's HatEventer ``Event`` encoding, made once when the event is
+committed (schema version 2). Eventer answers and notifications and Syncer messages
+are SBS arrays of ``Event``; an SBS array is its element count followed by the
+concatenated elements, so a reply is a header plus stored ``sbs`` values joined — no
+row is turned back into model objects on those paths (`common.codec.events_array`).
+
+``bus`` is a nullable BLOB reserved for the Event BUS's msgpack record of the event
+(the form its SYNC/BROADCAST send), so that the BUS can serve stored records the same
+way: `Storage.set_bus_records` fills it (after the commit, like the event keys) and
+`Storage.read_bus_since_seq` reads it back by sequence number; NULL until then. The
+storage never builds it.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections.abc import Sequence
+from typing import Any
+
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    EventPayloadBinary,
+    EventPayloadJson,
+    EventType,
+    Timestamp,
+    timestamp_to_us,
+)
+
+_US = 1_000_000
+MIN_I64 = -(1 << 63)
+MAX_I64 = (1 << 63) - 1
+KIND_NONE, KIND_BINARY, KIND_JSON = 0, 1, 2
+
+DDL = """
+CREATE TABLE events (
+    seq INTEGER PRIMARY KEY,
+    server INTEGER NOT NULL,
+    session INTEGER NOT NULL,
+    instance INTEGER NOT NULL,
+    type_id INTEGER NOT NULL,
+    ts INTEGER NOT NULL,
+    source_ts INTEGER,
+    kind INTEGER NOT NULL,
+    ptype TEXT,
+    payload ANY,
+    sbs BLOB NOT NULL,
+    bus BLOB
+) STRICT;
+
+-- identity: idempotent writes, sentinel lookup, server queries (instance order)
+CREATE UNIQUE INDEX events_id ON events (server, instance);
+-- timeseries by timestamp; type_id rides along so type filters need no row lookup
+CREATE INDEX events_ts ON events (ts, server, session, instance, type_id);
+-- timeseries by source timestamp; events without one never appear in such queries
+CREATE INDEX events_source_ts ON events (source_ts, ts, server, session, instance, type_id)
+    WHERE source_ts IS NOT NULL;
+-- timeseries of a few types (merged per type) and the latest fallback after deletes
+CREATE INDEX events_type_ts ON events (type_id, ts, server, session, instance);
+"""
+
+# Columns read to rebuild an event, in the order `decode` takes them.
+COLS = "server, session, instance, type_id, ts, source_ts, kind, ptype, payload"
+
+INSERT = (
+    "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
+    " payload, sbs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+IS_HELD = "SELECT 1 FROM events WHERE server = ? AND instance = ?"
+
+# The sentinel of a timeseries query, found by its id through the unique index.
+SENTINEL = (
+    "SELECT ts, source_ts, type_id FROM events INDEXED BY events_id"
+    " WHERE server = ? AND instance = ? AND session = ?"
+)
+
+# Server queries: for one server id `session` never decreases while `instance` grows
+# (DESIGN §4), so instance order is the (session, instance) order.
+SERVER = (
+    f"SELECT {COLS} FROM events INDEXED BY events_id"
+    " WHERE server = ? AND instance > ? ORDER BY instance LIMIT ?"
+)
+SERVER_SBS = (
+    "SELECT sbs FROM events INDEXED BY events_id"
+    " WHERE server = ? AND instance > ? ORDER BY instance LIMIT ?"
+)
+# The Syncer's history: what it groups by (session), filters by (type) and sends (sbs).
+SERVER_STREAM = (
+    "SELECT session, instance, type_id, sbs FROM events INDEXED BY events_id"
+    " WHERE server = ? AND instance > ? ORDER BY instance LIMIT ?"
+)
+SINCE_SEQ = f"SELECT seq, {COLS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+# The Event BUS's stored records (see the module doc): set after commit, read by seq.
+SET_BUS = "UPDATE events SET bus = ? WHERE seq = ?"
+BUS_SINCE_SEQ = "SELECT seq, bus FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+
+# Retention.
+DELETE_OLDER = (
+    "DELETE FROM events WHERE seq IN"
+    " (SELECT seq FROM events INDEXED BY events_ts WHERE ts < ? LIMIT ?)"
+)
+DELETE_FIRST = "DELETE FROM events WHERE seq IN (SELECT seq FROM events ORDER BY seq LIMIT ?)"
+
+
+def encode(event: Event) -> bytes:
+    """The stored ``sbs`` value of `event`."""
+    return codec.encode_event(event)
+
+
+def row(seq: int, event: Event, type_id: int, sbs: bytes | None) -> tuple:
+    """The `INSERT` parameters of `event` (raises TypeError/ValueError naming the bad
+    field)."""
+    event_id = event.id
+    source = event.source_timestamp
+    payload = event.payload
+    if payload is None:
+        kind, ptype, data = KIND_NONE, None, None
+    elif type(payload) is EventPayloadJson:
+        kind, ptype, data = KIND_JSON, None, payload.data
+        if type(data) is not str:
+            raise TypeError(f"JSON payload data {data!r} is not a str")
+    elif type(payload) is EventPayloadBinary:
+        kind, ptype, data = KIND_BINARY, payload.type, payload.data
+        if type(ptype) is not str or not isinstance(data, bytes | bytearray | memoryview):
+            raise TypeError(f"binary payload {payload!r} needs str type, bytes")
+    else:
+        raise TypeError(f"payload {payload!r} is not a model payload")
+    return (
+        seq,
+        event_id.server,
+        event_id.session,
+        event_id.instance,
+        type_id,
+        timestamp_to_us(event.timestamp),
+        None if source is None else timestamp_to_us(source),
+        kind,
+        ptype,
+        data,
+        _encode_checked(event) if sbs is None else sbs,
+    )
+
+
+def _encode_checked(event: Event) -> bytes:
+    for value in event.id:
+        if type(value) is not int or not MIN_I64 <= value <= MAX_I64:
+            raise ValueError(f"id {value!r} is not a 64-bit integer")
+    try:
+        return encode(event)
+    except UnicodeError as e:
+        raise ValueError(f"text is not valid UTF-8: {e}") from None
+    except OverflowError as e:
+        raise ValueError(f"a value is out of range: {e}") from None
+
+
+def decode(rows: list[tuple], types: list[EventType | None]) -> list[Event]:
+    """Model events of `COLS` rows (the paths that need objects: BUS, Replication,
+    in-process callers)."""
+    out = []
+    append = out.append
+    # NamedTuples built with tuple.__new__: their generated __new__ is a Python-level
+    # call per object.
+    new = tuple.__new__
+    for server, session, instance, type_id, ts, sts, kind, ptype, data in rows:
+        source = None if sts is None else new(Timestamp, divmod(sts, _US))
+        if kind == KIND_JSON:
+            payload = new(EventPayloadJson, (data,))
+        elif kind == KIND_BINARY:
+            payload = new(EventPayloadBinary, (ptype, data))
+        else:
+            payload = None
+        append(
+            new(
+                Event,
+                (
+                    new(EventId, (server, session, instance)),
+                    types[type_id],
+                    new(Timestamp, divmod(ts, _US)),
+                    source,
+                    payload,
+                ),
+            )
+        )
+    return out
+
+
+def diagnose(
+    events: Sequence[Event], rows: list[tuple], inserted: list[tuple[int, Event]], error: Exception
+) -> str:
+    """Name the event whose row SQLite refused (only runs after a failed insert)."""
+    for r, (_, event) in zip(rows, inserted, strict=True):
+        problem = None
+        for value in r[1:4]:
+            if type(value) is not int or not MIN_I64 <= value <= MAX_I64:
+                problem = f"id {value!r} is not a 64-bit integer"
+        for value in r[8:10]:
+            if isinstance(value, str):
+                try:
+                    value.encode()
+                except UnicodeError:
+                    problem = "text is not valid UTF-8"
+        if problem is not None:
+            index = next(i for i, e in enumerate(events) if e is event)
+            return f"{describe(index, event)}: {problem}: {error}"
+    return f"write of {len(rows)} events failed: {error}"
+
+
+def describe(index: int, event: Any) -> str:
+    text = repr(event)
+    if len(text) > 300:
+        text = text[:300] + "..."
+    return f"event {index} {text}"
+
+
+def is_held(conn: sqlite3.Connection, server: int, instance: int) -> bool:
+    return bool(conn.execute(IS_HELD, (server, instance)).fetchall())
+
+
+def top_instance(last_ids: dict, server: int) -> float:
+    last = last_ids.get(server)
+    return last.instance if last is not None else -math.inf
