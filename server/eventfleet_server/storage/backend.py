@@ -619,7 +619,7 @@ class Storage:
         return await _run(self._reader, self._read_rows_since_seq, seq, limit)
 
     def _read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
-        rows = self._reader._conn.execute(schema.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
         types = self._types
         return [
             (seq, server, session, instance, types[type_id], ts, sts, ptype, data)
@@ -665,7 +665,7 @@ class Storage:
             return None
         if not keys:
             return {}
-        rows = self._writer._conn.execute(schema.FIND_EVENT_KEYS, (json.dumps(list(keys)),))
+        rows = self._writer._conn.execute(event_keys.FIND, (json.dumps(list(keys)),))
         return dict(rows.fetchall())
 
     def _find_event_keys(self, keys_json: str) -> dict[str, int]:
