@@ -32,8 +32,8 @@ SCENARIO = textwrap.dedent(
     class Handler:  # the engine side is not what this test is about
         head = 0
 
-        async def read(self, after, limit):
-            return []
+        async def read(self, after, limit, subtrees):
+            return after, []
 
         async def publish(self, pubs):
             return PublishResult(0, [])

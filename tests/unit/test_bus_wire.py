@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import uuid as uuidlib
 
@@ -133,6 +134,18 @@ def test_bad_topics_are_refused(topic):
     assert e.value.reason == "bad_topic" and repr(topic[:5])[:-1] in str(e.value)
 
 
+@pytest.mark.parametrize(
+    ("topic", "event_type"), [(b"/a//b", ("a", "", "b")), (b"/a/", ("a", "")), (b"/", ("",))]
+)
+def test_a_pub_topic_keeps_empty_segments(topic, event_type):
+    assert wire.parse_pub(pub_frames(topic=topic)).event_type == event_type
+
+
+def test_parse_topic_is_cached_and_equal_to_the_mapping():
+    first = wire.parse_topic(b"/cache/me")
+    assert first == ("/cache/me", ("cache", "me")) and wire.parse_topic(b"/cache/me") is first
+
+
 # -- timestamps --------------------------------------------------------------------------
 
 
@@ -147,6 +160,70 @@ def test_timestamps():
     assert wire.timestamp_from_iso(b"") is None
     with pytest.raises(WireError):
         wire.timestamp_from_iso(b"yesterday")
+
+
+def general_timestamp(frame: bytes) -> Timestamp:
+    """What `datetime.fromisoformat` makes of a frame (the reference for the fast path)."""
+    text = frame.decode()
+    dt = datetime.datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=datetime.UTC)
+    delta = dt - datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
+    return Timestamp(delta.days * 86400 + delta.seconds, delta.microseconds)
+
+
+@given(
+    st.datetimes(min_value=datetime.datetime(1, 1, 1), max_value=datetime.datetime(9999, 12, 31)),
+    st.sampled_from(["seconds", "milliseconds", "microseconds"]),
+)
+def test_timestamp_fast_path_agrees_with_the_general_parser(dt, spec):
+    # The three UTC forms clients send (ours, JavaScript's toISOString, no fraction).
+    frame = (dt.isoformat(timespec=spec) + "Z").encode()
+    assert wire.timestamp_from_iso(frame) == general_timestamp(frame)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"2024-05-01T12:00:60Z",  # second 60
+        b"2024-02-30T12:00:00Z",  # no such day
+        b"2024-05-01T24:00:00Z",
+        b"2024-05-01T12:00:0xZ",
+        b"2024-05-01T12:00:00.12xZ",
+        b"2024-05-01T12:00:00.+12345Z",
+        b"2024-05-01T12:00:00. 23456Z",
+        b"+024-05-01T12:00:00Z",
+    ],
+)
+def test_timestamp_fast_path_refuses_what_the_general_parser_refuses(frame):
+    with pytest.raises(WireError) as e:
+        wire.timestamp_from_iso(frame)
+    assert e.value.reason == "bad_message"
+
+
+@pytest.mark.parametrize(
+    ("frame", "written"),
+    [
+        (b"2024-05-01T12:00:00.123456Z", b"2024-05-01T12:00:00.123456Z"),  # ours: as is
+        (b"2024-05-01T12:00:00.123Z", b"2024-05-01T12:00:00.123000Z"),
+        (b"2024-05-01T12:00:00Z", b"2024-05-01T12:00:00.000000Z"),
+        (b"2024-05-01T14:00:00.123456+02:00", b"2024-05-01T12:00:00.123456Z"),
+        (b"2024-05-01 12:00:00.123456Z", b"2024-05-01T12:00:00.123456Z"),
+        (b"2024-05-01T12:00:00,123456Z", b"2024-05-01T12:00:00.123456Z"),
+        (b"", b""),
+    ],
+)
+def test_a_pub_carries_its_timestamp_in_our_form(frame, written):
+    pub = wire.parse_pub(pub_frames(ts=frame))
+    assert pub.timestamp_frame == written
+    assert pub.source_timestamp == (general_timestamp(frame) if frame else None)
+
+
+@pytest.mark.parametrize("frame", [b"0001-01-01T00:00:00+01:00", b"9999-12-31T23:59:59-01:00"])
+def test_a_pub_timestamp_no_event_can_hold_is_refused(frame):
+    with pytest.raises(WireError) as e:
+        wire.parse_pub(pub_frames(ts=frame))
+    assert e.value.reason == "bad_message" and "out of range" in str(e.value)
 
 
 # -- commands ----------------------------------------------------------------------------
@@ -300,3 +377,52 @@ def test_envelope_written_by_an_eventer_client_is_honoured():
 def test_producer_timestamp_is_the_source_timestamp_else_the_servers():
     assert mapping.producer_timestamp(event(None, source=Timestamp(5, 1))) == Timestamp(5, 1)
     assert mapping.producer_timestamp(event(None)) == Timestamp(100, 5)
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(st.text(), json_values)
+def test_json_envelope_text_is_json_dumps_and_parses_back(producer, value):
+    payload = mapping.to_payload(UUID, producer, msgpack.packb(value))
+    envelope = {"$bus": {"uuid": UUID, "producer": producer}, "data": value}
+    assert payload.data == json.dumps(envelope, ensure_ascii=False, separators=(",", ":"))
+    record = mapping.to_record(event(payload))
+    assert (record.uuid, record.producer, record.from_bus) == (UUID, producer, True)
+    assert record.data == msgpack.packb(json.loads(json.dumps(value)), use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":1,"data":2}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":1,"x":2}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p","x":1}},"data":1}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p\\"q"}},"data":[1]}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":[1}}',
+        '{"$bus":{"uuid":"0123456789012345678901234567890123\\"","producer":"p"},"data":1}',
+        '{"$bus":{"uuid":"short","producer":"p"},"data":1}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":NaN}}',
+    ],
+)
+def test_envelope_fast_path_answers_as_the_general_parser(text):
+    fast = mapping._envelope_fast(text)
+    assert fast is None or fast == mapping._envelope_json(text)
+
+
+@given(st.text(), json_values)
+def test_envelope_fast_path_takes_what_to_payload_writes(producer, value):
+    text = mapping.to_payload(UUID, producer, msgpack.packb(value)).data
+    fast = mapping._envelope_fast(text)
+    if "\\" in json.dumps(producer, ensure_ascii=False):
+        assert fast is None  # escapes in the producer: the general parser decodes them
+    else:
+        assert fast == mapping._envelope_json(text) is not None

@@ -13,13 +13,14 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 
 from eventfleet_server.bus import mapping, wire
 from eventfleet_server.bus.server import BusServer, Item, PublishResult
-from eventfleet_server.common.model import Event, EventId
+from eventfleet_server.common.model import Event, EventId, EventType
 from eventfleet_server.engine import Engine, EngineError, RegisterError
 from eventfleet_server.listener import Tasks
 
@@ -28,14 +29,25 @@ log = logging.getLogger(__name__)
 _NIL = b"\xc0"
 _INDEX_CATCH_UP_CHUNK = 5_000
 _MARK_EVERY = 50_000
+_INDEX_DELAY = 0.25  # seconds between UUID index writes (at most)
 
 
-def to_item(event: Event) -> Item:
-    record = mapping.to_record(event)
-    return Item(
-        wire.type_to_topic(event.type),
-        wire.timestamp_to_iso(mapping.producer_timestamp(event)),
-        record,
+@functools.lru_cache(maxsize=65536)
+def topic_frame(event_type: EventType) -> bytes:
+    """The topic frame of an event type (cached: the same few types come over and over)."""
+    return wire.type_to_topic(event_type).encode()
+
+
+def to_item(event: Event, record: mapping.Record | None = None) -> Item:
+    """The BUS frames of any stored event (`record`: its `mapping.to_record`, if known)."""
+    if record is None:
+        record = mapping.to_record(event)
+    return (
+        topic_frame(event.type),
+        record.producer.encode(),
+        wire.timestamp_to_iso(event.source_timestamp or event.timestamp).encode(),
+        record.uuid.encode(),
+        record.data,
     )
 
 
@@ -50,8 +62,9 @@ class EngineAdapter:
         self._head = 0
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._recent_max = dedup_memory
-        # Items of our own PUB registrations, waiting for their commit (no re-encoding).
-        self._own: dict[EventId, Item] = {}
+        # (client UUID, frames) of our own PUB registrations, waiting for their commit:
+        # a PUB is encoded for the wire once, when it is parsed.
+        self._own: dict[EventId, tuple[str, Item]] = {}
         self._index_rows: list[tuple[str, int]] = []
         self._index_upto = 0
         self._index_wakeup = asyncio.Event()
@@ -92,9 +105,9 @@ class EngineAdapter:
             own = self._own
             index_rows = self._index_rows
             for seq, event in inserted:
-                item = own.pop(event.id, None)
-                if item is not None:
-                    index_rows.append((item.record.uuid, seq))
+                mine = own.pop(event.id, None)
+                if mine is not None:
+                    index_rows.append((mine[0], seq))
                     continue
                 uuid = mapping.envelope_uuid(event.payload)
                 if uuid is not None:
@@ -106,85 +119,131 @@ class EngineAdapter:
 
     def _broadcast(self, inserted: list[tuple[int, Event]], server: BusServer) -> None:
         out = []
+        append = out.append
         own = self._own
+        index_rows = self._index_rows
         for seq, event in inserted:
-            item = own.pop(event.id, None)
-            if item is None:
-                item = to_item(event)
-                if item.record.from_bus:
-                    self._remember(item.record.uuid)
-            if item.record.from_bus:
-                self._index_rows.append((item.record.uuid, seq))
-            out.append((seq, item))
+            mine = own.pop(event.id, None)
+            if mine is not None:
+                index_rows.append((mine[0], seq))
+                append((seq, mine[1]))
+                continue
+            # Not registered here (a peer's event merged by the Syncer, Eventer, ...).
+            record = mapping.to_record(event)
+            if record.from_bus:
+                self._remember(record.uuid)
+                index_rows.append((record.uuid, seq))
+            append((seq, to_item(event, record)))
         server.broadcast(out)
 
     # -- snapshot reads ----------------------------------------------------------------
 
-    async def read(self, after: int, limit: int) -> list[tuple[int, Item]]:
-        rows = await self._storage.read_since_seq(after, limit)
-        return [(seq, to_item(event)) for seq, event in rows]
+    async def read(
+        self, after: int, limit: int, subtrees: tuple[bytes, ...]
+    ) -> tuple[int, list[tuple[int, Item]]]:
+        # Plain rows, no event objects: a snapshot re-encodes every event anyway.
+        rows = await self._storage.read_rows_since_seq(after, limit)
+        if not rows:
+            return after, []
+        out = []
+        append = out.append
+        record_of = mapping.record_of
+        to_iso = wire.timestamp_us_to_iso
+        for seq, server, session, instance, event_type, ts, sts, ptype, data in rows:
+            topic = topic_frame(event_type)
+            if subtrees and not topic.startswith(subtrees):
+                continue
+            record = record_of(server, session, instance, ptype, data)
+            append(
+                (
+                    seq,
+                    (
+                        topic,
+                        record.producer.encode(),
+                        to_iso(ts if sts is None else sts).encode(),
+                        record.uuid.encode(),
+                        record.data,
+                    ),
+                )
+            )
+        return rows[-1][0], out
 
     # -- PUB -> register ---------------------------------------------------------------
 
     async def publish(self, pubs: Sequence[wire.Publish]) -> PublishResult:
+        """Register `pubs` as one engine session (one commit), dropping held UUIDs."""
         recent = self._recent
-        batch_seen: set[str] = set()
         unknown = [p.uuid for p in pubs if p.uuid not in recent]
-        held = await self._storage.find_event_keys(unknown) if unknown else {}
+        held: dict[str, int] | None = {}
+        if unknown:
+            # At once when the store can (no thread hop on the path of a PUB), else on
+            # the reader thread.
+            held = self._storage.find_event_keys_now(unknown)
+            if held is None:
+                held = await self._storage.find_event_keys(unknown)
+        batch_seen: set[str] = set()
         duplicates = 0
         refused: list[tuple[int, str, str]] = []
         events = []
         kept: list[wire.Publish] = []
+        to_register_event = mapping.to_register_event
         for index, pub in enumerate(pubs):
-            if pub.uuid in recent or pub.uuid in held or pub.uuid in batch_seen:
+            uuid = pub.uuid
+            if uuid in recent or uuid in held or uuid in batch_seen:
                 duplicates += 1
                 continue
             try:
                 events.append(
-                    mapping.to_register_event(
-                        pub.event_type, pub.source_timestamp, pub.uuid, pub.producer, pub.data
+                    to_register_event(
+                        pub.event_type, pub.source_timestamp, uuid, pub.producer, pub.data
                     )
                 )
             except mapping.MappingError as e:
                 refused.append((index, "bad_message", f"PUB {pub.topic[:200]!r}: {e}"))
                 continue
-            batch_seen.add(pub.uuid)
+            batch_seen.add(uuid)
             kept.append(pub)
         if events:
-            refused += await self._register(events, kept, pubs)
+            try:
+                try:
+                    self._register(events, kept)
+                except RegisterError:
+                    # Usually "too many uncommitted": wait for the writer once, then retry.
+                    await self._engine.flush()
+                    self._register(events, kept)
+            except EngineError as e:
+                refused += [(pubs.index(p), "register_failed", str(e)) for p in kept]
         return PublishResult(duplicates, refused)
 
-    async def _register(self, events, kept, pubs) -> list[tuple[int, str, str]]:
-        try:
-            created, future = self._engine.register(events)
-        except RegisterError:
-            # Usually "too many uncommitted": wait for the writer once, then retry.
-            await self._engine.flush()
-            try:
-                created, future = self._engine.register(events)
-            except EngineError as e:
-                return [(pubs.index(p), "register_failed", str(e)) for p in kept]
-        except EngineError as e:
-            return [(pubs.index(p), "register_failed", str(e)) for p in kept]
+    def _register(self, events: list, kept: list[wire.Publish]) -> None:
+        # Every event was checked while it was parsed and mapped (a topic with a type
+        # the engine takes, a timestamp in range, JSON we wrote ourselves): the engine
+        # need not parse the JSON again.
+        created, future = self._engine.register(events, validated=True)
         own = self._own
+        remember = self._remember
+        server_ts = b""
         for event, pub in zip(created, kept, strict=True):
-            timestamp = pub.source_timestamp or event.timestamp
-            own[event.id] = Item(
-                pub.topic,
-                wire.timestamp_to_iso(timestamp),
-                mapping.Record(pub.producer, pub.uuid, pub.data or _NIL, True),
+            timestamp = pub.timestamp_frame
+            if not timestamp:
+                # One session, one server timestamp: formatted once per batch.
+                if not server_ts:
+                    server_ts = wire.timestamp_to_iso(event.timestamp).encode()
+                timestamp = server_ts
+            own[event.id] = (
+                pub.uuid,
+                (pub.topic_frame, pub.producer_frame, timestamp, pub.uuid_frame, pub.data or _NIL),
             )
-            self._remember(pub.uuid)
+            remember(pub.uuid)
         ids = [e.id for e in created]
         future.add_done_callback(lambda f: self._forget_failed(f, ids))
-        return []
 
     def _forget_failed(self, future: asyncio.Future, ids: list[EventId]) -> None:
         if future.cancelled() or future.exception() is not None:
             for event_id in ids:
-                item = self._own.pop(event_id, None)
-                if item is not None:
-                    self._recent.pop(item.record.uuid, None)
+                mine = self._own.pop(event_id, None)
+                if mine is not None:
+                    self._recent.pop(mine[0], None)
 
     def _remember(self, uuid: str) -> None:
         recent = self._recent
@@ -217,6 +276,11 @@ class EngineAdapter:
     async def _index_loop(self) -> None:
         while True:
             await self._index_wakeup.wait()
+            # Gather the UUIDs of many commits into one index transaction: at a steady
+            # trickle of PUBs each commit would otherwise be followed by a second one.
+            # Nothing waits for the index: recent UUIDs are deduplicated from memory, and
+            # a crash before this write is caught up from the events at start.
+            await asyncio.sleep(_INDEX_DELAY)
             self._index_wakeup.clear()
             try:
                 await self._flush_index()

@@ -20,6 +20,7 @@ Engine-free. docs/bus.md explains the mapping with examples; in short:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import uuid as uuidlib
@@ -64,20 +65,31 @@ def derived_uuid(event_id: EventId) -> str:
     )
 
 
-def producer_of(event_id: EventId) -> str:
-    return f"eventfleet/{event_id.server}"
+@functools.lru_cache(maxsize=1024)
+def producer_of(server_id: int) -> str:
+    """``eventfleet/<server id>``: the producer of events that did not come in over the
+    BUS (cached: a fleet has a handful of server ids)."""
+    return f"eventfleet/{server_id}"
 
 
 def _json_safe(value: Any) -> bool:
     # JSON holds: nil, bool, int, finite float, str, arrays, maps with string keys.
-    if value is None or isinstance(value, bool | int | str):
+    # Exact type checks: msgpack decodes to exactly these types (and bytes, ExtType).
+    t = type(value)
+    if t is str or t is int or t is bool or value is None:
         return True
-    if isinstance(value, float):
+    if t is float:
         return math.isfinite(value)
-    if isinstance(value, list | tuple):
-        return all(_json_safe(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _json_safe(v) for k, v in value.items())
+    if t is dict:
+        for k, v in value.items():
+            if type(k) is not str or not _json_safe(v):
+                return False
+        return True
+    if t is list or t is tuple:
+        for v in value:
+            if not _json_safe(v):
+                return False
+        return True
     return False
 
 
@@ -91,8 +103,29 @@ def unpack(data: bytes) -> Any:
         raise MappingError(f"data is not valid msgpack: {type(e).__name__}: {e}") from e
 
 
+# One encoder for every envelope: json.dumps with options builds a new one per call.
+_ENCODE = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+_PRODUCERS: dict[str, str] = {}  # producer id -> its JSON string (a client has one)
+
+
+def _producer_json(producer: str) -> str:
+    text = _PRODUCERS.get(producer)
+    if text is None:
+        if len(_PRODUCERS) >= 4096:
+            _PRODUCERS.clear()
+        text = _PRODUCERS[producer] = _ENCODE(producer)
+    return text
+
+
 def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
-    """The payload envelope of a PUB (see the module doc); `MappingError` on bad data."""
+    """The payload envelope of a PUB (see the module doc); `MappingError` on bad data.
+
+    Written for the PUB hot path: the JSON envelope is put together from its encoded
+    parts, exactly the text ``json.dumps({"$bus": {"uuid": ..., "producer": ...},
+    "data": ...})`` with compact separators gives.
+    """
     try:
         value = unpack(data)
     except MappingError:
@@ -100,13 +133,10 @@ def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
     except UnicodeDecodeError as e:  # a str that is not UTF-8
         raise MappingError(f"data is not valid msgpack: {e}") from e
     if _json_safe(value):
-        text = json.dumps(
-            {ENVELOPE_KEY: {"uuid": uuid, "producer": producer}, "data": value},
-            ensure_ascii=False,
-            separators=(",", ":"),
-            allow_nan=False,
+        return EventPayloadJson(
+            f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
+            f'"data":{_ENCODE(value)}}}'
         )
-        return EventPayloadJson(text)
     envelope = msgpack.packb(
         {"uuid": uuid, "producer": producer, "data": data or _NIL}, use_bin_type=True
     )
@@ -135,17 +165,7 @@ def _envelope(payload: Payload) -> tuple[str, str, bytes] | None:
         text = payload.data
         if ENVELOPE_KEY not in text[:32]:
             return None
-        try:
-            obj = json.loads(text)
-            if not isinstance(obj, dict) or len(obj) != 2 or "data" not in obj:
-                return None
-            meta = obj[ENVELOPE_KEY]
-            uuid, producer = meta["uuid"], meta["producer"]
-            if not isinstance(uuid, str) or not isinstance(producer, str):
-                return None
-            return uuid, producer, msgpack.packb(obj["data"], use_bin_type=True)
-        except (ValueError, TypeError, KeyError, OverflowError):
-            return None
+        return _envelope_fast(text) or _envelope_json(text)
     if isinstance(payload, EventPayloadBinary) and payload.type == BINARY_TYPE:
         try:
             obj = msgpack.unpackb(payload.data, raw=False)
@@ -157,24 +177,94 @@ def _envelope(payload: Payload) -> tuple[str, str, bytes] | None:
     return None
 
 
+def _envelope_json(text: str) -> tuple[str, str, bytes] | None:
+    """`_envelope` of a JSON payload, by parsing it."""
+    try:
+        obj = json.loads(text)
+        if not isinstance(obj, dict) or len(obj) != 2 or "data" not in obj:
+            return None
+        meta = obj[ENVELOPE_KEY]
+        uuid, producer = meta["uuid"], meta["producer"]
+        if not isinstance(uuid, str) or not isinstance(producer, str):
+            return None
+        return uuid, producer, msgpack.packb(obj["data"], use_bin_type=True)
+    except (ValueError, TypeError, KeyError, OverflowError):
+        return None
+
+
+_FAST_HEAD = '{"$bus":{"uuid":"'
+_FAST_PRODUCER = '","producer":"'
+_FAST_DATA = '"},"data":'
+
+
+def _envelope_fast(text: str) -> tuple[str, str, bytes] | None:
+    """`_envelope` of a JSON envelope exactly as `to_payload` writes it, without
+    parsing the envelope itself (only the data). None: not that form, or not an
+    envelope at all; the general parser decides then. When this answers, the general
+    parser's answer is the same: the text is the head, a UUID and a producer string
+    without escapes, and one JSON value, so it is a two-key object of that content."""
+    if not text.startswith(_FAST_HEAD) or text[53:67] != _FAST_PRODUCER:
+        return None
+    uuid = text[17:53]
+    end = text.find('"', 67)
+    if end < 0 or not text.endswith("}"):
+        return None
+    producer = text[67:end]
+    if "\\" in producer or '"' in uuid or "\\" in uuid:
+        return None
+    if not text.startswith(_FAST_DATA, end):
+        return None
+    try:
+        value = json.loads(text[end + len(_FAST_DATA) : -1])
+        return uuid, producer, msgpack.packb(value, use_bin_type=True)
+    except (ValueError, TypeError, OverflowError):
+        return None
+
+
 def to_record(event: Event) -> Record:
     """The BUS view of any stored event."""
-    found = _envelope(event.payload)
-    if found is not None:
-        uuid, producer, data = found
-        return Record(producer, uuid, data, True)
     payload = event.payload
     if isinstance(payload, EventPayloadJson):
+        ptype, data = None, payload.data
+    elif isinstance(payload, EventPayloadBinary):
+        ptype, data = payload.type, payload.data
+    else:
+        ptype = data = None
+    eid = event.id
+    return record_of(eid.server, eid.session, eid.instance, ptype, data)
+
+
+def record_of(
+    server: int, session: int, instance: int, ptype: str | None, data: str | bytes | None
+) -> Record:
+    """`to_record` of an event given by its id's parts and its payload as stored: JSON
+    text (`ptype` None), binary (`ptype` its type) or none (both None). For bulk
+    readers that have no event objects (the snapshot)."""
+    if ptype is None:
+        if data is None:
+            return Record(
+                producer_of(server), derived_uuid(EventId(server, session, instance)), _NIL, False
+            )
+        if ENVELOPE_KEY in data[:32]:
+            found = _envelope_fast(data) or _envelope_json(data)
+            if found is not None:
+                uuid, producer, value = found
+                return Record(producer, uuid, value, True)
         try:
-            data = msgpack.packb(json.loads(payload.data), use_bin_type=True)
+            value = msgpack.packb(json.loads(data), use_bin_type=True)
         except (ValueError, TypeError, OverflowError):
             # Stored as sent; not valid JSON (or an integer msgpack cannot hold): the text.
-            data = msgpack.packb(payload.data, use_bin_type=True)
-    elif isinstance(payload, EventPayloadBinary):
-        data = msgpack.packb(payload.data, use_bin_type=True)
+            value = msgpack.packb(data, use_bin_type=True)
     else:
-        data = _NIL
-    return Record(producer_of(event.id), derived_uuid(event.id), data, False)
+        if ptype == BINARY_TYPE:
+            found = _envelope(EventPayloadBinary(ptype, data))
+            if found is not None:
+                uuid, producer, value = found
+                return Record(producer, uuid, value, True)
+        value = msgpack.packb(data, use_bin_type=True)
+    return Record(
+        producer_of(server), derived_uuid(EventId(server, session, instance)), value, False
+    )
 
 
 def producer_timestamp(event: Event) -> Timestamp:

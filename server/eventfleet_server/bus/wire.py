@@ -25,8 +25,14 @@ import re
 import time
 import uuid as uuidlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from eventfleet_server.common.model import EventType, Timestamp
+from eventfleet_server.common.model import (
+    SOURCE_TS_MAX_S,
+    SOURCE_TS_MIN_S,
+    EventType,
+    Timestamp,
+)
 
 MAX_SEQUENCE = (1 << 63) - 1
 SYNCSTART = b"SYNCSTART"
@@ -155,22 +161,109 @@ def topic_to_type(topic: str) -> EventType:
     return tuple(out)
 
 
+_TOPICS: dict[bytes, tuple[str, EventType]] = {}
+_TOPICS_MAX = 65536
+
+
+def parse_topic(frame: bytes) -> tuple[str, EventType]:
+    """A PUB's topic frame -> ``(topic, event type)``; `WireError` (``bad_topic``).
+
+    Accepted frames are cached: a PUB stream carries the same few topics over and
+    over, and the hit costs one dict lookup.
+    """
+    hit = _TOPICS.get(frame)
+    if hit is not None:
+        return hit
+    try:
+        topic = frame.decode()
+    except UnicodeDecodeError as e:
+        raise WireError("bad_topic", f"topic {_show(frame)} is not UTF-8") from e
+    event_type = topic_to_type(topic)
+    if len(_TOPICS) >= _TOPICS_MAX:
+        _TOPICS.clear()  # a flood of distinct topics: start over rather than grow
+    hit = _TOPICS[frame] = (topic, event_type)
+    return hit
+
+
 # -- timestamps ----------------------------------------------------------------------------
+
+
+_ISO_SECONDS: dict[int, str] = {}
+_ISO_SECONDS_MAX = 4096
 
 
 def timestamp_to_iso(t: Timestamp) -> str:
     """``2024-05-01T12:00:00.123456Z`` (UTC, microseconds)."""
-    if 0 <= t.s < _GMTIME_MAX:
-        # time.gmtime is several times cheaper than datetime arithmetic + strftime.
-        return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(t.s))}.{t.us:06d}Z"
-    dt = _EPOCH + datetime.timedelta(seconds=t.s, microseconds=t.us)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    s = t.s
+    text = _ISO_SECONDS.get(s)
+    if text is None:
+        if 0 <= s < _GMTIME_MAX:
+            # time.gmtime is several times cheaper than datetime arithmetic + strftime.
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(s))
+        else:
+            dt = _EPOCH + datetime.timedelta(seconds=s)
+            text = dt.strftime("%Y-%m-%dT%H:%M:%S")
+        if len(_ISO_SECONDS) >= _ISO_SECONDS_MAX:
+            _ISO_SECONDS.clear()
+        # Events come in time order: the second is nearly always one seen just before.
+        _ISO_SECONDS[s] = text
+    return f"{text}.{t.us:06d}Z"
+
+
+def timestamp_us_to_iso(us: int) -> str:
+    """`timestamp_to_iso` of a timestamp in microseconds since the epoch."""
+    s, micro = divmod(us, 1_000_000)
+    text = _ISO_SECONDS.get(s)
+    if text is None:
+        return timestamp_to_iso(Timestamp(s, micro))
+    return f"{text}.{micro:06d}Z"
+
+
+# ``YYYY-MM-DDTHH:MM`` -> seconds since the epoch, for the fast path below.
+_MINUTES: dict[bytes, int] = {}
+_MINUTES_MAX = 4096
+
+
+def _minute(prefix: bytes) -> int | None:
+    """Seconds of a ``YYYY-MM-DDTHH:MM`` prefix (cached), None if it is not one."""
+    seconds = _MINUTES.get(prefix)
+    if seconds is not None:
+        return seconds
+    if not (prefix[4] == 45 and prefix[7] == 45 and prefix[10] == 84 and prefix[13] == 58):
+        return None  # not '-', '-', 'T', ':' where they belong: the general parser decides
+    try:
+        dt = datetime.datetime.fromisoformat(prefix.decode("ascii") + ":00+00:00")
+    except (UnicodeDecodeError, ValueError):
+        return None
+    delta = dt - _EPOCH
+    seconds = delta.days * 86400 + delta.seconds
+    if len(_MINUTES) >= _MINUTES_MAX:
+        _MINUTES.clear()
+    _MINUTES[prefix] = seconds
+    return seconds
 
 
 def timestamp_from_iso(frame: bytes) -> Timestamp | None:
     """An ISO-8601 producer timestamp; an empty frame is None. Naive means UTC."""
     if not frame:
         return None
+    # Fast path for what clients send nearly always, UTC with a 'Z':
+    # YYYY-MM-DDTHH:MM:SSZ, ...SS.fffZ (JavaScript's toISOString) or ...SS.ffffffZ (ours).
+    # The minute is cached; the result is the general parser's, which decides the rest.
+    n = len(frame)
+    if (n == 20 or n == 24 or n == 27) and frame[n - 1] == 90 and frame[16] == 58:
+        base = _minute(frame[:16])
+        second = frame[17:19]
+        if base is not None and second.isdigit() and (sec := int(second)) < 60:
+            if n == 20:
+                return Timestamp(base + sec, 0)
+            fraction = frame[20 : n - 1]
+            if frame[19] == 46 and fraction.isdigit():
+                return Timestamp(base + sec, int(fraction) * (1000 if n == 24 else 1))
+    return _timestamp_general(frame)
+
+
+def _timestamp_general(frame: bytes) -> Timestamp:
     try:
         text = frame.decode()
         if text.endswith(("Z", "z")):
@@ -183,6 +276,20 @@ def timestamp_from_iso(frame: bytes) -> Timestamp | None:
     delta = dt - _EPOCH
     total = (delta.days * 86400 + delta.seconds) * 1_000_000 + delta.microseconds
     return Timestamp(*divmod(total, 1_000_000))
+
+
+def timestamp_frame(frame: bytes, t: Timestamp) -> bytes:
+    """The producer timestamp frame we write for `t`, parsed from `frame`: the frame
+    itself when it already is our form (``...SS.ffffffZ``), else re-formatted."""
+    if (
+        len(frame) == 27
+        and frame[26] == 90  # Z
+        and frame[19] == 46  # .
+        and frame[16] == 58  # :
+        and frame[:16] in _MINUTES  # a checked YYYY-MM-DDTHH:MM (the fast path took it)
+    ):
+        return frame
+    return timestamp_to_iso(t).encode()
 
 
 # -- commands ------------------------------------------------------------------------------
@@ -198,9 +305,12 @@ class SyncStart:
     sequence: int
 
 
-@dataclass(frozen=True)
-class Publish:
-    """A PUB from a client, decoded except for its data (kept as the msgpack bytes)."""
+class Publish(NamedTuple):
+    """A PUB from a client, decoded except for its data (kept as the msgpack bytes).
+
+    The ``*_frame`` fields are what a BROADCAST of it carries (the client's own frames
+    where they already are in our form): a PUB is encoded for the wire once, here.
+    """
 
     topic: str
     event_type: EventType
@@ -208,6 +318,10 @@ class Publish:
     source_timestamp: Timestamp | None
     uuid: str
     data: bytes
+    topic_frame: bytes
+    producer_frame: bytes
+    timestamp_frame: bytes  # b"" without a producer timestamp (the server's is used)
+    uuid_frame: bytes  # canonical (lowercase)
 
 
 def parse_syncstart(frames: list[bytes]) -> SyncStart:
@@ -225,24 +339,31 @@ def parse_pub(frames: list[bytes]) -> Publish:
     """``[topic, sequence, producer, timestamp, uuid, data]`` (identity removed).
 
     A leading empty delimiter frame (REQ-style DEALER clients) is skipped. The sequence
-    frame must decode but is ignored: the server assigns its own.
+    frame must decode but is ignored: the server assigns its own. Written for the PUB
+    hot path: cached topics, a fast path for UTC timestamps, no UUID object for a
+    canonical UUID.
     """
     if len(frames) == 7 and frames[0] == b"":
         frames = frames[1:]
     if len(frames) != 6:
         raise WireError("bad_frame", f"PUB has {len(frames)} frames, expected 6")
     topic_frame, seq_frame, producer_frame, ts_frame, uuid_frame, data = frames
-    try:
-        topic = topic_frame.decode()
-    except UnicodeDecodeError as e:
-        raise WireError("bad_topic", f"topic {_show(topic_frame)} is not UTF-8") from e
-    event_type = topic_to_type(topic)
-    decode_int(seq_frame)
+    topic, event_type = parse_topic(topic_frame)
+    if seq_frame:
+        decode_int(seq_frame)
     try:
         producer = producer_frame.decode()
     except UnicodeDecodeError as e:
         raise WireError("bad_message", f"producer {_show(producer_frame)} is not UTF-8") from e
     source_timestamp = timestamp_from_iso(ts_frame)
+    if source_timestamp is None:
+        out_ts = b""
+    else:
+        if not SOURCE_TS_MIN_S <= source_timestamp.s <= SOURCE_TS_MAX_S:
+            raise WireError(
+                "bad_message", f"timestamp {_show(ts_frame)} is out of range (years 1..9999)"
+            )
+        out_ts = timestamp_frame(ts_frame, source_timestamp)
     if _CANONICAL_UUID.fullmatch(uuid_frame):
         uuid = uuid_frame.decode()  # already canonical: skip the costly uuid.UUID parse
     else:
@@ -250,7 +371,19 @@ def parse_pub(frames: list[bytes]) -> Publish:
             uuid = str(uuidlib.UUID(uuid_frame.decode()))
         except (UnicodeDecodeError, ValueError) as e:
             raise WireError("bad_message", f"uuid {_show(uuid_frame)} is not a UUID") from e
-    return Publish(topic, event_type, producer, source_timestamp, uuid, data)
+        uuid_frame = uuid.encode()
+    return Publish(
+        topic,
+        event_type,
+        producer,
+        source_timestamp,
+        uuid,
+        data,
+        topic_frame,
+        producer_frame,
+        out_ts,
+        uuid_frame,
+    )
 
 
 def event_frames(

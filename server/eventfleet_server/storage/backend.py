@@ -607,6 +607,25 @@ class Storage:
     def _read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
         return self._reader._conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
 
+    async def read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
+        """`read_since_seq` without model objects, for bulk readers that re-encode
+        every event anyway (the Event BUS snapshot): up to `limit` rows ``(seq, server,
+        session, instance, type, timestamp_us, source_timestamp_us, payload_type,
+        payload_data)`` with local sequence number above `seq`, ascending. `type` is the
+        event type tuple; `source_timestamp_us` may be None; the payload is JSON text
+        (`payload_type` None, data str), binary (`payload_type` str, data bytes) or
+        absent (both None)."""
+        self._check_open()
+        return await _run(self._reader, self._read_rows_since_seq, seq, limit)
+
+    def _read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
+        rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        types = self._types
+        return [
+            (seq, server, session, instance, types[type_id], ts, sts, ptype, data)
+            for seq, server, session, instance, type_id, ts, sts, _kind, ptype, data in rows
+        ]
+
     # -- event keys (protocol indexes, e.g. the Event BUS UUID) ------------------------
 
     @property
@@ -634,6 +653,20 @@ class Storage:
         if not keys:
             return {}
         return await _run(self._reader, self._find_event_keys, json.dumps(list(keys)))
+
+    def find_event_keys_now(self, keys: Sequence[str]) -> dict[str, int] | None:
+        """`find_event_keys` answered at once on the loop's thread when the store can:
+        in inline mode (synchronous OFF/NORMAL) with no write in flight on the writer
+        thread, the writer connection is idle and sees every commit. None when it
+        cannot; then await `find_event_keys`. (A hop to the reader thread and back is
+        two thread wake-ups on the path of every Event BUS PUB.)"""
+        self._check_open()
+        if not self._inline or self._write_lock.locked():
+            return None
+        if not keys:
+            return {}
+        rows = self._writer._conn.execute(event_keys.FIND, (json.dumps(list(keys)),))
+        return dict(rows.fetchall())
 
     def _find_event_keys(self, keys_json: str) -> dict[str, int]:
         return dict(self._reader._conn.execute(event_keys.FIND, (keys_json,)).fetchall())
