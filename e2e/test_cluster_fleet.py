@@ -254,3 +254,32 @@ def test_network_policy_refuses_outsiders_and_serves_allowed_pods(
         f"http://{target}:{HTTP}/healthz",
     ).stdout.strip()  # fmt: skip
     assert status == "200"
+
+
+def test_the_chart_runs_the_operator_image_as_a_pod_within_its_rbac(
+    real_cluster, ckubectl: ClusterKubectl, operator_release: str, fleet: str
+):
+    """The chart's Deployment as the kubelet runs it: the image the chart names by
+    default, in-cluster credentials from the token the API server's admission added, and
+    no request refused by the chart's RBAC (the audit log of the API server) — except
+    the transient refusals of a seconds-old CRD, which the operator retries at once."""
+    listed = ckubectl.run(
+        "get", "pods", "-l", "app.kubernetes.io/name=eventfleet-operator", "-o", "json"
+    )  # fmt: skip
+    (pod,) = json.loads(listed.stdout)["items"]
+    (status,) = pod["status"]["containerStatuses"]
+    assert status["ready"] and status["image"] == project_image_ref("operator")
+    assert any("projected" in v for v in pod["spec"]["volumes"])
+    log = ckubectl.run("logs", pod["metadata"]["name"]).stdout
+    assert "in-cluster service account" in log, log[-2000:]
+
+    user = f"system:serviceaccount:{ckubectl.namespace}:{pod['spec']['serviceAccountName']}"
+    requests = [e for e in real_cluster.audit() if e["user"]["username"] == user]
+    assert requests, "the audit log saw no request from the operator"
+    refused = [e for e in requests if e["responseStatus"]["code"] == 403]
+    lasting = [
+        (e["verb"], e["requestURI"], e["responseStatus"].get("message", ""))
+        for e in refused
+        if "cannot find RESTMapping" not in e["responseStatus"].get("message", "")
+    ]
+    assert lasting == [], f"requests the chart's RBAC forbade: {lasting}"

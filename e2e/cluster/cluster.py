@@ -149,6 +149,16 @@ class Cluster:
             raise ClusterError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
         return proc
 
+    @property
+    def audit_log(self) -> pathlib.Path:
+        return self.workdir / "audit.jsonl"
+
+    def audit(self) -> list[dict[str, Any]]:
+        """The API server's audit events so far (service accounts' requests only)."""
+        if not self.audit_log.exists():
+            return []
+        return [json.loads(line) for line in self.audit_log.read_text().splitlines() if line]
+
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / "logs" / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
@@ -269,6 +279,7 @@ class Cluster:
         (w / "kube-proxy.yaml").write_text(configs.kube_proxy_config(w / "proxy.kubeconfig", ports))
         (w / "scheduler.yaml").write_text(configs.scheduler_config(w / "scheduler.kubeconfig"))
         (w / "volumes").mkdir(exist_ok=True)
+        (w / "audit-policy.yaml").write_text(configs.audit_policy())
         self._step("configuration", t0)
 
         # The control plane starts while containerd imports the images.
@@ -300,6 +311,8 @@ class Cluster:
             f"--service-account-signing-key-file={pkid / 'sa.key'}",
             f"--kubelet-client-certificate={pkid / 'apiserver-kubelet-client.crt'}",
             f"--kubelet-client-key={pkid / 'apiserver-kubelet-client.key'}",
+            f"--audit-policy-file={w / 'audit-policy.yaml'}",
+            f"--audit-log-path={self.audit_log}", "--audit-log-format=json",
             "--kubelet-preferred-address-types=InternalIP", "--profiling=false",
             "--enable-priority-and-fairness=false", "--v=1",
         ])  # fmt: skip
@@ -476,6 +489,10 @@ class Cluster:
                 shutil.rmtree(RUN_DIR, ignore_errors=True)
         report["leftovers"] = host.leftovers(self.workdir, RUN_DIR)
         report["running"] = [n for n in procs if self._alive(n)]
+        if not (report["leftovers"] or report["running"]):
+            # The bulk (unpacked images, etcd, volumes); the logs and state.json stay.
+            for bulky in ("containerd", "etcd", "volumes", "kubelet"):
+                shutil.rmtree(self.workdir / bulky, ignore_errors=True)
         report["seconds"] = round(time.monotonic() - t0, 1)
         self.state["down"] = report
         if self.workdir.exists():

@@ -24,6 +24,21 @@ from .layout import (
 )
 
 
+def audit_policy() -> str:
+    """Metadata-level audit events of service accounts' requests (who was refused what)."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "audit.k8s.io/v1",
+            "kind": "Policy",
+            "omitStages": ["RequestReceived"],
+            "rules": [
+                {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
+                {"level": "None"},
+            ],
+        }
+    )
+
+
 def cni_conflist(ipam_dir: pathlib.Path) -> str:
     """The bridge plugin: pods on the bridge, the node IP as their gateway; no masquerade
     (nothing leaves the machine) and no portmap (no hostPorts, so no CNI-* chains)."""
