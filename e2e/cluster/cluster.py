@@ -477,8 +477,8 @@ class Cluster:
                 [str(NODE_BIN / "kube-router"), "--cleanup-config"],
                 capture_output=True, timeout=60, check=False, env={"PATH": SYSTEM_PATH},
             )  # fmt: skip
-        for name in list(procs):
-            self._stop(name)  # kube-apiserver, etcd, and anything else recorded
+        for name in reversed(list(procs)):
+            self._stop(name)  # the API server before etcd (it cannot finish without it)
         report["stopped"].update({n: p.get("stopped") for n, p in procs.items()})
         undo = host.Undo(self.state.get("host") or {}, self.workdir, RUN_DIR)
         report["failed"] += undo.all()
