@@ -25,7 +25,7 @@ import yaml
 from e2e.bus_client import BusClient, wait_live
 from e2e.cluster.clients import ClusterKubectl
 from e2e.cluster.images import project_image_ref
-from e2e.cluster.layout import ROOT, SERVICE_CIDR
+from e2e.cluster.layout import PROVISIONER_NAME, ROOT, SERVICE_CIDR, STORAGE_CLASS
 
 pytest_plugins = ["e2e.cluster.fixtures"]
 
@@ -170,6 +170,18 @@ def test_replicas_sync_over_dns_names_with_the_rendered_configuration(
         assert pod["spec"]["nodeName"] and pod["status"]["podIP"].startswith("198.18.0.")
         probes = {k for k in pod["spec"]["containers"][0] if k.endswith("Probe")}
         assert probes == {"startupProbe", "livenessProbe", "readinessProbe"}
+
+    # Each replica's volume: a claim of the default StorageClass, bound to a volume the
+    # provisioner made.
+    claims = json.loads(ckubectl.run("get", "pvc", "-o", "json").stdout)["items"]
+    assert len(claims) == REPLICAS
+    for claim in claims:
+        assert claim["status"]["phase"] == "Bound"
+        assert claim["spec"]["storageClassName"] == STORAGE_CLASS
+        volume = ckubectl.get("pv", claim["spec"]["volumeName"])
+        assert volume["metadata"]["annotations"]["pv.kubernetes.io/provisioned-by"] == (
+            PROVISIONER_NAME
+        )
 
     # A real client registers through the client Service (by its DNS name, from a pod)...
     event_type = f"e2e/cluster/{uuid.uuid4().hex[:8]}"
