@@ -10,7 +10,8 @@ arguments and environment of the Deployment the chart installed, and with a toke
 the chart's ServiceAccount, so the chart's RBAC is what the API server enforces on it.
 
 Not real here: no kubelet runs the chart's Deployment (the operator runs as a local
-process with the Deployment's command line instead), and prometheus-operator's
+process with the Deployment's command line instead; the chart's pod itself runs on the
+real single-node cluster in e2e/test_cluster_fleet.py), and prometheus-operator's
 PrometheusRule CRD is a schema-less stand-in (see below).
 """
 
@@ -32,8 +33,6 @@ import pytest
 import yaml
 
 from e2e.k8s.controlplane import ControlPlane, available
-from e2e.k8s.harness import ROOT
-from e2e.k8s.node import NodeAgent, podman_available
 from tests import parts
 from tests.unit.chart.chartlib import CHART, EVERYTHING_ON, REPO, helm, tool
 
@@ -447,62 +446,3 @@ def test_helm_upgrade_upgrades_the_crd(cluster, home, tmp_path):
     apply_example(kubeconfig, NAMESPACE)
     stored = get(kubeconfig, "eventserver", "demo", NAMESPACE)
     assert stored["spec"]["addedInANewerRelease"] == "yes"
-
-
-def test_the_chart_deployment_runs_the_operator_image_as_a_pod(cluster, home, tmp_path):
-    """helm install with the chart's own image reference (eventfleet/operator:<appVersion>,
-    here the image scripts/tools/images.sh built): the real Deployment and ReplicaSet
-    controllers make the pod, the node agent runs it with podman as the chart says
-    (securityContext, read-only root, the ServiceAccount token the API server mints for
-    the pod, in-cluster configuration), and it reconciles a fleet."""
-    reason = podman_available()
-    if reason:
-        parts.skip_missing("podman", reason, "run scripts/tools/images.sh")
-    if not (ROOT / ".tools" / "containers" / "operator.image").exists():
-        parts.skip_missing("podman", "no operator image", "run scripts/tools/images.sh")
-    kubeconfig, plane = cluster
-    create_namespaces(kubeconfig, NAMESPACE, "fleet-a")
-    # The default install watches its own namespace only: name the fleet's.
-    install(home, kubeconfig, "--set", "operator.watchNamespaces[0]=fleet-a")
-    full = f"{RELEASE}-eventfleet-operator"
-    node = NodeAgent(plane, NAMESPACE, tmp_path, tmp_path / "urls.json", runtime="podman")
-    node.start()
-    try:
-        try:
-            kubectl(kubeconfig, "wait", "-n", NAMESPACE, "--for=condition=Available",
-                    f"deployment/{full}", "--timeout=150s")  # fmt: skip
-        except (AssertionError, subprocess.TimeoutExpired):
-            logs = [node.log(p) for p in node.pods]
-            raise AssertionError(f"{node.errors}\n" + "\n".join(logs)[-4000:]) from None
-        (pod,) = get(kubeconfig, "pods", None, NAMESPACE)
-        (status,) = pod["status"]["containerStatuses"]
-        assert status["ready"] and status["image"] == "eventfleet/operator:0.1.0"
-        # The API server injected the service-account volume; the agent mounted it.
-        assert any("projected" in v for v in pod["spec"]["volumes"])
-
-        apply_example(kubeconfig, "fleet-a")
-        try:
-            wait_for_plain(lambda: get(kubeconfig, "statefulset", "demo", "fleet-a"), WAIT)
-        except TimeoutError:
-            raise AssertionError(node.log(pod["metadata"]["name"])[-4000:]) from None
-        log = node.log(pod["metadata"]["name"])
-        assert "in-cluster service account" in log, log[-2000:]
-        user = f"system:serviceaccount:{NAMESPACE}:{pod['spec']['serviceAccountName']}"
-        forbidden = [
-            e["requestURI"]
-            for e in plane.audit()
-            if e["user"]["username"] == user and e["responseStatus"]["code"] == 403
-        ]
-        assert forbidden == []
-    finally:
-        node.stop()
-
-
-def wait_for_plain(check, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = check()
-        if result:
-            return result
-        time.sleep(0.5)
-    raise TimeoutError(f"timed out after {timeout} s")

@@ -18,9 +18,12 @@ import kopf
 from eventfleet_operator import GROUP, PLURAL, VERSION, backups, kube, metrics, model, naming
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
-from eventfleet_operator.reconcile import Context, cleanup, reconcile
+from eventfleet_operator.reconcile import Context, TransientRefusal, cleanup, reconcile
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
 from eventfleet_operator.status import find_condition
+
+# Seconds before a pass refused for a transient reason is retried (see run_pass).
+TRANSIENT_RETRY_SECONDS = 2
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -48,6 +51,50 @@ class QuietResync(logging.Filter):
         return not (
             record.levelno == logging.INFO and record.getMessage() == "Timer 'resync' succeeded."
         )
+
+
+async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
+    """One reconciliation pass of an EventServer (every cause: create, update, resume,
+    timer), its status remembered and counted in the metrics.
+
+    A transient refusal by the API server (:class:`TransientRefusal`) becomes a
+    ``kopf.TemporaryError`` retried after ``TRANSIENT_RETRY_SECONDS``, not at the next
+    resync (30 s by default): the first pass after installing the chart met one.
+    """
+    raw: dict[str, Any] = copy.deepcopy(dict(body))
+    uid = raw["metadata"].get("uid", "")
+    # The watch may not have delivered our last status write yet (short resync
+    # intervals): prefer what this process wrote last for this very object.
+    if uid in memo.last_status:
+        raw["status"] = memo.last_status[uid]
+
+    def emit(type_: EventType, reason: str, message: str) -> None:
+        kopf.event(body, type=str(type_), reason=str(reason), message=message[:1024])
+
+    started = time.monotonic()
+    result = PassResult.ERROR
+    try:
+        try:
+            status = await reconcile(memo.ctx, raw, logger, emit)
+        except TransientRefusal as e:
+            memo.last_status[uid] = e.status
+            result = PassResult.APPLY_FAILED
+            raise kopf.TemporaryError(
+                f"{e} (transient; retrying in {TRANSIENT_RETRY_SECONDS} s)",
+                delay=TRANSIENT_RETRY_SECONDS,
+            ) from e
+        reason = find_condition(status["conditions"], ConditionType.READY).get("reason", "")
+        result = {
+            Reason.INVALID_SPEC: PassResult.INVALID_SPEC,
+            Reason.APPLY_FAILED: PassResult.APPLY_FAILED,
+        }.get(reason, PassResult.OK)
+        memo.last_status[uid] = status
+        meta = raw["metadata"]
+        desired = (raw.get("spec") or {}).get("replicas") or 0
+        metrics.observe_status(meta["namespace"], meta["name"], int(desired), status)
+    finally:
+        metrics.RECONCILES.labels(result).inc()
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -104,34 +151,6 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         runner = getattr(memo, "metrics_runner", None)
         if runner is not None:
             await runner.cleanup()
-
-    async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
-        raw: dict[str, Any] = copy.deepcopy(dict(body))
-        uid = raw["metadata"].get("uid", "")
-        # The watch may not have delivered our last status write yet (short resync
-        # intervals): prefer what this process wrote last for this very object.
-        if uid in memo.last_status:
-            raw["status"] = memo.last_status[uid]
-
-        def emit(type_: EventType, reason: str, message: str) -> None:
-            kopf.event(body, type=str(type_), reason=str(reason), message=message[:1024])
-
-        started = time.monotonic()
-        result = PassResult.ERROR
-        try:
-            status = await reconcile(memo.ctx, raw, logger, emit)
-            reason = find_condition(status["conditions"], ConditionType.READY).get("reason", "")
-            result = {
-                Reason.INVALID_SPEC: PassResult.INVALID_SPEC,
-                Reason.APPLY_FAILED: PassResult.APPLY_FAILED,
-            }.get(reason, PassResult.OK)
-            memo.last_status[uid] = status
-            meta = raw["metadata"]
-            desired = (raw.get("spec") or {}).get("replicas") or 0
-            metrics.observe_status(meta["namespace"], meta["name"], int(desired), status)
-        finally:
-            metrics.RECONCILES.labels(result).inc()
-            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
 
     @kopf.on.resume(**resource, registry=registry, id="reconcile-resume", backoff=5)
     @kopf.on.create(**resource, registry=registry, id="reconcile-create", backoff=5)

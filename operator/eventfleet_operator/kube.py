@@ -114,6 +114,17 @@ class ApiError(Exception):
         self.reason = reason
         self.message = message
 
+    @property
+    def transient(self) -> bool:
+        """A refusal the API server lifts by itself within seconds: throttling, an
+        unavailable or timed-out server, or a kind it cannot map yet — the 403 of
+        OwnerReferencesPermissionEnforcement for an owner whose CRD is seconds old
+        ("cannot find RESTMapping ... no matches for kind"), seen on the first pass after
+        installing the chart on a real cluster."""
+        if self.status in (429, 500, 502, 503, 504):
+            return True
+        return self.status == 403 and "cannot find RESTMapping" in self.message
+
 
 @dataclasses.dataclass
 class Credentials:

@@ -614,10 +614,25 @@ def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[st
             emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
 
 
+class TransientRefusal(Exception):
+    """A pass's writes were refused for a reason the API server lifts by itself
+    (:attr:`kube.ApiError.transient`). The pass's ``status`` is written already; the
+    caller retries within seconds instead of waiting for the next resync."""
+
+    def __init__(self, error: kube.ApiError, status: dict[str, Any]) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.status = status
+
+
 async def reconcile(
     ctx: Context, body: Mapping[str, Any], log: logging.Logger, emit: Emit
 ) -> dict[str, Any]:
-    """Bring the children of one ``EventServer`` to the desired state; returns the status."""
+    """Bring the children of one ``EventServer`` to the desired state; returns the status.
+
+    Raises :class:`TransientRefusal` (after writing the status) when the API server
+    refused a write for a reason that lifts within seconds.
+    """
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     generation = int(meta.get("generation") or 0)
@@ -647,6 +662,7 @@ async def reconcile(
             return new
 
         paused = (meta.get("annotations") or {}).get(naming.PAUSE_ANNOTATION) == naming.PAUSED
+        transient: kube.ApiError | None = None
         obs = dataclasses.replace(
             base, desired=spec.replicas, paused=paused, hibernate=spec.hibernate
         )
@@ -664,8 +680,10 @@ async def reconcile(
             log.log(logging.DEBUG if repeat else logging.ERROR, "%s", e)
             obs = dataclasses.replace(obs, ownership_error=str(e))
         except kube.ApiError as e:
-            # Keep running: report it and let the next pass (timer) retry.
+            # Keep running: report it and let the next pass retry — the timer's, or a
+            # prompt one for a refusal that lifts by itself (TransientRefusal below).
             log.error("applying children failed: %s", e)
+            transient = e if e.transient else None
             sts = await ctx.kube.get(kube.STATEFULSETS, namespace, name)
             if not naming.owned_by(sts, spec.uid):
                 sts = None
@@ -673,6 +691,8 @@ async def reconcile(
         new = status_mod.build(obs, previous)
         await write_status(ctx, namespace, name, new, previous)
         _emit_transitions(emit, previous, new)
+        if transient is not None:
+            raise TransientRefusal(transient, new)
         return new
 
 

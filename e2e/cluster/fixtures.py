@@ -1,0 +1,103 @@
+"""pytest fixtures on the real single-node cluster (``pytest_plugins = ["e2e.cluster.fixtures"]``).
+
+``real_cluster`` is session-scoped and lazy: the cluster starts only when a collected test
+asks for it, once for the whole session, and is taken down at the end with every process
+stopped by pid and every host change undone. When it cannot start (no root, Go, containers
+or built binaries) the test fails with the reason — it is never skipped.
+
+Fixture names differ from e2e.k8s's (``kubectl``, ``namespace``...), so both sets can be
+loaded in one session without one replacing the other.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from .clients import ClusterKubectl, helm
+from .cluster import Cluster, ClusterError
+from .layout import ROOT
+
+CHART = ROOT / "charts" / "eventfleet-operator"
+_names = itertools.count(1)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests on the real cluster run last, in their order: the cluster starts once,
+    is never left idle (iptables rules, ~1 GiB of memory) while the others run, and goes
+    down when the session ends."""
+    on_cluster = [i for i in items if "real_cluster" in getattr(i, "fixturenames", ())]
+    if on_cluster:
+        chosen = set(on_cluster)
+        items[:] = [i for i in items if i not in chosen] + on_cluster
+
+
+@pytest.fixture(scope="session")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """The session's cluster (admin kubeconfig: ``real_cluster.kubeconfig``)."""
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.up()
+    except ClusterError as e:
+        pytest.fail(f"the single-node cluster did not come up: {e}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        report = cluster.down()
+        problems = report["failed"] + report["leftovers"] + report["running"]
+        if problems:
+            pytest.fail(
+                "the cluster did not go down cleanly: " + json.dumps(report, indent=1),
+                pytrace=False,
+            )
+
+
+@pytest.fixture(scope="module")
+def restricted_namespace(real_cluster: Cluster) -> Iterator[str]:
+    """A namespace enforcing the ``restricted`` Pod Security Standard (deleted after)."""
+    name = f"ef-{os.getpid()}-{next(_names)}"
+    real_cluster.kubectl("create", "namespace", name)
+    real_cluster.kubectl(
+        "label", "namespace", name,
+        "pod-security.kubernetes.io/enforce=restricted",
+        "pod-security.kubernetes.io/enforce-version=latest",
+    )  # fmt: skip
+    try:
+        yield name
+    finally:
+        real_cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def operator_release(
+    real_cluster: Cluster, restricted_namespace: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``helm install`` of the chart into the namespace, as a user does (defaults: the
+    operator watches its release namespace); waits for the operator's Deployment."""
+    home = tmp_path_factory.mktemp("helm")
+    release = "ef"
+    helm(
+        real_cluster, home, "install", release, str(CHART), "--namespace", restricted_namespace,
+        "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    try:
+        yield release
+    finally:
+        # Fleets first: their finalizer needs the operator to go away.
+        real_cluster.kubectl(
+            "-n", restricted_namespace, "delete", "eventservers", "--all", "--timeout=120s",
+            check=False,
+        )  # fmt: skip
+        helm(
+            real_cluster, home, "uninstall", release, "--namespace", restricted_namespace, "--wait"
+        )
+
+
+@pytest.fixture(scope="module")
+def ckubectl(real_cluster: Cluster, restricted_namespace: str) -> ClusterKubectl:
+    return ClusterKubectl(real_cluster, restricted_namespace)
