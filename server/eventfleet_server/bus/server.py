@@ -31,7 +31,7 @@ import zmq.backend
 
 from eventfleet_server.bus import wire
 from eventfleet_server.bus.config import BusConfig
-from eventfleet_server.listener import Rejections, Tasks
+from eventfleet_server.listener import Rejections, RejectReason, Tasks
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +362,18 @@ class BusServer:
                 send(sock, data, last)
         self.counters.broadcast += len(items)
 
+    def _oversized(self, what: str, body: Sequence[bytes], limit: int, identity: bytes) -> bool:
+        """Refuse (count, log) a message over ``bus.max_message_size``; True if refused."""
+        size = sum(map(len, body))
+        if size <= limit:
+            return False
+        self.rejections.reject(
+            RejectReason.MESSAGE_TOO_LARGE,
+            f"{what} of {size} bytes exceeds bus.max_message_size {limit}",
+            _peer(identity),
+        )
+        return True
+
     # -- SNAPSHOT ----------------------------------------------------------------------
 
     async def _snapshot_loop(self) -> None:
@@ -371,13 +383,7 @@ class BusServer:
         while True:
             frames = await sock.recv_multipart()
             identity, body = frames[0], frames[1:]
-            size = sum(len(f) for f in body)
-            if size > limit:
-                self.rejections.reject(
-                    "message_too_large",
-                    f"snapshot request of {size} bytes exceeds bus.max_message_size {limit}",
-                    _peer(identity),
-                )
+            if self._oversized("snapshot request", body, limit, identity):
                 continue
             try:
                 request = wire.parse_syncstart(body)
@@ -388,14 +394,14 @@ class BusServer:
                 continue
             if identity in self._snap_clients:
                 self.rejections.reject(
-                    "rate_limited",
+                    RejectReason.RATE_LIMITED,
                     "SYNCSTART while a snapshot for this client is pending",
                     _peer(identity),
                 )
                 continue
             if self._snap_queue.qsize() >= self._config.max_pending_snapshots:
                 self.rejections.reject(
-                    "rate_limited",
+                    RejectReason.RATE_LIMITED,
                     f"{self._snap_queue.qsize()} snapshots pending (bus.max_pending_snapshots)",
                     _peer(identity),
                 )
@@ -411,7 +417,7 @@ class BusServer:
                 await self._serve_snapshot(identity, request)
             except _Stalled:
                 self.rejections.reject(
-                    "slow_subscriber",
+                    RejectReason.SLOW_SUBSCRIBER,
                     f"snapshot abandoned: client did not read for "
                     f"{self._config.snapshot_stall_timeout:g} s",
                     _peer(identity),
@@ -564,13 +570,7 @@ class BusServer:
             peers: list[bytes] = []
             for frames in messages:
                 identity, body = frames[0], frames[1:]
-                size = sum(map(len, body))
-                if size > limit:
-                    self.rejections.reject(
-                        "message_too_large",
-                        f"PUB of {size} bytes exceeds bus.max_message_size {limit}",
-                        _peer(identity),
-                    )
+                if self._oversized("PUB", body, limit, identity):
                     continue
                 try:
                     pubs.append(wire.parse_pub(body))
@@ -605,7 +605,7 @@ class BusServer:
             else:
                 user = credentials[0][:64] if credentials else b""
                 self.rejections.reject(
-                    "bad_token",
+                    RejectReason.BAD_TOKEN,
                     f"{mechanism.decode(errors='replace')} credentials refused (user {user!r})",
                     address.decode(errors="replace"),
                 )
@@ -630,7 +630,7 @@ class BusServer:
                         self._read_subscriptions()
                 elif self._token is not None:
                     self.rejections.reject(
-                        "bad_token",
+                        RejectReason.BAD_TOKEN,
                         f"{name} handshake failed (a client without PLAIN credentials?)",
                         endpoint,
                     )
