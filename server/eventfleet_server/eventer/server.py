@@ -19,6 +19,7 @@ from eventfleet_server.common.model import (
 )
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine, EngineError
+from eventfleet_server.engine.fanout import SlicedFanout
 from eventfleet_server.eventer.decode import (
     CHUNK_EVENTS,
     MalformedRequest,
@@ -90,8 +91,11 @@ class EventerServer:
         self._tasks = tasks if tasks is not None else Tasks("eventer")
         # Large sessions are fanned out a slice at a time by a task, in order with
         # everything queued after them (see `_on_events`).
-        self._fanout: deque[tuple[list[Event], list[bytes], bool]] = deque()
-        self._fanout_task: asyncio.Task | None = None
+        self._fanout = SlicedFanout(
+            self._deliver,
+            CHUNK_EVENTS,
+            lambda name, coro: self._tasks.spawn(name, coro, critical=False),
+        )
         # A policy, or a function returning the current one (token rotation). Without
         # one: open, but a token sent to a server that has none is refused.
         policy = tokens if tokens is not None else TokenPolicy(refuse_unexpected=True)
@@ -155,24 +159,7 @@ class EventerServer:
     # -- fan-out -----------------------------------------------------------------------------
 
     def _on_events(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
-        # Small sessions go out at once; a large one (or anything behind it, to keep
-        # the order) is selected and sent a slice at a time with yields to the loop, so
-        # that 10,000 events do not hold the loop for the whole selection.
-        if not self._fanout and len(events) <= CHUNK_EVENTS:
-            self._deliver(events, sbs, persisted)
-            return
-        self._fanout.append((events, sbs, persisted))
-        if self._fanout_task is None or self._fanout_task.done():
-            self._fanout_task = self._tasks.spawn("fan-out", self._fanout_loop(), critical=False)
-
-    async def _fanout_loop(self) -> None:
-        while self._fanout:
-            events, sbs, persisted = self._fanout[0]
-            for start in range(0, len(events), CHUNK_EVENTS):
-                end = start + CHUNK_EVENTS
-                self._deliver(events[start:end], sbs[start:end], persisted)
-                await asyncio.sleep(0)
-            self._fanout.popleft()
+        self._fanout.push(events, sbs, persisted)
 
     def _deliver(self, events: list[Event], sbs: list[bytes], persisted: bool) -> None:
         # A MsgEventsNotify is an SBS array: the count and the events' stored bytes.

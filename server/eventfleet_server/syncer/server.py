@@ -24,6 +24,7 @@ from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import Event, Status
 from eventfleet_server.engine import Engine
+from eventfleet_server.engine.fanout import SlicedFanout
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,
@@ -104,8 +105,13 @@ class SyncerServer:
         self._unsubscribe: Callable[[], None] | None = None
         # Large committed sessions go to peers a slice at a time from a task, in order
         # with everything after them, so encoding 16 MiB never holds the loop at once.
-        self._fanout: deque[list[Event]] = deque()
         self._fanout_tasks = Tasks("syncer/fan-out")
+        # Each slice is one MsgEvents of one session (a part of it), in order.
+        self._fanout = SlicedFanout(
+            self._deliver,
+            FANOUT_SLICE,
+            lambda name, coro: self._fanout_tasks.spawn(name, coro, critical=False),
+        )
 
     @property
     def port(self) -> int:
@@ -171,22 +177,7 @@ class SyncerServer:
             return  # peers only ever get committed events
         if not self._sessions.get(events[0].id.server):
             return
-        if not self._fanout and len(events) <= FANOUT_SLICE:
-            self._deliver(events, sbs)
-            return
-        self._fanout.append((events, sbs))
-        if len(self._fanout) == 1:
-            self._fanout_tasks.spawn("slices", self._fanout_loop(), critical=False)
-
-    async def _fanout_loop(self) -> None:
-        while self._fanout:
-            events, sbs = self._fanout[0]
-            for start in range(0, len(events), FANOUT_SLICE):
-                # Each slice is one MsgEvents of one session (a part of it), in order.
-                end = start + FANOUT_SLICE
-                self._deliver(events[start:end], sbs[start:end])
-                await asyncio.sleep(0)
-            self._fanout.popleft()
+        self._fanout.push(events, sbs)
 
     def _deliver(self, events: list[Event], sbs: list[bytes]) -> None:
         sessions = self._sessions.get(events[0].id.server)
