@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
+import signal
 import subprocess
 import time
 import uuid
@@ -25,7 +27,13 @@ import yaml
 from e2e.bus_client import BusClient, wait_live
 from e2e.cluster.clients import ClusterKubectl
 from e2e.cluster.images import project_image_ref
-from e2e.cluster.layout import PROVISIONER_NAME, ROOT, SERVICE_CIDR, STORAGE_CLASS
+from e2e.cluster.layout import (
+    CONTAINERD_SOCKET,
+    PROVISIONER_NAME,
+    ROOT,
+    SERVICE_CIDR,
+    STORAGE_CLASS,
+)
 
 pytest_plugins = ["e2e.cluster.fixtures"]
 
@@ -295,3 +303,38 @@ def test_the_chart_runs_the_operator_image_as_a_pod_within_its_rbac(
         if "cannot find RESTMapping" not in e["responseStatus"].get("message", "")
     ]
     assert lasting == [], f"requests the chart's RBAC forbade: {lasting}"
+
+
+def test_a_hung_replica_is_restarted_by_its_liveness_probe(ckubectl: ClusterKubectl, fleet: str):
+    """SIGSTOP on a replica's process (a hang: it holds its sockets and answers nothing):
+    the kubelet's liveness probe on /healthz fails, the container is killed and started
+    again, and the fleet is whole again."""
+    pod = f"{fleet}-2"
+    before = ckubectl.get("pod", pod)["status"]["containerStatuses"][0]
+    container = before["containerID"].removeprefix("containerd://")
+    tasks = subprocess.run(
+        ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "task", "ls"],
+        capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    (pid,) = [int(line.split()[1]) for line in tasks.splitlines() if line.startswith(container)]
+    os.kill(pid, signal.SIGSTOP)
+
+    def restarted() -> dict | None:
+        status = ckubectl.get("pod", pod)["status"]["containerStatuses"][0]
+        done = status["restartCount"] > before["restartCount"] and status["ready"]
+        return status if done else None
+
+    status = wait_for(
+        f"{pod} restarted and Ready", restarted, on_timeout=lambda: diagnostics(ckubectl)
+    )
+    assert status["lastState"]["terminated"]["exitCode"] == 137  # killed, not exited
+    events = ckubectl.run(
+        "get", "events", "--field-selector", f"involvedObject.name={pod}", "-o", "json"
+    ).stdout  # fmt: skip
+    unhealthy = [e["message"] for e in json.loads(events)["items"] if e["reason"] == "Unhealthy"]
+    assert any(m.startswith("Liveness probe failed") for m in unhealthy), unhealthy
+    wait_for(
+        "PeersSynced=True again",
+        lambda: conditions(ckubectl).get("PeersSynced") == "True",
+        on_timeout=lambda: diagnostics(ckubectl),
+    )
