@@ -13,9 +13,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import dataclasses
-import datetime
-import hashlib
-import json
 import logging
 import secrets
 from collections.abc import Callable, Mapping, Sequence
@@ -23,7 +20,6 @@ from typing import Any
 
 from eventfleet_operator import (
     builders,
-    certificates,
     kube,
     metrics,
     model,
@@ -31,11 +27,9 @@ from eventfleet_operator import (
     rollout,
     scaling,
     tokens,
-    volumes,
 )
 from eventfleet_operator import schema as schema_mod
 from eventfleet_operator import status as status_mod
-from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import (
     OPTIONAL_CHILD_PROBLEMS,
     READY_PROBLEMS,
@@ -45,218 +39,17 @@ from eventfleet_operator.constants import (
     Operation,
     Reason,
 )
-from eventfleet_operator.replicas import Endpoints, ReplicaClient, ReplicaUnreachable
-
-Emit = Callable[[EventType, str, str], None]  # (type, reason, message)
-
-
-@dataclasses.dataclass
-class Context:
-    """Process-wide clients and per-fleet locks (timers and watch events run concurrently)."""
-
-    config: OperatorConfig
-    kube: kube.KubeClient
-    replicas: ReplicaClient
-    endpoints: Endpoints
-    locks: dict[tuple[str, str], asyncio.Lock] = dataclasses.field(default_factory=dict)
-
-    def lock(self, namespace: str, name: str) -> asyncio.Lock:
-        return self.locks.setdefault((namespace, name), asyncio.Lock())
-
-    async def close(self) -> None:
-        await self.kube.close()
-        await self.replicas.close()
-
-
-def is_subset(desired: Any, live: Any) -> bool:
-    """Does ``live`` already carry every field of ``desired`` (extra live fields allowed)?
-
-    Servers add defaults, so equality would re-apply forever; lists must match
-    item by item because the builders emit them whole.
-    """
-    if isinstance(desired, Mapping):
-        return isinstance(live, Mapping) and all(
-            k in live and is_subset(v, live[k]) for k, v in desired.items()
-        )
-    if isinstance(desired, list):
-        return (
-            isinstance(live, list)
-            and len(desired) == len(live)
-            and all(is_subset(d, v) for d, v in zip(desired, live, strict=True))
-        )
-    return desired == live
-
-
-def with_applied_hash(manifest: Mapping[str, Any]) -> dict[str, Any]:
-    """``manifest`` carrying the hash of itself in ``eventfleet.io/applied-hash``.
-
-    The subset check alone cannot see a field the operator *stopped* setting (a removed
-    ``spec.podLabels`` entry is still on the live object, so desired ⊂ live holds and
-    nothing would be sent). The hash of the whole desired manifest changes whenever any
-    field is added, changed or removed; a live hash that differs means "apply", and
-    server-side apply then removes the fields this field manager no longer sets.
-    """
-    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
-    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
-    meta = dict(manifest["metadata"])
-    annotations = {**(meta.get("annotations") or {}), naming.APPLIED_HASH_ANNOTATION: digest}
-    meta["annotations"] = annotations
-    return {**manifest, "metadata": meta}
-
-
-def up_to_date(desired: Mapping[str, Any], live: Mapping[str, Any] | None) -> bool:
-    """Is ``live`` what applying ``desired`` (from :func:`with_applied_hash`) would give?
-
-    Same applied hash (nothing added or removed since the last apply) and every desired
-    field present with its value (no hand edit of an owned field).
-    """
-    if live is None:
-        return False
-    want = desired["metadata"]["annotations"][naming.APPLIED_HASH_ANNOTATION]
-    have = ((live.get("metadata") or {}).get("annotations") or {}).get(
-        naming.APPLIED_HASH_ANNOTATION
-    )
-    return have == want and is_subset(desired, live)
-
-
-class ChildNotOwned(Exception):
-    """Objects with a child's name that this EventServer does not own (never overwritten)."""
-
-    def __init__(self, children: Sequence[str], uid: str) -> None:
-        self.children = list(children)
-        super().__init__(
-            f"{', '.join(self.children)}: already exist without an ownerReference to this "
-            f"EventServer (uid {uid}); the operator neither overwrites nor adopts them. "
-            "Delete or rename them, or give the EventServer another name"
-        )
-
-
-def _owner_uid(manifest: Mapping[str, Any]) -> str:
-    refs = manifest["metadata"].get("ownerReferences") or []
-    return str(refs[0].get("uid", "")) if refs else ""
-
-
-async def ensure(
-    ctx: Context,
-    manifest: Mapping[str, Any],
-    log: logging.Logger,
-    read_version: str | None = None,
-) -> Operation | None:
-    """Create or repair one child; returns what it did, or None (no change).
-
-    ``read_version``: the resourceVersion of the live object the manifest was built
-    from (a token Secret keeps the live tokens); when the object changed since, nothing
-    is written this pass, so a concurrent edit (a rotation step by hand) is never
-    reverted with what was read before it. Raises :class:`ChildNotOwned` when an object
-    of that name exists that is not ours.
-    """
-    resource = kube.resource_of(manifest)
-    manifest = with_applied_hash(manifest)
-    meta = manifest["metadata"]
-    live = await ctx.kube.get(resource, meta["namespace"], meta["name"])
-    uid = _owner_uid(manifest)
-    if live is not None and uid and not naming.owned_by(live, uid):
-        raise ChildNotOwned([f"{manifest['kind']} {meta['name']}"], uid)
-    if read_version is not None and live is not None:
-        if (live.get("metadata") or {}).get("resourceVersion") != read_version:
-            log.info("%s %s changed since it was read: next pass", manifest["kind"], meta["name"])
-            return None
-    if up_to_date(manifest, live):
-        return None
-    result = await ctx.kube.apply(manifest)
-    if live is None:
-        log.info("created %s %s", manifest["kind"], meta["name"])
-        metrics.CHILD_WRITES.labels(manifest["kind"], Operation.CREATED).inc()
-        return Operation.CREATED
-    if result.get("metadata", {}).get("resourceVersion") == live.get("metadata", {}).get(
-        "resourceVersion"
-    ):
-        return None  # the server found nothing to change (e.g. a normalised quantity)
-    log.info("updated %s %s (it differed from the desired state)", manifest["kind"], meta["name"])
-    metrics.CHILD_WRITES.labels(manifest["kind"], Operation.UPDATED).inc()
-    return Operation.UPDATED
-
-
-async def delete_owned(
-    ctx: Context, resource: kube.Resource, namespace: str, name: str, uid: str, log: logging.Logger
-) -> bool:
-    """Delete a child only if it is ours (owner reference to ``uid``), that very object."""
-    live = await ctx.kube.get(resource, namespace, name)
-    if live is None:
-        return False
-    if not naming.owned_by(live, uid):
-        log.warning("not deleting %s %s: it is not owned by this EventServer", resource.kind, name)
-        return False
-    try:
-        return await ctx.kube.delete(resource, namespace, name, uid=live["metadata"].get("uid"))
-    except kube.ApiError as e:
-        if e.status == 409:  # replaced by someone else in the meantime: not ours
-            return False
-        raise
-
-
-async def apply_child(
-    ctx: Context,
-    manifest: Mapping[str, Any],
-    log: logging.Logger,
-    emit: Emit,
-    read_version: str | None = None,
-) -> Operation | None:
-    """:func:`ensure`, and an Event for the write when it made one."""
-    change = await ensure(ctx, manifest, log, read_version)
-    if change:
-        kind, name = manifest["kind"], manifest["metadata"]["name"]
-        emit(EventType.NORMAL, change.event_reason, f"{change} {kind} {name}")
-    return change
-
-
-async def remove_child(
-    ctx: Context,
-    resource: kube.Resource,
-    spec: model.FleetSpec,
-    name: str,
-    log: logging.Logger,
-    emit: Emit,
-    why: str,
-) -> bool:
-    """:func:`delete_owned`, counted and told (an Event naming ``why``) when it deleted."""
-    if not await delete_owned(ctx, resource, spec.namespace, name, spec.uid, log):
-        return False
-    log.info("deleted %s %s (%s)", resource.kind, name, why)
-    metrics.CHILD_WRITES.labels(resource.kind, Operation.DELETED).inc()
-    emit(
-        EventType.NORMAL, Operation.DELETED.event_reason, f"deleted {resource.kind} {name} ({why})"
-    )
-    return True
-
-
-def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
-    """The always-present children, by type and name (checked for ownership first)."""
-    children = [
-        (kube.SERVICES, naming.peer_service(spec.name)),
-        (kube.SERVICES, naming.client_service(spec.name)),
-        (kube.CONFIGMAPS, naming.configmap(spec.name)),
-        (kube.STATEFULSETS, naming.statefulset(spec.name)),
-    ]
-    if spec.pdb.enabled:
-        children.append((kube.PDBS, naming.pdb(spec.name)))
-    if spec.network_policy.enabled:
-        children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
-    if spec.peer_token_ref.generated:
-        children.insert(0, (kube.SECRETS, naming.peer_token_secret(spec.name)))
-    if spec.token_ref.generated:
-        children.insert(0, (kube.SECRETS, naming.token_secret(spec.name)))
-    return children
-
-
-async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
-    """Children's names taken by objects this EventServer does not own."""
-    found = []
-    for resource, name in core_children(spec):
-        live = await ctx.kube.get(resource, spec.namespace, name)
-        if live is not None and not naming.owned_by(live, spec.uid):
-            found.append(f"{resource.kind} {name}")
-    return found
+from eventfleet_operator.reconcilers import tls, volumes
+from eventfleet_operator.reconcilers.children import (
+    ChildNotOwned,
+    Context,
+    Emit,
+    apply_child,
+    delete_owned,
+    foreign_children,
+    remove_child,
+)
+from eventfleet_operator.replicas import ReplicaUnreachable
 
 
 async def _token(
@@ -443,11 +236,6 @@ async def _tokens_loaded(
             "(condition TokensLoaded says when all have)",
         )
     return verdict, digest
-
-
-async def _claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
-    claim = f"data-{naming.pod(spec.name, ordinal)}"
-    return await ctx.kube.get(kube.PVCS, spec.namespace, claim) is not None
 
 
 async def _pods(ctx: Context, spec: model.FleetSpec) -> dict[int, dict[str, Any]]:
@@ -696,68 +484,6 @@ async def reconcile(
         return new
 
 
-async def _resize(
-    ctx: Context, spec: model.FleetSpec, template_grown: bool, log: logging.Logger, emit: Emit
-) -> tuple[status_mod.Verdict, bool]:
-    """One step of growing the claims; (StorageResizing verdict, recreate the StatefulSet)."""
-    size = spec.storage.size
-    want = volumes.quantity(size)
-    assert want is not None
-    pvcs = await ctx.kube.list(
-        kube.PVCS, spec.namespace, label_selector=naming.selector_string(spec.name)
-    )
-    claims = [
-        volumes.Claim.of(c)
-        for c in pvcs
-        if naming.claim_ordinal(spec.name, c["metadata"]["name"]) is not None
-    ]
-    class_name = spec.storage.storage_class_name or next(
-        (c.storage_class for c in claims if c.storage_class), None
-    )
-    if class_name:
-        storage_class = await ctx.kube.get(kube.STORAGECLASSES, None, class_name)
-    else:
-        storage_class = volumes.default_class(await ctx.kube.list(kube.STORAGECLASSES, None))
-    step = volumes.plan(want, claims, template_grown)
-    if (step.patch or not template_grown) and not volumes.expandable(storage_class):
-        # Checked before anything is touched, claims or not: an unexpandable class
-        # means the size stays.
-        which = f"StorageClass {class_name!r}" if class_name else "the default StorageClass"
-        found = "" if storage_class is not None else " (not found)"
-        return (
-            ConditionStatus.FALSE,
-            Reason.EXPANSION_NOT_ALLOWED,
-            f"spec.storage.size: cannot grow the volumes to {size}: {which}{found} does not "
-            "allow volume expansion (allowVolumeExpansion: true); set the size back",
-        ), False
-    for name in step.patch:
-        await ctx.kube.patch(
-            kube.PVCS,
-            spec.namespace,
-            name,
-            {"spec": {"resources": {"requests": {"storage": size}}}},
-        )
-        log.info("requested %s for claim %s", size, name)
-        emit(
-            EventType.NORMAL, Reason.RESIZING, f"requested {size} for PersistentVolumeClaim {name}"
-        )
-    if step.done and template_grown:
-        return (ConditionStatus.FALSE, Reason.RESIZED, f"every claim has {size}"), False
-    parts = [
-        f"{label}: {', '.join(names)}"
-        for label, names in (
-            ("requested now", step.patch),
-            ("expanding", step.expanding),
-            ("file system resize pending on the node", step.fs_pending),
-        )
-        if names
-    ]
-    if step.recreate:
-        parts.append("recreating the StatefulSet with the new claim template")
-    message = f"growing the volumes to {size}" + (f"; {'; '.join(parts)}" if parts else "")
-    return (ConditionStatus.TRUE, Reason.RESIZING, message), step.recreate
-
-
 async def _requested_flush(
     ctx: Context,
     spec: model.FleetSpec,
@@ -773,8 +499,7 @@ async def _requested_flush(
     if not request or (previous.get("lastFlush") or {}).get("requested") == request:
         return None
 
-    async def claim_exists(o: int) -> bool:
-        return await _claim_exists(ctx, spec, o)
+    claim_exists = volumes.claim_check(ctx, spec)
 
     problem = await scaling.verify_all(
         spec,
@@ -833,9 +558,7 @@ async def _roll(
         return plan
     name = naming.pod(spec.name, ordinal)
     if plan.check_first:
-
-        async def claim_exists(o: int) -> bool:
-            return await _claim_exists(ctx, spec, o)
+        claim_exists = volumes.claim_check(ctx, spec)
 
         problem = await scaling.check_leaving(
             spec,
@@ -877,49 +600,6 @@ async def _roll(
             + f": {why}",
         )
     return plan
-
-
-async def _certificates(
-    ctx: Context,
-    spec: model.FleetSpec,
-    previous: Mapping[str, Any],
-    log: logging.Logger,
-    emit: Emit,
-) -> tuple[status_mod.Verdict, Mapping[str, Any] | None]:
-    """The fleet certificate (spec.tls) in place and valid, before the pods that mount
-    it; the operator's own calls to the replicas trust its CA from here on."""
-    off = (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off")
-    last = status_mod.find_condition(previous.get("conditions"), ConditionType.CERTIFICATE_READY)
-    if not spec.tls.enabled and last.get("reason") == off[1]:
-        # Off, and the last pass removed what TLS had left: no reads for nothing on
-        # every pass of every plain fleet.
-        ctx.endpoints.trust(spec.namespace, spec.name, None, https=False)
-        return off, None
-    state = await certificates.ensure(
-        ctx.kube,
-        spec,
-        apply=lambda manifest, version: apply_child(ctx, manifest, log, emit, version),
-        delete_owned=lambda resource, name: remove_child(
-            ctx, resource, spec, name, log, emit, "spec.tls is off"
-        ),
-        log=log,
-        emit=emit,
-        now=datetime.datetime.now(datetime.UTC),
-    )
-    ctx.endpoints.trust(
-        spec.namespace,
-        spec.name,
-        state.ca_pem if state else None,
-        https=spec.tls.enabled and spec.tls.http,
-    )
-    if state is None:
-        return off, None
-    verdict = (
-        ConditionStatus.TRUE if state.ready else ConditionStatus.FALSE,
-        state.reason,
-        state.message,
-    )
-    return verdict, state.as_status(naming.tls_secret(spec.name))
 
 
 async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
@@ -994,12 +674,11 @@ async def _apply_children(
         peer_secret, token, rotation = await _rotate_peer_token(
             ctx, spec, request, previous, peer_secret, token, log, emit
         )
-    tls = await _certificates(ctx, spec, previous, log, emit)
+    tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
 
-    async def claim_exists(ordinal: int) -> bool:
-        return await _claim_exists(ctx, spec, ordinal)
+    claim_exists = volumes.claim_check(ctx, spec)
 
     planner = scaling.plan_hibernation if spec.hibernate else scaling.plan
     decision = await planner(
@@ -1022,88 +701,8 @@ async def _apply_children(
     config_hash = builders.config_hash(spec, config)
     configmap = builders.configmap(spec, config)
     desired_sts = builders.statefulset(spec, replicas=decision.target, config_hash=config_hash)
-    sts, frozen = builders.keep_immutable(desired_sts, sts_live)
-    immutable_error = ""
-    resize: status_mod.Verdict | None = None
-    was_resizing = any(
-        c.get("type") == ConditionType.STORAGE_RESIZING and c.get("status") == "True"
-        for c in previous.get("conditions") or []
-    )
-    # The StatefulSet is being deleted with orphan propagation (recreated with a grown
-    # claim template): the API server keeps the old object until the garbage collector
-    # has released its pods, and refuses any change to its claim template meanwhile.
-    recreating = bool(sts_live and (sts_live.get("metadata") or {}).get("deletionTimestamp"))
-    if recreating:
-        frozen = []
-        resize = (
-            ConditionStatus.TRUE,
-            Reason.RESIZING,
-            f"growing the volumes to {spec.storage.size}; waiting for the old StatefulSet "
-            f"{spec.name} to be deleted (orphan: its pods keep running) to create it again",
-        )
-    elif sts_live is None and was_resizing:
-        # Deleted for the recreation: this pass creates it with the grown template.
-        resize, _ = await _resize(ctx, spec, True, log, emit)
-    elif sts_live is not None and (
-        was_resizing
-        or ("volumeClaimTemplates" in frozen and volumes.only_size_differs(desired_sts, sts_live))
-    ):
-        live_size = volumes.template_size(sts_live) or spec.storage.size
-        if volumes.quantity(spec.storage.size) < volumes.quantity(live_size):
-            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
-            immutable_error = (
-                f"spec.storage.size: volumes only grow: the claims have {live_size}, "
-                f"the spec asks for {spec.storage.size}; set it back to {live_size} or more"
-            )
-            log.warning("%s", immutable_error)
-        else:
-            frozen = [f for f in frozen if f != "volumeClaimTemplates"]
-            grown = volumes.quantity(live_size) == volumes.quantity(spec.storage.size)
-            resize, recreate = await _resize(ctx, spec, grown, log, emit)
-            if resize[1] is Reason.EXPANSION_NOT_ALLOWED:
-                immutable_error = resize[2]
-            if recreate:
-                # Orphan: the pods (and their claims) stay; the StatefulSet is created
-                # again below from the new template and adopts them.
-                await ctx.kube.delete(
-                    kube.STATEFULSETS,
-                    spec.namespace,
-                    spec.name,
-                    uid=sts_live["metadata"].get("uid"),
-                    propagation="Orphan",
-                )
-                log.info("recreating StatefulSet %s with %s volumes", spec.name, spec.storage.size)
-                emit(
-                    EventType.NORMAL,
-                    Reason.RESIZING,
-                    f"every claim has grown to {spec.storage.size}: recreating StatefulSet "
-                    f"{spec.name} (orphan: the pods keep running) with the new claim template",
-                )
-                sts = desired_sts
-                # A real API server keeps the object until the garbage collector has
-                # released its pods, and refuses the new claim template meanwhile:
-                # then the next pass creates it (see `recreating` above).
-                still = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-                if still is not None:
-                    recreating = True
-                    resize = (
-                        ConditionStatus.TRUE,
-                        Reason.RESIZING,
-                        f"growing the volumes to {spec.storage.size}; waiting for the old "
-                        f"StatefulSet {spec.name} to be deleted (orphan: its pods keep running) "
-                        "to create it again",
-                    )
-    if frozen:
-        fields = [
-            "spec.storage" if f == "volumeClaimTemplates" else f"StatefulSet spec.{f}"
-            for f in frozen
-        ]
-        immutable_error = (
-            f"{', '.join(fields)}: cannot change on an existing StatefulSet "
-            "(Kubernetes forbids it); the fleet keeps its current volumes. Revert the change "
-            "(spec.storage.size may grow; the storage class may not change)"
-        )
-        log.warning("%s", immutable_error)
+    growth = await volumes.reconcile(ctx, spec, previous, desired_sts, sts_live, log, emit)
+    sts, frozen, recreating = growth.statefulset, growth.frozen, growth.recreating
     shrinking = current is not None and decision.target < current
     # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
     # Up or steady: peers first, so new replicas start with the whole mesh.
@@ -1179,11 +778,11 @@ async def _apply_children(
             plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
     return dataclasses.replace(
         obs,
-        storage_resize=resize,
+        storage_resize=growth.resize,
         last_flush=last_flush,
         rollout=plan,
         token_error=token_error,
-        immutable_error=immutable_error,
+        immutable_error=growth.immutable_error,
         schema_error=schema_error,
         schema_version=schema_version,
         not_implemented=spec.not_implemented,
@@ -1197,8 +796,8 @@ async def _apply_children(
         tokens=tokens_c,
         tokens_digest=digest,
         peer_token_rotation=rotation,
-        tls=tls[0],
-        tls_status=tls[1],
+        tls=tls_[0],
+        tls_status=tls_[1],
     )
 
 
