@@ -11,10 +11,8 @@ first, so leaving replicas can still flush to their peers while they stop.
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import logging
-import secrets
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -26,7 +24,6 @@ from eventfleet_operator import (
     naming,
     rollout,
     scaling,
-    tokens,
 )
 from eventfleet_operator import schema as schema_mod
 from eventfleet_operator import status as status_mod
@@ -39,7 +36,7 @@ from eventfleet_operator.constants import (
     Operation,
     Reason,
 )
-from eventfleet_operator.reconcilers import tls, volumes
+from eventfleet_operator.reconcilers import tls, tokens, volumes
 from eventfleet_operator.reconcilers.children import (
     ChildNotOwned,
     Context,
@@ -50,192 +47,6 @@ from eventfleet_operator.reconcilers.children import (
     remove_child,
 )
 from eventfleet_operator.replicas import ReplicaUnreachable
-
-
-async def _token(
-    ctx: Context,
-    spec: model.FleetSpec,
-    log: logging.Logger,
-    *,
-    field: str = "spec.token",
-    seed: Callable[[str], str] | None = None,
-    versions: dict[str, str] | None = None,
-) -> tuple[dict[str, Any] | None, str, str | None]:
-    """The generated Secret to apply (or None), a problem with a referenced one, and the
-    token that is presented (the file's first line). ``versions`` gets the
-    resourceVersion the generated Secret was read at (see :func:`ensure`).
-
-    ``field`` picks the credential: ``spec.token`` (clients) or ``spec.peerToken``
-    (peers; the operator presents it on the replicas' admin routes). ``seed`` turns a
-    freshly generated token into the Secret's first text (see :func:`_peer_seed`).
-    """
-    peer = field == "spec.peerToken"
-    ref = spec.peer_token_ref if peer else spec.token_ref
-    live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
-    if not ref.generated:
-        if live is None:
-            return None, f"{field}.secretRef.name: Secret {ref.secret_name!r} not found", None
-        if ref.key not in (live.get("data") or {}):
-            return (
-                None,
-                f"{field}.secretRef.key: Secret {ref.secret_name!r} has no key {ref.key!r}",
-                None,
-            )
-        return None, "", _first_token(live["data"][ref.key])
-    text = ""
-    if live is not None and versions is not None:
-        versions[ref.secret_name] = str((live.get("metadata") or {}).get("resourceVersion"))
-    if live is not None:
-        try:
-            text = base64.b64decode((live.get("data") or {}).get("token", "")).decode()
-        except ValueError:
-            text = ""
-    if not text.strip():
-        # Generated once and then kept: replacing it would lock out every client (peer).
-        text = secrets.token_urlsafe(32)
-        if seed is not None:
-            text = seed(text)
-        log.info("generated a new token for Secret %s", ref.secret_name)
-    build = builders.peer_token_secret if peer else builders.token_secret
-    first = next(iter(tokens.parse(text)), None)
-    return build(spec, text), "", first
-
-
-def _peer_seed(
-    sts_live: Mapping[str, Any] | None, client_token: str | None
-) -> Callable[[str], str]:
-    """How a new generated peer Secret starts.
-
-    A new fleet: the new token alone. A fleet whose running pods predate the peer
-    Secret (an operator upgrade) accepts only the client token from peers and on
-    ``/flush``: the Secret then starts as ``client token, new token``, so the replaced
-    pods still present what the old ones accept (the first line) and accept the new
-    token already. Finishing the split is the peer rotation of docs/runbook.md.
-    """
-    volumes_ = (((sts_live or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
-    upgrade = sts_live is not None and not any(
-        v.get("name") == "peer-token" for v in volumes_.get("volumes") or []
-    )
-    if not upgrade or not client_token:
-        return lambda new: new
-    return lambda new: f"{client_token}\n{new}\n"
-
-
-def _first_token(data: str) -> str | None:
-    """The token a replica presents to peers: the first token of the file."""
-    try:
-        text = base64.b64decode(data).decode()
-    except ValueError:
-        return None
-    return next(iter(tokens.parse(text)), None)
-
-
-async def _rotate_peer_token(
-    ctx: Context,
-    spec: model.FleetSpec,
-    request: str,
-    previous: Mapping[str, Any],
-    peer_secret: dict[str, Any] | None,
-    token: str | None,
-    log: logging.Logger,
-    emit: Emit,
-) -> tuple[dict[str, Any] | None, str | None, dict[str, Any] | None]:
-    """One pass of the rotation ``eventfleet.io/rotate-peer-token`` asks for.
-
-    Returns the peer Secret to apply, the token to present and ``status.peerTokenRotation``
-    (None: unchanged). A step is taken only when the last status says every replica runs
-    exactly the Secrets' current tokens (TokensLoaded True with the same digest), so
-    each step has reached every replica before the next is written.
-    """
-    prev = previous.get("peerTokenRotation") or {}
-    same = prev.get("requested") == request
-    if same and prev.get("step") in (tokens.DONE, tokens.REFUSED):
-        return peer_secret, token, None
-    step = str(prev.get("step") or "") if same else ""
-    if not spec.peer_token_ref.generated or peer_secret is None:
-        result = tokens.Step(
-            tokens.REFUSED,
-            None,
-            f"spec.peerToken.secretRef names your own Secret "
-            f"{spec.peer_token_ref.secret_name!r}: rotate it by hand (docs/runbook.md, "
-            "'Rotate the tokens')",
-        )
-    else:
-        live = tokens.decode(peer_secret, "token") or ()
-        client_ref = spec.token_ref
-        client_secret = await ctx.kube.get(kube.SECRETS, spec.namespace, client_ref.secret_name)
-        client = tokens.decode(
-            client_secret, client_ref.key if not client_ref.generated else "token"
-        )
-        loaded_c = status_mod.find_condition(
-            previous.get("conditions"), ConditionType.TOKENS_LOADED
-        )
-        loaded = (
-            bool(client)
-            and loaded_c.get("status") == ConditionStatus.TRUE
-            and previous.get("tokensDigest") == tokens.Expected.of(client or (), live).digest()
-        )
-        result = tokens.rotation_step(step, live, loaded, secrets.token_urlsafe(32))
-    if result.write is not None:
-        peer_secret = builders.peer_token_secret(spec, "\n".join(result.write) + "\n")
-        token = result.write[0]
-        log.info("peer token rotation %r: %s", request, result.message)
-        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATION, f"{request}: {result.message}")
-    if result.step == tokens.DONE and prev.get("step") != tokens.DONE:
-        emit(EventType.NORMAL, Reason.PEER_TOKEN_ROTATED, f"{request}: {result.message}")
-    if result.step == tokens.REFUSED and not (same and prev.get("step") == tokens.REFUSED):
-        log.warning("peer token rotation %r refused: %s", request, result.message)
-        emit(EventType.WARNING, Reason.PEER_TOKEN_ROTATION_REFUSED, f"{request}: {result.message}")
-    moved = result.step != step or not same
-    return (
-        peer_secret,
-        token,
-        {
-            "requested": request,
-            "step": result.step,
-            "message": (result.message or str(prev.get("message") or ""))[:500],
-            "time": status_mod.now_iso() if moved else str(prev.get("time") or ""),
-        },
-    )
-
-
-async def _tokens_loaded(
-    ctx: Context,
-    spec: model.FleetSpec,
-    peers: Sequence[status_mod.PeerReport],
-    previous: Mapping[str, Any],
-    emit: Emit | None = None,
-) -> tuple[status_mod.Verdict, str]:
-    """``TokensLoaded`` and the Secrets' digest: have the replicas reloaded the tokens?
-
-    A token Secret changed (a rotation step) reaches the replicas without a restart:
-    kubelet refreshes the Secret volumes and each replica re-reads them. The operator
-    only watches that happen (and says so once with an Event).
-    """
-    client_ref, peer_ref = spec.token_ref, spec.peer_token_ref
-    found = []
-    for ref in (client_ref, peer_ref):
-        live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
-        if live is not None and ref.generated and not naming.owned_by(live, spec.uid):
-            live = None
-        found.append(tokens.decode(live, "token" if ref.generated else ref.key))
-    names = f"Secrets {client_ref.secret_name} and {peer_ref.secret_name}"
-    client, peer = found
-    expected = tokens.Expected.of(client, peer) if client and peer else None
-    reports = [
-        (p.name, p.status.credentials if p.status else None, p.status is not None) for p in peers
-    ]
-    verdict = tokens.verdict(expected, reports, names)
-    digest = expected.digest() if expected else ""
-    before = str(previous.get("tokensDigest") or "")
-    if emit is not None and digest and before and digest != before:
-        emit(
-            EventType.NORMAL,
-            Reason.TOKENS_CHANGED,
-            f"{names} changed: the replicas reload the tokens without a restart "
-            "(condition TokensLoaded says when all have)",
-        )
-    return verdict, digest
 
 
 async def _pods(ctx: Context, spec: model.FleetSpec) -> dict[int, dict[str, Any]]:
@@ -602,16 +413,6 @@ async def _roll(
     return plan
 
 
-async def _read_token(ctx: Context, spec: model.FleetSpec) -> str | None:
-    """The fleet's peer token for the replicas' /status, read only (a paused fleet)."""
-    ref = spec.peer_token_ref
-    live = await ctx.kube.get(kube.SECRETS, spec.namespace, ref.secret_name)
-    if live is None or (ref.generated and not naming.owned_by(live, spec.uid)):
-        return None
-    data = (live.get("data") or {}).get(ref.key if not ref.generated else "token")
-    return _first_token(data) if data else None
-
-
 async def _observe_only(
     ctx: Context,
     spec: model.FleetSpec,
@@ -623,9 +424,9 @@ async def _observe_only(
     if not naming.owned_by(sts, spec.uid):
         sts = None
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
-    token = await _read_token(ctx, spec)
+    token = await tokens.read_peer_token(ctx, spec)
     peers = await _observe_replicas(ctx, spec, count, token)
-    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous)
+    tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous)
     pods = await _pods(ctx, spec)
     return dataclasses.replace(
         obs,
@@ -655,25 +456,9 @@ async def _apply_children(
         # Before anything is read from them or written: a same-named StatefulSet, Secret
         # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
         raise ChildNotOwned(foreign, spec.uid)
-    read_versions: dict[str, str] = {}
-    secret, token_error, client_token = await _token(ctx, spec, log, versions=read_versions)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    # Every call of the operator to a replica (/status, /flush) presents the peer token.
-    peer_secret, peer_error, token = await _token(
-        ctx,
-        spec,
-        log,
-        field="spec.peerToken",
-        seed=_peer_seed(sts_live, client_token),
-        versions=read_versions,
-    )
-    token_error = "; ".join(e for e in (token_error, peer_error) if e)
-    rotation = None
-    request = str((meta.get("annotations") or {}).get(naming.ROTATE_PEER_TOKEN_ANNOTATION) or "")
-    if request and not peer_error:
-        peer_secret, token, rotation = await _rotate_peer_token(
-            ctx, spec, request, previous, peer_secret, token, log, emit
-        )
+    creds = await tokens.reconcile(ctx, spec, meta, previous, sts_live, log, emit)
+    token = creds.token
     tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
@@ -707,8 +492,7 @@ async def _apply_children(
     # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
     # Up or steady: peers first, so new replicas start with the whole mesh.
     ordered: list[dict[str, Any]] = [
-        *([secret] if secret else []),
-        *([peer_secret] if peer_secret else []),
+        *creds.manifests(),
         builders.peer_service(spec),
         builders.client_service(spec),
         *([sts, configmap] if shrinking else [configmap, sts]),
@@ -719,7 +503,7 @@ async def _apply_children(
         ordered.append(builders.pod_disruption_budget(spec))
     for manifest in ordered:
         read = (
-            read_versions.get(manifest["metadata"]["name"])
+            creds.read_versions.get(manifest["metadata"]["name"])
             if manifest["kind"] == "Secret"
             else None
         )
@@ -759,7 +543,7 @@ async def _apply_children(
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await _observe_replicas(ctx, spec, decision.target, token)
-    tokens_c, digest = await _tokens_loaded(ctx, spec, peers, previous, emit)
+    tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await _pods(ctx, spec)
     schema_version = schema_mod.highest(
         previous.get("storageSchemaVersion"),
@@ -781,7 +565,7 @@ async def _apply_children(
         storage_resize=growth.resize,
         last_flush=last_flush,
         rollout=plan,
-        token_error=token_error,
+        token_error=creds.error,
         immutable_error=growth.immutable_error,
         schema_error=schema_error,
         schema_version=schema_version,
@@ -795,7 +579,7 @@ async def _apply_children(
         config_hash=config_hash,
         tokens=tokens_c,
         tokens_digest=digest,
-        peer_token_rotation=rotation,
+        peer_token_rotation=creds.rotation,
         tls=tls_[0],
         tls_status=tls_[1],
     )
