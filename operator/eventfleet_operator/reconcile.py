@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventfleet_operator import (
@@ -22,7 +22,6 @@ from eventfleet_operator import (
     metrics,
     model,
     naming,
-    rollout,
     scaling,
 )
 from eventfleet_operator import schema as schema_mod
@@ -36,7 +35,7 @@ from eventfleet_operator.constants import (
     Operation,
     Reason,
 )
-from eventfleet_operator.reconcilers import tls, tokens, volumes
+from eventfleet_operator.reconcilers import rollout, tls, tokens, volumes
 from eventfleet_operator.reconcilers.children import (
     ChildNotOwned,
     Context,
@@ -336,83 +335,6 @@ async def _requested_flush(
     }
 
 
-def _rollout_plan(
-    spec: model.FleetSpec,
-    sts: Mapping[str, Any] | None,
-    pods: Mapping[int, Mapping[str, Any]],
-    peers: Sequence[status_mod.PeerReport],
-    count: int,
-) -> rollout.Plan | None:
-    if sts is None:
-        return None
-    desired = rollout.PodState.desired(sts)
-    ready = {p.ordinal: bool(p.status and p.status.ready) for p in peers}
-    states = [rollout.PodState.of(i, pods.get(i), ready.get(i, False)) for i in range(count)]
-    entries = [status_mod.peer_entry(p, [q.server_id for q in peers]) for p in peers]
-    synced = bool(entries) and all(e.get("syncState") == "synced" for e in entries)
-    return rollout.plan(states, count, desired.revision, synced)
-
-
-async def _roll(
-    ctx: Context,
-    spec: model.FleetSpec,
-    sts: Mapping[str, Any],
-    pods: Mapping[int, Mapping[str, Any]],
-    plan: rollout.Plan,
-    log: logging.Logger,
-    emit: Emit,
-    token: str | None = None,
-) -> rollout.Plan:
-    """Take the plan's one step: replace one pod (after a flush/verify if it serves)."""
-    ordinal = plan.replace
-    if ordinal is None:
-        return plan
-    name = naming.pod(spec.name, ordinal)
-    if plan.check_first:
-        claim_exists = volumes.claim_check(ctx, spec)
-
-        problem = await scaling.check_leaving(
-            spec,
-            ordinal,
-            endpoints=ctx.endpoints,
-            client=ctx.replicas,
-            claim_exists=claim_exists,
-            remaining=range(plan.replicas),
-            token=token,
-        )
-        if problem is not None:
-            log.warning("not replacing %s yet: %s", name, problem.message)
-            return dataclasses.replace(
-                plan, replace=None, waiting=f"holding the replacement of {name}: {problem.message}"
-            )
-    pod = pods[ordinal]
-    state = rollout.PodState.of(ordinal, pod, ready=not plan.check_first)
-    why = rollout.restart_reason(state, rollout.PodState.desired(sts))
-    try:
-        deleted = await ctx.kube.delete(kube.PODS, spec.namespace, name, uid=state.uid or None)
-    except kube.ApiError as e:
-        if e.status != 409:
-            raise
-        deleted = False  # already replaced by someone else
-    if deleted:
-        log.info(
-            "replaced pod %s (revision %s -> %s): %s",
-            name,
-            state.revision,
-            plan.update_revision,
-            why,
-        )
-        emit(
-            EventType.NORMAL,
-            Reason.REPLICA_RESTARTED,
-            f"deleted pod {name} to move it from revision {state.revision or '?'} to "
-            f"{plan.update_revision}"
-            + ("" if plan.check_first else " (it was not ready)")
-            + f": {why}",
-        )
-    return plan
-
-
 async def _observe_only(
     ctx: Context,
     spec: model.FleetSpec,
@@ -435,7 +357,7 @@ async def _observe_only(
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
-        rollout=_rollout_plan(spec, sts, pods, peers, count),
+        rollout=rollout.plan_of(spec, sts, pods, peers, count),
         pods=status_mod.PodCounts.of(pods, spec.replicas),
         config_hash=str(previous.get("configHash") or ""),
         not_implemented=spec.not_implemented,
@@ -552,14 +474,9 @@ async def _apply_children(
     schema_error = schema_mod.problem(
         ((naming.pod(spec.name, o), pod) for o, pod in sorted(pods.items())), schema_version
     )
-    plan = _rollout_plan(spec, sts_after, pods, peers, decision.target)
-    steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
-    if plan is not None and sts_after is not None:
-        if spec.update_strategy == "Managed" and steady and not frozen:
-            plan = await _roll(ctx, spec, sts_after, pods, plan, log, emit, token)
-        elif plan.replace is not None:
-            # RollingUpdate: the StatefulSet controller replaces the pods; only report.
-            plan = dataclasses.replace(plan, replace=None, waiting="the StatefulSet rolls the pods")
+    plan = await rollout.reconcile(
+        ctx, spec, sts_after, pods, peers, decision, frozen, log, emit, token
+    )
     return dataclasses.replace(
         obs,
         storage_resize=growth.resize,
