@@ -10,7 +10,6 @@ first, so leaving replicas can still flush to their peers while they stop.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping
@@ -24,7 +23,6 @@ from eventfleet_operator import (
     naming,
     scaling,
 )
-from eventfleet_operator import schema as schema_mod
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.constants import (
     OPTIONAL_CHILD_PROBLEMS,
@@ -35,7 +33,7 @@ from eventfleet_operator.constants import (
     Operation,
     Reason,
 )
-from eventfleet_operator.reconcilers import rollout, tls, tokens, volumes
+from eventfleet_operator.reconcilers import observe, rollout, scale, tls, tokens, volumes
 from eventfleet_operator.reconcilers.children import (
     ChildNotOwned,
     Context,
@@ -45,59 +43,6 @@ from eventfleet_operator.reconcilers.children import (
     foreign_children,
     remove_child,
 )
-from eventfleet_operator.replicas import ReplicaUnreachable
-
-
-async def _pods(ctx: Context, spec: model.FleetSpec) -> dict[int, dict[str, Any]]:
-    """The fleet's replica pods by ordinal."""
-    pods = await ctx.kube.list(
-        kube.PODS, spec.namespace, label_selector=naming.selector_string(spec.name)
-    )
-    out = {}
-    for pod in pods:
-        suffix = pod["metadata"]["name"].rsplit("-", 1)[-1]
-        if pod["metadata"]["name"] == naming.pod(
-            spec.name, int(suffix) if suffix.isdigit() else -1
-        ):
-            out[int(suffix)] = pod
-    return out
-
-
-async def _set_serving(ctx: Context, spec: model.FleetSpec, log: logging.Logger) -> None:
-    """Take leaving replicas out of the client Service (new clients go elsewhere)."""
-    pods = await ctx.kube.list(
-        kube.PODS, spec.namespace, label_selector=naming.selector_string(spec.name)
-    )
-    for pod in pods:
-        name = pod["metadata"]["name"]
-        suffix = name.rsplit("-", 1)[-1]
-        if not suffix.isdigit():
-            continue
-        want = "true" if int(suffix) < spec.replicas else "false"
-        if (pod["metadata"].get("labels") or {}).get(naming.SERVING_LABEL) != want:
-            await ctx.kube.patch(
-                kube.PODS,
-                spec.namespace,
-                name,
-                {"metadata": {"labels": {naming.SERVING_LABEL: want}}},
-            )
-            log.info("pod %s serving=%s", name, want)
-
-
-async def _observe_replicas(
-    ctx: Context, spec: model.FleetSpec, count: int, token: str | None = None
-) -> list[status_mod.PeerReport]:
-    async def one(ordinal: int) -> status_mod.PeerReport:
-        url = ctx.endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
-        report = status_mod.PeerReport(
-            ordinal, naming.pod(spec.name, ordinal), naming.server_id(ordinal)
-        )
-        try:
-            return dataclasses.replace(report, status=await ctx.replicas.status(url, token))
-        except ReplicaUnreachable as e:
-            return dataclasses.replace(report, error=str(e))
-
-    return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
 async def _optional(
@@ -294,47 +239,6 @@ async def reconcile(
         return new
 
 
-async def _requested_flush(
-    ctx: Context,
-    spec: model.FleetSpec,
-    meta: Mapping[str, Any],
-    previous: Mapping[str, Any],
-    count: int,
-    log: logging.Logger,
-    emit: Emit,
-    token: str | None = None,
-) -> dict[str, Any] | None:
-    """Answer a new ``eventfleet.io/flush`` value once: flush and verify every pair."""
-    request = str((meta.get("annotations") or {}).get(naming.FLUSH_ANNOTATION) or "")
-    if not request or (previous.get("lastFlush") or {}).get("requested") == request:
-        return None
-
-    claim_exists = volumes.claim_check(ctx, spec)
-
-    problem = await scaling.verify_all(
-        spec,
-        count,
-        endpoints=ctx.endpoints,
-        client=ctx.replicas,
-        claim_exists=claim_exists,
-        token=token,
-    )
-    if problem is None:
-        result, message = "Verified", f"all {count} replicas hold each other's events"
-        emit(EventType.NORMAL, Reason.FLUSH_VERIFIED, message)
-    else:
-        result, message = str(problem.reason), problem.message
-        emit(EventType.WARNING, problem.reason, f"flush requested by {request!r}: {message}")
-    log.info("flush %r: %s: %s", request, result, message)
-    return {
-        "requested": request,
-        "result": result,
-        "message": message[:500],
-        "time": status_mod.now_iso(),
-        "replicas": count,
-    }
-
-
 async def _observe_only(
     ctx: Context,
     spec: model.FleetSpec,
@@ -347,9 +251,9 @@ async def _observe_only(
         sts = None
     count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
     token = await tokens.read_peer_token(ctx, spec)
-    peers = await _observe_replicas(ctx, spec, count, token)
+    peers = await observe.replicas(ctx, spec, count, token)
     tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous)
-    pods = await _pods(ctx, spec)
+    pods = await observe.pods(ctx, spec)
     return dataclasses.replace(
         obs,
         tokens=tokens_c,
@@ -383,22 +287,7 @@ async def _apply_children(
     token = creds.token
     tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
-    force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
-
-    claim_exists = volumes.claim_check(ctx, spec)
-
-    planner = scaling.plan_hibernation if spec.hibernate else scaling.plan
-    decision = await planner(
-        spec,
-        current,
-        endpoints=ctx.endpoints,
-        client=ctx.replicas,
-        claim_exists=claim_exists,
-        force=force,
-        token=token,
-    )
-    if decision.held:
-        log.warning("scale-down held: %s", decision.message)
+    decision = await scale.decide(ctx, spec, meta, current, log, token)
     # Hibernating keeps the whole mesh in the peer list: waking needs no rewrite.
     peer_count = max(decision.target, spec.replicas) if spec.hibernate else decision.target
 
@@ -436,7 +325,7 @@ async def _apply_children(
     await _network_policy(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
-    await _set_serving(ctx, spec, log)
+    await scale.set_serving(ctx, spec, log)
 
     monitoring = await _optional(
         ctx,
@@ -460,20 +349,14 @@ async def _apply_children(
         note=_aggregation_note(spec.aggregation),
         report=lambda live: status_mod.aggregation_report(live, spec.aggregation.output),
     )
-    last_flush = await _requested_flush(
+    last_flush = await scale.flush_on_request(
         ctx, spec, meta, previous, decision.target, log, emit, token
     )
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    peers = await _observe_replicas(ctx, spec, decision.target, token)
+    peers = await observe.replicas(ctx, spec, decision.target, token)
     tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous, emit)
-    pods = await _pods(ctx, spec)
-    schema_version = schema_mod.highest(
-        previous.get("storageSchemaVersion"),
-        (p.status.schema_version for p in peers if p.status is not None),
-    )
-    schema_error = schema_mod.problem(
-        ((naming.pod(spec.name, o), pod) for o, pod in sorted(pods.items())), schema_version
-    )
+    pods = await observe.pods(ctx, spec)
+    schema_version, schema_error = observe.schema(spec, previous, peers, pods)
     plan = await rollout.reconcile(
         ctx, spec, sts_after, pods, peers, decision, frozen, log, emit, token
     )
