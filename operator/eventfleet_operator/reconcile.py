@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from eventfleet_operator import (
@@ -33,7 +33,16 @@ from eventfleet_operator.constants import (
     Operation,
     Reason,
 )
-from eventfleet_operator.reconcilers import observe, rollout, scale, tls, tokens, volumes
+from eventfleet_operator.reconcilers import (
+    observe,
+    optional,
+    policies,
+    rollout,
+    scale,
+    tls,
+    tokens,
+    volumes,
+)
 from eventfleet_operator.reconcilers.children import (
     ChildNotOwned,
     Context,
@@ -41,68 +50,7 @@ from eventfleet_operator.reconcilers.children import (
     apply_child,
     delete_owned,
     foreign_children,
-    remove_child,
 )
-
-
-async def _optional(
-    ctx: Context,
-    enabled: bool,
-    resource: kube.Resource,
-    build: Callable[[], dict[str, Any]],
-    spec: model.FleetSpec,
-    name: str,
-    log: logging.Logger,
-    emit: Emit,
-    *,
-    note: str = "",
-    report: Callable[[Mapping[str, Any] | None], Mapping[str, Any]] | None = None,
-) -> status_mod.OptionalChild:
-    """Apply or remove one optional child; ``report`` turns the child as read back after
-    the apply (its controller's status) into the EventServer's status entry."""
-    available = await ctx.kube.has_resource(resource)
-    if not available:
-        if enabled:
-            log.warning(
-                "%s requested but its CRD (%s) is not installed",
-                resource.kind,
-                resource.api_version,
-            )
-        return status_mod.OptionalChild(enabled=enabled, available=False)
-    if not enabled:
-        # Turned off in the spec: level-based means the child goes away too.
-        await remove_child(ctx, resource, spec, name, log, emit, "disabled in the spec")
-        return status_mod.OptionalChild(enabled=False)
-    try:
-        await apply_child(ctx, build(), log, emit)
-    except (kube.ApiError, ChildNotOwned) as e:
-        return status_mod.OptionalChild(enabled=True, error=str(e))
-    observed = None
-    if report is not None:
-        observed = report(await ctx.kube.get(resource, spec.namespace, name))
-    return status_mod.OptionalChild(enabled=True, applied=True, note=note, report=observed)
-
-
-def _aggregation_note(agg: model.Aggregation) -> str:
-    if not agg.output_is_ephemeral:
-        return ""
-    return (
-        f"its output {agg.output} is in the driver pod and lost after every run: set "
-        "spec.aggregation.output to an s3a:// URL or mount a claim with "
-        "spec.aggregation.outputVolume"
-    )
-
-
-async def _network_policy(
-    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
-) -> None:
-    if not spec.network_policy.enabled:
-        name = naming.network_policy(spec.name)
-        why = "spec.networkPolicy.enabled is false"
-        await remove_child(ctx, kube.NETWORKPOLICIES, spec, name, log, emit, why)
-        return
-    operator = builders.operator_peer(ctx.config.self_namespace, dict(ctx.config.self_labels))
-    await apply_child(ctx, builders.network_policy(spec, operator), log, emit)
 
 
 async def write_status(
@@ -319,36 +267,13 @@ async def _apply_children(
             else None
         )
         await apply_child(ctx, manifest, log, emit, read)
-    if not spec.pdb.enabled:
-        why = "spec.podDisruptionBudget.enabled is false"
-        await remove_child(ctx, kube.PDBS, spec, naming.pdb(spec.name), log, emit, why)
-    await _network_policy(ctx, spec, log, emit)
+    await policies.reconcile(ctx, spec, log, emit)
     if current is not None and decision.target != current:
         log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
     await scale.set_serving(ctx, spec, log)
 
-    monitoring = await _optional(
-        ctx,
-        spec.service_monitor.enabled,
-        kube.SERVICEMONITORS,
-        lambda: builders.service_monitor(spec),
-        spec,
-        naming.service_monitor(spec.name),
-        log,
-        emit,
-    )
-    aggregation = await _optional(
-        ctx,
-        spec.aggregation.enabled,
-        kube.SPARKAPPS,
-        lambda: builders.scheduled_spark_application(spec),
-        spec,
-        naming.spark_app(spec.name),
-        log,
-        emit,
-        note=_aggregation_note(spec.aggregation),
-        report=lambda live: status_mod.aggregation_report(live, spec.aggregation.output),
-    )
+    monitoring = await optional.monitoring(ctx, spec, log, emit)
+    aggregation = await optional.aggregation(ctx, spec, log, emit)
     last_flush = await scale.flush_on_request(
         ctx, spec, meta, previous, decision.target, log, emit, token
     )
