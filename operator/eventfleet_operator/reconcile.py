@@ -15,94 +15,24 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from eventfleet_operator import (
-    builders,
-    kube,
-    metrics,
-    model,
-    naming,
-    scaling,
-)
+from eventfleet_operator import kube, metrics, model, naming
 from eventfleet_operator import status as status_mod
-from eventfleet_operator.constants import (
-    OPTIONAL_CHILD_PROBLEMS,
-    READY_PROBLEMS,
-    ConditionStatus,
-    ConditionType,
-    EventType,
-    Operation,
-    Reason,
-)
+from eventfleet_operator.constants import ConditionType, Operation, Reason
 from eventfleet_operator.reconcilers import (
+    children,
+    core,
+    maintenance,
     observe,
     optional,
     policies,
+    report,
     rollout,
     scale,
     tls,
     tokens,
     volumes,
 )
-from eventfleet_operator.reconcilers.children import (
-    ChildNotOwned,
-    Context,
-    Emit,
-    apply_child,
-    delete_owned,
-    foreign_children,
-)
-
-
-async def write_status(
-    ctx: Context, namespace: str, name: str, new: Mapping[str, Any], old: Mapping[str, Any] | None
-) -> bool:
-    """Patch the status subresource, only when something changed (no watch churn)."""
-    if dict(new) == dict(old or {}):
-        return False
-    await ctx.kube.patch(
-        kube.EVENTSERVERS, namespace, name, {"status": dict(new)}, subresource="status"
-    )
-    return True
-
-
-def _emit_transitions(emit: Emit, old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> None:
-    """Kubernetes Events for what changed: one per transition, never one per pass."""
-    before = {c.get("type"): c for c in (old or {}).get("conditions") or []}
-    for c in status_mod.transitions(old, new):
-        kind, state, reason, message = (
-            ConditionType(c["type"]),
-            ConditionStatus(c["status"]),
-            Reason(c["reason"]),
-            c["message"] or c["reason"],
-        )
-        was_true = (before.get(kind) or {}).get("status") == ConditionStatus.TRUE
-        is_true = state is ConditionStatus.TRUE
-        if kind is ConditionType.READY:
-            if is_true:
-                emit(EventType.NORMAL, reason, message)
-            elif was_true or reason in READY_PROBLEMS:
-                emit(EventType.WARNING, reason, message)
-        elif kind is ConditionType.SCALE_DOWN_HELD:
-            if is_true:
-                emit(EventType.WARNING, Reason.SCALE_DOWN_HELD, message)
-            elif reason in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED):
-                emit(EventType.NORMAL, reason, message)
-        elif kind in (ConditionType.AGGREGATION_SCHEDULED, ConditionType.MONITORING_CONFIGURED):
-            if reason in OPTIONAL_CHILD_PROBLEMS:
-                emit(EventType.WARNING, reason, message)
-        elif kind is ConditionType.PROGRESSING:
-            if is_true or was_true:
-                emit(EventType.NORMAL, reason, message)
-        elif kind in (ConditionType.RECONCILE_PAUSED, ConditionType.HIBERNATED):
-            if is_true or was_true or reason is Reason.HIBERNATING:
-                emit(EventType.NORMAL, reason, message)
-        elif kind is ConditionType.TOKENS_LOADED:
-            # Only a rotation's progress: not the first check of a new fleet.
-            was_reloading = (before.get(kind) or {}).get("reason") == Reason.TOKENS_RELOADING
-            if reason is Reason.TOKENS_RELOADING or (is_true and was_reloading):
-                emit(EventType.NORMAL, reason, message)
-        elif kind is ConditionType.PEERS_SYNCED and (is_true or was_true):
-            emit(EventType.NORMAL if is_true else EventType.WARNING, reason, message)
+from eventfleet_operator.reconcilers.children import ChildNotOwned, Context, Emit, delete_owned
 
 
 class TransientRefusal(Exception):
@@ -148,18 +78,18 @@ async def reconcile(
                 dataclasses.replace(base, spec_error=(e.field, e.message), statefulset=sts),
                 previous,
             )
-            await write_status(ctx, namespace, name, new, previous)
-            _emit_transitions(emit, previous, new)
+            await report.write_status(ctx, namespace, name, new, previous)
+            report.emit_transitions(emit, previous, new)
             return new
 
-        paused = (meta.get("annotations") or {}).get(naming.PAUSE_ANNOTATION) == naming.PAUSED
+        paused = maintenance.paused(meta)
         transient: kube.ApiError | None = None
         obs = dataclasses.replace(
             base, desired=spec.replicas, paused=paused, hibernate=spec.hibernate
         )
         try:
             if paused:
-                obs = await _observe_only(ctx, spec, previous, obs)
+                obs = await maintenance.observe_only(ctx, spec, previous, obs)
             else:
                 obs = await _apply_children(ctx, spec, meta, previous, obs, log, emit)
         except ChildNotOwned as e:
@@ -180,40 +110,11 @@ async def reconcile(
                 sts = None
             obs = dataclasses.replace(obs, apply_error=str(e), statefulset=sts)
         new = status_mod.build(obs, previous)
-        await write_status(ctx, namespace, name, new, previous)
-        _emit_transitions(emit, previous, new)
+        await report.write_status(ctx, namespace, name, new, previous)
+        report.emit_transitions(emit, previous, new)
         if transient is not None:
             raise TransientRefusal(transient, new)
         return new
-
-
-async def _observe_only(
-    ctx: Context,
-    spec: model.FleetSpec,
-    previous: Mapping[str, Any],
-    obs: status_mod.Observation,
-) -> status_mod.Observation:
-    """A paused fleet: read the StatefulSet and the replicas, write nothing but status."""
-    sts = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    if not naming.owned_by(sts, spec.uid):
-        sts = None
-    count = int(((sts or {}).get("spec") or {}).get("replicas") or 0)
-    token = await tokens.read_peer_token(ctx, spec)
-    peers = await observe.replicas(ctx, spec, count, token)
-    tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous)
-    pods = await observe.pods(ctx, spec)
-    return dataclasses.replace(
-        obs,
-        tokens=tokens_c,
-        tokens_digest=digest,
-        statefulset=sts,
-        decision=scaling.Decision(target=count),
-        peers=peers,
-        rollout=rollout.plan_of(spec, sts, pods, peers, count),
-        pods=status_mod.PodCounts.of(pods, spec.replicas),
-        config_hash=str(previous.get("configHash") or ""),
-        not_implemented=spec.not_implemented,
-    )
 
 
 async def _apply_children(
@@ -225,65 +126,33 @@ async def _apply_children(
     log: logging.Logger,
     emit: Emit,
 ) -> status_mod.Observation:
-    foreign = await foreign_children(ctx, spec)
-    if foreign:
-        # Before anything is read from them or written: a same-named StatefulSet, Secret
-        # or Service of someone else is neither scaled, flushed, overwritten nor adopted.
-        raise ChildNotOwned(foreign, spec.uid)
+    """The pass of a fleet that is not paused: each feature's step, in this order."""
+    await children.refuse_foreign(ctx, spec)
     sts_live = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
-    creds = await tokens.reconcile(ctx, spec, meta, previous, sts_live, log, emit)
-    token = creds.token
-    tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
+    creds = await tokens.reconcile(ctx, spec, meta, previous, sts_live, log, emit)
+    token = creds.token  # presented on every call to a replica from here on
+    tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
     decision = await scale.decide(ctx, spec, meta, current, log, token)
-    # Hibernating keeps the whole mesh in the peer list: waking needs no rewrite.
-    peer_count = max(decision.target, spec.replicas) if spec.hibernate else decision.target
-
-    config = builders.replica_config(
-        spec, peer_count=peer_count, allow_empty_start=not previous.get("initialized", False)
-    )
-    config_hash = builders.config_hash(spec, config)
-    configmap = builders.configmap(spec, config)
-    desired_sts = builders.statefulset(spec, replicas=decision.target, config_hash=config_hash)
-    growth = await volumes.reconcile(ctx, spec, previous, desired_sts, sts_live, log, emit)
-    sts, frozen, recreating = growth.statefulset, growth.frozen, growth.recreating
-    shrinking = current is not None and decision.target < current
-    # Down: StatefulSet first (stopping replicas flush to still-connected peers), then peers.
-    # Up or steady: peers first, so new replicas start with the whole mesh.
-    ordered: list[dict[str, Any]] = [
-        *creds.manifests(),
-        builders.peer_service(spec),
-        builders.client_service(spec),
-        *([sts, configmap] if shrinking else [configmap, sts]),
-    ]
-    if recreating:
-        ordered = [m for m in ordered if m is not sts]
-    if spec.pdb.enabled:
-        ordered.append(builders.pod_disruption_budget(spec))
-    for manifest in ordered:
-        read = (
-            creds.read_versions.get(manifest["metadata"]["name"])
-            if manifest["kind"] == "Secret"
-            else None
-        )
-        await apply_child(ctx, manifest, log, emit, read)
+    peer_count = maintenance.peer_count(spec, decision)
+    want = core.desired(spec, previous, decision.target, peer_count)
+    growth = await volumes.reconcile(ctx, spec, previous, want.statefulset, sts_live, log, emit)
+    await core.apply(ctx, spec, creds, want, growth, current, decision.target, log, emit)
     await policies.reconcile(ctx, spec, log, emit)
-    if current is not None and decision.target != current:
-        log.info("StatefulSet %s scaled %s -> %s", spec.name, current, decision.target)
     await scale.set_serving(ctx, spec, log)
-
     monitoring = await optional.monitoring(ctx, spec, log, emit)
     aggregation = await optional.aggregation(ctx, spec, log, emit)
     last_flush = await scale.flush_on_request(
         ctx, spec, meta, previous, decision.target, log, emit, token
     )
+    # Observed after the writes: what the status reports.
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await observe.replicas(ctx, spec, decision.target, token)
     tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await observe.pods(ctx, spec)
     schema_version, schema_error = observe.schema(spec, previous, peers, pods)
     plan = await rollout.reconcile(
-        ctx, spec, sts_after, pods, peers, decision, frozen, log, emit, token
+        ctx, spec, sts_after, pods, peers, decision, growth.frozen, log, emit, token
     )
     return dataclasses.replace(
         obs,
@@ -301,7 +170,7 @@ async def _apply_children(
         pods=status_mod.PodCounts.of(pods, spec.replicas),
         monitoring=monitoring,
         aggregation=aggregation,
-        config_hash=config_hash,
+        config_hash=want.config_hash,
         tokens=tokens_c,
         tokens_digest=digest,
         peer_token_rotation=creds.rotation,

@@ -231,3 +231,14 @@ async def foreign_children(ctx: Context, spec: model.FleetSpec) -> list[str]:
         if live is not None and not naming.owned_by(live, spec.uid):
             found.append(f"{resource.kind} {name}")
     return found
+
+
+async def refuse_foreign(ctx: Context, spec: model.FleetSpec) -> None:
+    """Raise :class:`ChildNotOwned` when a child's name is taken by someone else's object.
+
+    Before anything is read from them or written: a same-named StatefulSet, Secret or
+    Service of someone else is neither scaled, flushed, overwritten nor adopted.
+    """
+    foreign = await foreign_children(ctx, spec)
+    if foreign:
+        raise ChildNotOwned(foreign, spec.uid)
