@@ -252,51 +252,32 @@ def _optional_condition(
     )
 
 
-def build(
-    obs: Observation, previous: Mapping[str, Any] | None, now: str | None = None
-) -> dict[str, Any]:
-    """The complete ``status`` for one pass (previous status keeps transition times)."""
-    previous = previous or {}
-    prev_conditions = previous.get("conditions") or []
-    now = now or now_iso()
-    sts_spec = (obs.statefulset or {}).get("spec") or {}
-    sts_status = (obs.statefulset or {}).get("status") or {}
-    sts_replicas = sts_spec.get("replicas")
-    replicas = int(sts_status.get("replicas") or 0)
-    ready = int(sts_status.get("readyReplicas") or 0)
-    sts_lag = _statefulset_lag(obs.statefulset)
-    if obs.pods is not None:
-        # Only pods seen ready in this pass count: never one that is shutting down.
-        ready = min(ready, obs.pods.ready)
-    # Hibernated once no replica pod is left, not when the StatefulSet is told 0.
-    hibernated = sts_replicas == 0 and not sts_lag and not (obs.pods and obs.pods.present)
-
-    entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
-
-    # Ready: the first problem found is the reason, the most fundamental first.
-    ready_c: Verdict
+def _ready_verdict(
+    obs: Observation, sts_replicas: Any, sts_lag: str, ready: int, hibernated: bool
+) -> Verdict:
+    """``Ready``: the first problem found is the reason, the most fundamental first."""
     if obs.spec_error:
         field, message = obs.spec_error
-        ready_c = (F, Reason.INVALID_SPEC, f"{field}: {message}")
+        return (F, Reason.INVALID_SPEC, f"{field}: {message}")
     elif obs.ownership_error:
-        ready_c = (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
+        return (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
     elif obs.apply_error:
-        ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
+        return (F, Reason.APPLY_FAILED, obs.apply_error[:300])
     elif obs.token_error:
-        ready_c = (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
+        return (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
     elif obs.schema_error:
-        ready_c = (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
+        return (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
     elif obs.immutable_error:
-        ready_c = (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
+        return (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
     elif obs.not_implemented:
-        ready_c = (
+        return (
             F,
             Reason.PROTOCOL_NOT_IMPLEMENTED,
             f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
             "version; it is not served and its ports are not exposed (set it to false)",
         )
     elif obs.hibernate:
-        ready_c = (
+        return (
             (
                 F,
                 Reason.HIBERNATED,
@@ -306,26 +287,32 @@ def build(
             else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
         )
     elif obs.decision.held:
-        ready_c = (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
+        return (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
     elif sts_replicas != obs.desired:
-        ready_c = (
+        return (
             F,
             Reason.SCALING,
             f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
         )
     elif obs.rollout is not None and not obs.rollout.complete:
-        ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
+        return (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
     elif sts_lag:
-        ready_c = (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
+        return (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
     elif ready < obs.desired:
-        ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
+        return (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
     else:
-        ready_c = (T, Reason.ALL_REPLICAS_READY, f"{ready} of {obs.desired} replicas ready")
+        return (T, Reason.ALL_REPLICAS_READY, f"{ready} of {obs.desired} replicas ready")
 
+
+def _peers_verdict(obs: Observation, entries: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``PeersSynced``: every replica reachable and in sync with the others."""
     if obs.spec_error:
-        peers_c: Verdict = (U, Reason.INVALID_SPEC, "the spec is invalid")
-    else:
-        peers_c = _peers_condition(entries)
+        return U, Reason.INVALID_SPEC, "the spec is invalid"
+    return _peers_condition(entries)
+
+
+def _scale_down_verdict(obs: Observation, prev_conditions: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``ScaleDownHeld``: what a held scale-down waits for, or how the last one ended."""
     held_c: Verdict = (
         (T, obs.decision.reason, obs.decision.message)
         if obs.decision.held
@@ -339,21 +326,13 @@ def build(
     ):
         # Keep saying how the last scale-down ended until the next one starts (a pass
         # later the fleet is no longer scaling down; the outcome is still the news).
-        held_c = (F, Reason(last_held["reason"]), str(last_held.get("message") or ""))
-    agg_c = _optional_condition(
-        "ScheduledSparkApplication",
-        obs.aggregation,
-        Reason.SPARK_OPERATOR_NOT_INSTALLED,
-        "spark-operator (sparkoperator.k8s.io/v1beta2)",
-    )
-    mon_c = _optional_condition(
-        "ServiceMonitor",
-        obs.monitoring,
-        Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
-        "prometheus-operator (monitoring.coreos.com/v1)",
-    )
+        return F, Reason(last_held["reason"]), str(last_held.get("message") or "")
+    return held_c
 
-    paused_c: Verdict = (
+
+def _paused_verdict(obs: Observation) -> Verdict:
+    """``ReconcilePaused``: ``eventfleet.io/reconcile: paused`` (only the status is written)."""
+    return (
         (
             T,
             Reason.PAUSED,
@@ -362,76 +341,34 @@ def build(
         if obs.paused
         else (F, Reason.NOT_PAUSED, "reconciling")
     )
-    if not obs.hibernate:
-        hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
-    elif hibernated:
-        hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
-    else:
-        hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
 
-    resize_c: Verdict = obs.storage_resize or _kept_resize(prev_conditions)
+
+def _hibernated_verdict(obs: Observation, hibernated: bool) -> Verdict:
+    """``Hibernated``: ``spec.hibernate`` and no replica pod left."""
+    if not obs.hibernate:
+        return (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
+    elif hibernated:
+        return (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
+    else:
+        return (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+
+
+def _progressing_verdict(obs: Observation) -> Verdict:
+    """``Progressing``: a rollout under way, or the revision every replica runs."""
     if obs.rollout is None or obs.rollout.complete:
         rev = obs.rollout.update_revision if obs.rollout else ""
-        progressing_c: Verdict = (
+        return (
             F,
             Reason.ROLLOUT_COMPLETE,
             f"every replica runs revision {rev}" if rev else "no rollout",
         )
     else:
-        progressing_c = (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
+        return (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
 
-    conditions = [
-        condition(t, *c, obs.generation, prev_conditions, now)
-        for t, c in (
-            (ConditionType.READY, ready_c),
-            (ConditionType.PEERS_SYNCED, peers_c),
-            (ConditionType.SCALE_DOWN_HELD, held_c),
-            (ConditionType.AGGREGATION_SCHEDULED, agg_c),
-            (ConditionType.MONITORING_CONFIGURED, mon_c),
-            (ConditionType.RECONCILE_PAUSED, paused_c),
-            (ConditionType.HIBERNATED, hibernated_c),
-            (ConditionType.PROGRESSING, progressing_c),
-            (ConditionType.STORAGE_RESIZING, resize_c),
-            (
-                ConditionType.TOKENS_LOADED,
-                obs.tokens
-                or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
-            ),
-            (
-                ConditionType.CERTIFICATE_READY,
-                obs.tls
-                or _kept(
-                    prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING
-                ),
-            ),
-        )
-    ]
 
-    if obs.spec_error or obs.ownership_error:
-        phase = Phase.FAILED
-    elif obs.hibernate and hibernated:
-        phase = Phase.HIBERNATED
-    elif ready_c[0] is T:
-        phase = Phase.RUNNING
-    elif sts_replicas is not None and sts_replicas != obs.desired:
-        phase = Phase.SCALING
-    elif ready > 0:
-        phase = Phase.DEGRADED
-    else:
-        phase = Phase.PENDING
-
-    initialized = bool(previous.get("initialized")) or (ready_c[0] is T)
-    status: dict[str, Any] = {
-        "observedGeneration": obs.generation,
-        "replicas": replicas,
-        "readyReplicas": ready,
-        "statefulSetReplicas": int(sts_replicas or 0),
-        "selector": obs.selector,
-        "phase": str(phase),
-        "initialized": initialized,
-        "conditions": conditions,
-        "peers": entries,
-    }
+def _feature_fields(obs: Observation, previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The features' own status fields; each keeps its last value while not observed."""
+    status: dict[str, Any] = {}
     if obs.config_hash:
         status["configHash"] = obs.config_hash
     schema_version = obs.schema_version or previous.get("storageSchemaVersion")
@@ -461,6 +398,97 @@ def build(
         status["currentRevision"] = obs.rollout.current_revision
         status["updateRevision"] = obs.rollout.update_revision
         status["updatedReplicas"] = obs.rollout.updated
+    return status
+
+
+def build(
+    obs: Observation, previous: Mapping[str, Any] | None, now: str | None = None
+) -> dict[str, Any]:
+    """The complete ``status`` for one pass (previous status keeps transition times)."""
+    previous = previous or {}
+    prev_conditions = previous.get("conditions") or []
+    now = now or now_iso()
+    sts_spec = (obs.statefulset or {}).get("spec") or {}
+    sts_status = (obs.statefulset or {}).get("status") or {}
+    sts_replicas = sts_spec.get("replicas")
+    replicas = int(sts_status.get("replicas") or 0)
+    ready = int(sts_status.get("readyReplicas") or 0)
+    sts_lag = _statefulset_lag(obs.statefulset)
+    if obs.pods is not None:
+        # Only pods seen ready in this pass count: never one that is shutting down.
+        ready = min(ready, obs.pods.ready)
+    # Hibernated once no replica pod is left, not when the StatefulSet is told 0.
+    hibernated = sts_replicas == 0 and not sts_lag and not (obs.pods and obs.pods.present)
+
+    entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
+
+    ready_c = _ready_verdict(obs, sts_replicas, sts_lag, ready, hibernated)
+    # One verdict per feature, in the order the conditions are listed.
+    verdicts: list[tuple[ConditionType, Verdict]] = [
+        (ConditionType.READY, ready_c),
+        (ConditionType.PEERS_SYNCED, _peers_verdict(obs, entries)),
+        (ConditionType.SCALE_DOWN_HELD, _scale_down_verdict(obs, prev_conditions)),
+        (
+            ConditionType.AGGREGATION_SCHEDULED,
+            _optional_condition(
+                "ScheduledSparkApplication",
+                obs.aggregation,
+                Reason.SPARK_OPERATOR_NOT_INSTALLED,
+                "spark-operator (sparkoperator.k8s.io/v1beta2)",
+            ),
+        ),
+        (
+            ConditionType.MONITORING_CONFIGURED,
+            _optional_condition(
+                "ServiceMonitor",
+                obs.monitoring,
+                Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
+                "prometheus-operator (monitoring.coreos.com/v1)",
+            ),
+        ),
+        (ConditionType.RECONCILE_PAUSED, _paused_verdict(obs)),
+        (ConditionType.HIBERNATED, _hibernated_verdict(obs, hibernated)),
+        (ConditionType.PROGRESSING, _progressing_verdict(obs)),
+        (ConditionType.STORAGE_RESIZING, obs.storage_resize or _kept_resize(prev_conditions)),
+        (
+            ConditionType.TOKENS_LOADED,
+            obs.tokens
+            or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
+        ),
+        (
+            ConditionType.CERTIFICATE_READY,
+            obs.tls
+            or _kept(prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING),
+        ),
+    ]
+    conditions = [condition(t, *c, obs.generation, prev_conditions, now) for t, c in verdicts]
+
+    if obs.spec_error or obs.ownership_error:
+        phase = Phase.FAILED
+    elif obs.hibernate and hibernated:
+        phase = Phase.HIBERNATED
+    elif ready_c[0] is T:
+        phase = Phase.RUNNING
+    elif sts_replicas is not None and sts_replicas != obs.desired:
+        phase = Phase.SCALING
+    elif ready > 0:
+        phase = Phase.DEGRADED
+    else:
+        phase = Phase.PENDING
+
+    initialized = bool(previous.get("initialized")) or (ready_c[0] is T)
+    status: dict[str, Any] = {
+        "observedGeneration": obs.generation,
+        "replicas": replicas,
+        "readyReplicas": ready,
+        "statefulSetReplicas": int(sts_replicas or 0),
+        "selector": obs.selector,
+        "phase": str(phase),
+        "initialized": initialized,
+        "conditions": conditions,
+        "peers": entries,
+    }
+    status.update(_feature_fields(obs, previous))
     return status
 
 
