@@ -18,8 +18,9 @@ import kopf
 from eventfleet_operator import GROUP, PLURAL, VERSION, backups, kube, metrics, model, naming
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
-from eventfleet_operator.reconcile import Context, TransientRefusal, cleanup, reconcile
+from eventfleet_operator.reconcile import Context, TransientRefusal, reconcile
 from eventfleet_operator.reconcilers import backup
+from eventfleet_operator.reconcilers.deletion import cleanup
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
 from eventfleet_operator.status import find_condition
 
