@@ -133,7 +133,7 @@ async def _apply_children(
     current = (sts_live or {}).get("spec", {}).get("replicas") if sts_live else None
     creds = await tokens.reconcile(ctx, spec, meta, previous, sts_live, log, emit)
     token = creds.token  # presented on every call to a replica from here on
-    tls_ = await tls.reconcile(ctx, spec, previous, log, emit)
+    cert = await tls.reconcile(ctx, spec, previous, log, emit)
     decision = await scale.decide(ctx, spec, meta, current, log, token)
     peer_count = maintenance.peer_count(spec, decision)
     want = core.desired(spec, previous, decision.target, peer_count)
@@ -149,7 +149,7 @@ async def _apply_children(
     # Observed after the writes: what the status reports.
     sts_after = await ctx.kube.get(kube.STATEFULSETS, spec.namespace, spec.name)
     peers = await observe.replicas(ctx, spec, decision.target, token)
-    tokens_c, digest = await tokens.tokens_loaded(ctx, spec, peers, previous, emit)
+    loaded, digest = await tokens.tokens_loaded(ctx, spec, peers, previous, emit)
     pods = await observe.pods(ctx, spec)
     schema_version, schema_error = observe.schema(spec, previous, peers, pods)
     plan = await rollout.reconcile(
@@ -157,11 +157,8 @@ async def _apply_children(
     )
     return dataclasses.replace(
         obs,
-        storage_resize=growth.resize,
         last_flush=last_flush,
         rollout=plan,
-        token_error=creds.error,
-        immutable_error=growth.immutable_error,
         schema_error=schema_error,
         schema_version=schema_version,
         not_implemented=spec.not_implemented,
@@ -172,9 +169,7 @@ async def _apply_children(
         monitoring=monitoring,
         aggregation=aggregation,
         config_hash=want.config_hash,
-        tokens=tokens_c,
-        tokens_digest=digest,
-        peer_token_rotation=creds.rotation,
-        tls=tls_[0],
-        tls_status=tls_[1],
+        storage=status_mod.StorageReport(growth.resize, growth.immutable_error),
+        tokens=status_mod.TokensReport(loaded, digest, creds.error, creds.rotation),
+        tls=cert,
     )

@@ -123,6 +123,32 @@ class PeerReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class StorageReport:
+    """What the volumes room learned (``reconcilers/volumes.py``)."""
+
+    resize: Verdict | None = None  # StorageResizing; None: keep the last
+    immutable_error: str = ""  # a refused change of an immutable field (Ready=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensReport:
+    """What the tokens room learned (``reconcilers/tokens.py``)."""
+
+    loaded: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
+    digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
+    error: str = ""  # a referenced Secret or key that is missing (Ready=False)
+    rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsReport:
+    """What the tls room learned (``reconcilers/tls.py``)."""
+
+    verdict: Verdict | None = None  # CertificateReady; None: not observed, keep the last
+    status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
+
+
+@dataclasses.dataclass(frozen=True)
 class Observation:
     """Everything one reconciliation pass learned."""
 
@@ -131,8 +157,6 @@ class Observation:
     desired: int
     selector: str
     spec_error: tuple[str, str] | None = None  # (field, message)
-    token_error: str = ""
-    immutable_error: str = ""
     schema_error: str = ""  # a pod refuses a store of a newer storage schema (schema.py)
     schema_version: int | None = None  # the highest storage schema version seen
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
@@ -146,15 +170,13 @@ class Observation:
     config_hash: str = ""
     rollout: Plan | None = None  # revisions of the pods and the rollout's next step
     last_flush: Mapping[str, Any] | None = None  # the answer to eventfleet.io/flush
-    storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
-    tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
-    tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
-    peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
-    tls: Verdict | None = None  # CertificateReady; None: not observed, keep the last
-    tls_status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
     pods: PodCounts | None = None  # the pods listed in this pass (None: not listed)
+    # The feature rooms' own reports (reconcilers/volumes.py, tokens.py, tls.py).
+    storage: StorageReport = StorageReport()
+    tokens: TokensReport = TokensReport()
+    tls: TlsReport = TlsReport()
 
 
 def now_iso() -> str:
@@ -263,12 +285,12 @@ def _ready_verdict(
         return (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
     elif obs.apply_error:
         return (F, Reason.APPLY_FAILED, obs.apply_error[:300])
-    elif obs.token_error:
-        return (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
+    elif obs.tokens.error:
+        return (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.tokens.error)
     elif obs.schema_error:
         return (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
-    elif obs.immutable_error:
-        return (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
+    elif obs.storage.immutable_error:
+        return (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.storage.immutable_error[:500])
     elif obs.not_implemented:
         return (
             F,
@@ -374,15 +396,15 @@ def _feature_fields(obs: Observation, previous: Mapping[str, Any]) -> dict[str, 
     schema_version = obs.schema_version or previous.get("storageSchemaVersion")
     if schema_version:
         status["storageSchemaVersion"] = int(schema_version)
-    rotation = obs.peer_token_rotation or previous.get("peerTokenRotation")
+    rotation = obs.tokens.rotation or previous.get("peerTokenRotation")
     if rotation:
         status["peerTokenRotation"] = dict(rotation)
-    digest = obs.tokens_digest or previous.get("tokensDigest")
+    digest = obs.tokens.digest or previous.get("tokensDigest")
     if digest:
         status["tokensDigest"] = digest
-    if obs.tls is not None:
-        if obs.tls_status:
-            status["tls"] = dict(obs.tls_status)
+    if obs.tls.verdict is not None:
+        if obs.tls.status:
+            status["tls"] = dict(obs.tls.status)
     elif previous.get("tls"):
         status["tls"] = dict(previous["tls"])
     if obs.aggregation.enabled:
@@ -449,15 +471,15 @@ def build(
         (ConditionType.RECONCILE_PAUSED, _paused_verdict(obs)),
         (ConditionType.HIBERNATED, _hibernated_verdict(obs, hibernated)),
         (ConditionType.PROGRESSING, _progressing_verdict(obs)),
-        (ConditionType.STORAGE_RESIZING, obs.storage_resize or _kept_resize(prev_conditions)),
+        (ConditionType.STORAGE_RESIZING, obs.storage.resize or _kept_resize(prev_conditions)),
         (
             ConditionType.TOKENS_LOADED,
-            obs.tokens
+            obs.tokens.loaded
             or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
         ),
         (
             ConditionType.CERTIFICATE_READY,
-            obs.tls
+            obs.tls.verdict
             or _kept(prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING),
         ),
     ]

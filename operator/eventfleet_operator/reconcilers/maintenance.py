@@ -48,8 +48,7 @@ async def observe_only(
     pods = await observe.pods(ctx, spec)
     return dataclasses.replace(
         obs,
-        tokens=tokens_c,
-        tokens_digest=digest,
+        tokens=status_mod.TokensReport(loaded=tokens_c, digest=digest),
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,

@@ -24,7 +24,7 @@ async def reconcile(
     previous: Mapping[str, Any],
     log: logging.Logger,
     emit: Emit,
-) -> tuple[status_mod.Verdict, Mapping[str, Any] | None]:
+) -> status_mod.TlsReport:
     """The fleet certificate (spec.tls) in place and valid, before the pods that mount
     it; the operator's own calls to the replicas trust its CA from here on."""
     off = (ConditionStatus.FALSE, Reason.TLS_DISABLED, "spec.tls is off")
@@ -33,7 +33,7 @@ async def reconcile(
         # Off, and the last pass removed what TLS had left: no reads for nothing on
         # every pass of every plain fleet.
         ctx.endpoints.trust(spec.namespace, spec.name, None, https=False)
-        return off, None
+        return status_mod.TlsReport(off)
     state = await certificates.ensure(
         ctx.kube,
         spec,
@@ -52,10 +52,10 @@ async def reconcile(
         https=spec.tls.enabled and spec.tls.http,
     )
     if state is None:
-        return off, None
+        return status_mod.TlsReport(off)
     verdict = (
         ConditionStatus.TRUE if state.ready else ConditionStatus.FALSE,
         state.reason,
         state.message,
     )
-    return verdict, state.as_status(naming.tls_secret(spec.name))
+    return status_mod.TlsReport(verdict, state.as_status(naming.tls_secret(spec.name)))
