@@ -1,8 +1,9 @@
 """TLS: the fleet certificate (``spec.tls``) and the ``CertificateReady`` verdict.
 
-The decisions (issue, renew, rotate the CA, remove) are :mod:`eventfleet_operator.certificates`
-and :mod:`eventfleet_operator.pki`; this room applies what they ask through the
-pass's child writes and tells the replica client which CA to trust.
+Who issues the certificate (cert-manager or the operator's own CA) and when it is
+re-issued are :mod:`eventfleet_operator.certificates` and :mod:`eventfleet_operator.pki`;
+this room applies what they ask through the pass's child writes and tells the replica
+client which CA to trust.
 """
 
 from __future__ import annotations

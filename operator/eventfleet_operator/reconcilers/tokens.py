@@ -33,7 +33,7 @@ async def token_secret(
 ) -> tuple[dict[str, Any] | None, str, str | None]:
     """The generated Secret to apply (or None), a problem with a referenced one, and the
     token that is presented (the file's first line). ``versions`` gets the
-    resourceVersion the generated Secret was read at (see :func:`ensure`).
+    resourceVersion the generated Secret was read at (see ``children.ensure``).
 
     ``field`` picks the credential: ``spec.token`` (clients) or ``spec.peerToken``
     (peers; the operator presents it on the replicas' admin routes). ``seed`` turns a
