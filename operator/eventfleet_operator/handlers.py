@@ -18,7 +18,9 @@ import kopf
 from eventfleet_operator import GROUP, PLURAL, VERSION, backups, kube, metrics, model, naming
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
-from eventfleet_operator.reconcile import Context, TransientRefusal, cleanup, reconcile
+from eventfleet_operator.reconcile import Context, TransientRefusal, reconcile
+from eventfleet_operator.reconcilers import backup
+from eventfleet_operator.reconcilers.deletion import cleanup
 from eventfleet_operator.replicas import Endpoints, ReplicaClient
 from eventfleet_operator.status import find_condition
 
@@ -183,7 +185,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             kopf.event(body, type=str(type_), reason=reason, message=message[:1024])
 
         try:
-            await backups.tick(memo.ctx, spec, meta.get("creationTimestamp", ""), logger, emit)
+            await backup.tick(memo.ctx, spec, meta.get("creationTimestamp", ""), logger, emit)
         except (kube.ApiError, OSError) as e:
             logger.warning("backup schedule of %s: %s (retried next tick)", meta["name"], e)
 
@@ -210,7 +212,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
                     {"status": running},
                     subresource="status",
                 )
-            status = await backups.run(memo.ctx, live, logger, emit)
+            status = await backup.run(memo.ctx, live, logger, emit)
             if status is not None:
                 await memo.ctx.kube.patch(
                     backups.RESOURCE,

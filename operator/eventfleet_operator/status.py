@@ -123,6 +123,32 @@ class PeerReport:
 
 
 @dataclasses.dataclass(frozen=True)
+class StorageReport:
+    """What the volumes room learned (``reconcilers/volumes.py``)."""
+
+    resize: Verdict | None = None  # StorageResizing; None: keep the last
+    immutable_error: str = ""  # a refused change of an immutable field (Ready=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class TokensReport:
+    """What the tokens room learned (``reconcilers/tokens.py``)."""
+
+    loaded: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
+    digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
+    error: str = ""  # a referenced Secret or key that is missing (Ready=False)
+    rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
+
+
+@dataclasses.dataclass(frozen=True)
+class TlsReport:
+    """What the tls room learned (``reconcilers/tls.py``)."""
+
+    verdict: Verdict | None = None  # CertificateReady; None: not observed, keep the last
+    status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
+
+
+@dataclasses.dataclass(frozen=True)
 class Observation:
     """Everything one reconciliation pass learned."""
 
@@ -131,8 +157,6 @@ class Observation:
     desired: int
     selector: str
     spec_error: tuple[str, str] | None = None  # (field, message)
-    token_error: str = ""
-    immutable_error: str = ""
     schema_error: str = ""  # a pod refuses a store of a newer storage schema (schema.py)
     schema_version: int | None = None  # the highest storage schema version seen
     not_implemented: tuple[str, ...] = ()  # spec fields enabling unimplemented protocols
@@ -146,15 +170,13 @@ class Observation:
     config_hash: str = ""
     rollout: Plan | None = None  # revisions of the pods and the rollout's next step
     last_flush: Mapping[str, Any] | None = None  # the answer to eventfleet.io/flush
-    storage_resize: tuple[ConditionStatus, Reason, str] | None = None  # volume growth
     paused: bool = False  # eventfleet.io/reconcile: paused -- observed, nothing written
     hibernate: bool = False  # spec.hibernate
-    tokens: Verdict | None = None  # TokensLoaded (tokens.verdict); None: keep the last
-    tokens_digest: str = ""  # of the token Secrets' fingerprints (a change is an Event)
-    peer_token_rotation: Mapping[str, Any] | None = None  # eventfleet.io/rotate-peer-token
-    tls: Verdict | None = None  # CertificateReady; None: not observed, keep the last
-    tls_status: Mapping[str, Any] | None = None  # status.tls (None: spec.tls off)
     pods: PodCounts | None = None  # the pods listed in this pass (None: not listed)
+    # The feature rooms' own reports (reconcilers/volumes.py, tokens.py, tls.py).
+    storage: StorageReport = StorageReport()
+    tokens: TokensReport = TokensReport()
+    tls: TlsReport = TlsReport()
 
 
 def now_iso() -> str:
@@ -252,6 +274,155 @@ def _optional_condition(
     )
 
 
+def _ready_verdict(
+    obs: Observation, sts_replicas: Any, sts_lag: str, ready: int, hibernated: bool
+) -> Verdict:
+    """``Ready``: the first problem found is the reason, the most fundamental first."""
+    if obs.spec_error:
+        field, message = obs.spec_error
+        return (F, Reason.INVALID_SPEC, f"{field}: {message}")
+    elif obs.ownership_error:
+        return (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
+    elif obs.apply_error:
+        return (F, Reason.APPLY_FAILED, obs.apply_error[:300])
+    elif obs.tokens.error:
+        return (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.tokens.error)
+    elif obs.schema_error:
+        return (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
+    elif obs.storage.immutable_error:
+        return (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.storage.immutable_error[:500])
+    elif obs.not_implemented:
+        return (
+            F,
+            Reason.PROTOCOL_NOT_IMPLEMENTED,
+            f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
+            "version; it is not served and its ports are not exposed (set it to false)",
+        )
+    elif obs.hibernate:
+        return (
+            (
+                F,
+                Reason.HIBERNATED,
+                f"hibernated: no replica runs, the {obs.desired} volumes are kept",
+            )
+            if hibernated
+            else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+        )
+    elif obs.decision.held:
+        return (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
+    elif sts_replicas != obs.desired:
+        return (
+            F,
+            Reason.SCALING,
+            f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
+        )
+    elif obs.rollout is not None and not obs.rollout.complete:
+        return (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
+    elif sts_lag:
+        return (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
+    elif ready < obs.desired:
+        return (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
+    else:
+        return (T, Reason.ALL_REPLICAS_READY, f"{ready} of {obs.desired} replicas ready")
+
+
+def _peers_verdict(obs: Observation, entries: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``PeersSynced``: every replica reachable and in sync with the others."""
+    if obs.spec_error:
+        return U, Reason.INVALID_SPEC, "the spec is invalid"
+    return _peers_condition(entries)
+
+
+def _scale_down_verdict(obs: Observation, prev_conditions: Sequence[Mapping[str, Any]]) -> Verdict:
+    """``ScaleDownHeld``: what a held scale-down waits for, or how the last one ended."""
+    held_c: Verdict = (
+        (T, obs.decision.reason, obs.decision.message)
+        if obs.decision.held
+        else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
+    )
+    last_held = find_condition(prev_conditions, ConditionType.SCALE_DOWN_HELD)
+    if (
+        obs.decision.reason is Reason.NOT_SCALING_DOWN
+        and last_held.get("status") == F
+        and last_held.get("reason") in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED)
+    ):
+        # Keep saying how the last scale-down ended until the next one starts (a pass
+        # later the fleet is no longer scaling down; the outcome is still the news).
+        return F, Reason(last_held["reason"]), str(last_held.get("message") or "")
+    return held_c
+
+
+def _paused_verdict(obs: Observation) -> Verdict:
+    """``ReconcilePaused``: ``eventfleet.io/reconcile: paused`` (only the status is written)."""
+    return (
+        (
+            T,
+            Reason.PAUSED,
+            f"{naming.PAUSE_ANNOTATION}: {naming.PAUSED} -- only the status is updated",
+        )
+        if obs.paused
+        else (F, Reason.NOT_PAUSED, "reconciling")
+    )
+
+
+def _hibernated_verdict(obs: Observation, hibernated: bool) -> Verdict:
+    """``Hibernated``: ``spec.hibernate`` and no replica pod left."""
+    if not obs.hibernate:
+        return (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
+    elif hibernated:
+        return (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
+    else:
+        return (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
+
+
+def _progressing_verdict(obs: Observation) -> Verdict:
+    """``Progressing``: a rollout under way, or the revision every replica runs."""
+    if obs.rollout is None or obs.rollout.complete:
+        rev = obs.rollout.update_revision if obs.rollout else ""
+        return (
+            F,
+            Reason.ROLLOUT_COMPLETE,
+            f"every replica runs revision {rev}" if rev else "no rollout",
+        )
+    else:
+        return (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
+
+
+def _feature_fields(obs: Observation, previous: Mapping[str, Any]) -> dict[str, Any]:
+    """The features' own status fields; each keeps its last value while not observed."""
+    status: dict[str, Any] = {}
+    if obs.config_hash:
+        status["configHash"] = obs.config_hash
+    schema_version = obs.schema_version or previous.get("storageSchemaVersion")
+    if schema_version:
+        status["storageSchemaVersion"] = int(schema_version)
+    rotation = obs.tokens.rotation or previous.get("peerTokenRotation")
+    if rotation:
+        status["peerTokenRotation"] = dict(rotation)
+    digest = obs.tokens.digest or previous.get("tokensDigest")
+    if digest:
+        status["tokensDigest"] = digest
+    if obs.tls.verdict is not None:
+        if obs.tls.status:
+            status["tls"] = dict(obs.tls.status)
+    elif previous.get("tls"):
+        status["tls"] = dict(previous["tls"])
+    if obs.aggregation.enabled:
+        if obs.aggregation.report is not None:
+            status["aggregation"] = dict(obs.aggregation.report)
+        elif obs.aggregation.error and previous.get("aggregation"):
+            # Not read this pass (the apply failed): keep the last report.
+            status["aggregation"] = dict(previous["aggregation"])
+    last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
+    if last_flush:
+        status["lastFlush"] = dict(last_flush)
+    if obs.rollout is not None and obs.rollout.update_revision:
+        status["currentRevision"] = obs.rollout.current_revision
+        status["updateRevision"] = obs.rollout.update_revision
+        status["updatedReplicas"] = obs.rollout.updated
+    return status
+
+
 def build(
     obs: Observation, previous: Mapping[str, Any] | None, now: str | None = None
 ) -> dict[str, Any]:
@@ -273,139 +444,46 @@ def build(
 
     entries = [peer_entry(p, [q.server_id for q in obs.peers]) for p in obs.peers]
 
-    # Ready: the first problem found is the reason, the most fundamental first.
-    ready_c: Verdict
-    if obs.spec_error:
-        field, message = obs.spec_error
-        ready_c = (F, Reason.INVALID_SPEC, f"{field}: {message}")
-    elif obs.ownership_error:
-        ready_c = (F, Reason.CHILD_NOT_OWNED, obs.ownership_error[:500])
-    elif obs.apply_error:
-        ready_c = (F, Reason.APPLY_FAILED, obs.apply_error[:300])
-    elif obs.token_error:
-        ready_c = (F, Reason.TOKEN_SECRET_NOT_FOUND, obs.token_error)
-    elif obs.schema_error:
-        ready_c = (F, Reason.STORAGE_SCHEMA_TOO_NEW, obs.schema_error[:500])
-    elif obs.immutable_error:
-        ready_c = (F, Reason.IMMUTABLE_FIELD_CHANGED, obs.immutable_error[:500])
-    elif obs.not_implemented:
-        ready_c = (
-            F,
-            Reason.PROTOCOL_NOT_IMPLEMENTED,
-            f"{', '.join(obs.not_implemented)}: this protocol is not implemented in this "
-            "version; it is not served and its ports are not exposed (set it to false)",
-        )
-    elif obs.hibernate:
-        ready_c = (
-            (
-                F,
-                Reason.HIBERNATED,
-                f"hibernated: no replica runs, the {obs.desired} volumes are kept",
-            )
-            if hibernated
-            else (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
-        )
-    elif obs.decision.held:
-        ready_c = (F, Reason.SCALE_DOWN_HELD, obs.decision.message)
-    elif sts_replicas != obs.desired:
-        ready_c = (
-            F,
-            Reason.SCALING,
-            f"StatefulSet at {sts_replicas} replicas, want {obs.desired}",
-        )
-    elif obs.rollout is not None and not obs.rollout.complete:
-        ready_c = (F, Reason.ROLLOUT_IN_PROGRESS, _rollout_message(obs.rollout))
-    elif sts_lag:
-        ready_c = (F, Reason.STATEFULSET_STATUS_STALE, sts_lag)
-    elif ready < obs.desired:
-        ready_c = (F, Reason.REPLICAS_NOT_READY, f"{ready} of {obs.desired} replicas ready")
-    else:
-        ready_c = (T, Reason.ALL_REPLICAS_READY, f"{ready} of {obs.desired} replicas ready")
-
-    if obs.spec_error:
-        peers_c: Verdict = (U, Reason.INVALID_SPEC, "the spec is invalid")
-    else:
-        peers_c = _peers_condition(entries)
-    held_c: Verdict = (
-        (T, obs.decision.reason, obs.decision.message)
-        if obs.decision.held
-        else (F, obs.decision.reason, obs.decision.message or "no scale-down is waiting")
-    )
-    last_held = find_condition(prev_conditions, ConditionType.SCALE_DOWN_HELD)
-    if (
-        obs.decision.reason is Reason.NOT_SCALING_DOWN
-        and last_held.get("status") == F
-        and last_held.get("reason") in (Reason.SCALE_DOWN_VERIFIED, Reason.SCALE_DOWN_FORCED)
-    ):
-        # Keep saying how the last scale-down ended until the next one starts (a pass
-        # later the fleet is no longer scaling down; the outcome is still the news).
-        held_c = (F, Reason(last_held["reason"]), str(last_held.get("message") or ""))
-    agg_c = _optional_condition(
-        "ScheduledSparkApplication",
-        obs.aggregation,
-        Reason.SPARK_OPERATOR_NOT_INSTALLED,
-        "spark-operator (sparkoperator.k8s.io/v1beta2)",
-    )
-    mon_c = _optional_condition(
-        "ServiceMonitor",
-        obs.monitoring,
-        Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
-        "prometheus-operator (monitoring.coreos.com/v1)",
-    )
-
-    paused_c: Verdict = (
+    ready_c = _ready_verdict(obs, sts_replicas, sts_lag, ready, hibernated)
+    # One verdict per feature, in the order the conditions are listed.
+    verdicts: list[tuple[ConditionType, Verdict]] = [
+        (ConditionType.READY, ready_c),
+        (ConditionType.PEERS_SYNCED, _peers_verdict(obs, entries)),
+        (ConditionType.SCALE_DOWN_HELD, _scale_down_verdict(obs, prev_conditions)),
         (
-            T,
-            Reason.PAUSED,
-            f"{naming.PAUSE_ANNOTATION}: {naming.PAUSED} -- only the status is updated",
-        )
-        if obs.paused
-        else (F, Reason.NOT_PAUSED, "reconciling")
-    )
-    if not obs.hibernate:
-        hibernated_c: Verdict = (F, Reason.NOT_HIBERNATING, "spec.hibernate is false")
-    elif hibernated:
-        hibernated_c = (T, Reason.HIBERNATED, "no replica runs; the volume claims are kept")
-    else:
-        hibernated_c = (F, Reason.HIBERNATING, obs.decision.message or "scaling to 0")
-
-    resize_c: Verdict = obs.storage_resize or _kept_resize(prev_conditions)
-    if obs.rollout is None or obs.rollout.complete:
-        rev = obs.rollout.update_revision if obs.rollout else ""
-        progressing_c: Verdict = (
-            F,
-            Reason.ROLLOUT_COMPLETE,
-            f"every replica runs revision {rev}" if rev else "no rollout",
-        )
-    else:
-        progressing_c = (T, Reason.ROLLING_OUT, _rollout_message(obs.rollout))
-
-    conditions = [
-        condition(t, *c, obs.generation, prev_conditions, now)
-        for t, c in (
-            (ConditionType.READY, ready_c),
-            (ConditionType.PEERS_SYNCED, peers_c),
-            (ConditionType.SCALE_DOWN_HELD, held_c),
-            (ConditionType.AGGREGATION_SCHEDULED, agg_c),
-            (ConditionType.MONITORING_CONFIGURED, mon_c),
-            (ConditionType.RECONCILE_PAUSED, paused_c),
-            (ConditionType.HIBERNATED, hibernated_c),
-            (ConditionType.PROGRESSING, progressing_c),
-            (ConditionType.STORAGE_RESIZING, resize_c),
-            (
-                ConditionType.TOKENS_LOADED,
-                obs.tokens
-                or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
+            ConditionType.AGGREGATION_SCHEDULED,
+            _optional_condition(
+                "ScheduledSparkApplication",
+                obs.aggregation,
+                Reason.SPARK_OPERATOR_NOT_INSTALLED,
+                "spark-operator (sparkoperator.k8s.io/v1beta2)",
             ),
-            (
-                ConditionType.CERTIFICATE_READY,
-                obs.tls
-                or _kept(
-                    prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING
-                ),
+        ),
+        (
+            ConditionType.MONITORING_CONFIGURED,
+            _optional_condition(
+                "ServiceMonitor",
+                obs.monitoring,
+                Reason.PROMETHEUS_OPERATOR_NOT_INSTALLED,
+                "prometheus-operator (monitoring.coreos.com/v1)",
             ),
-        )
+        ),
+        (ConditionType.RECONCILE_PAUSED, _paused_verdict(obs)),
+        (ConditionType.HIBERNATED, _hibernated_verdict(obs, hibernated)),
+        (ConditionType.PROGRESSING, _progressing_verdict(obs)),
+        (ConditionType.STORAGE_RESIZING, obs.storage.resize or _kept_resize(prev_conditions)),
+        (
+            ConditionType.TOKENS_LOADED,
+            obs.tokens.loaded
+            or _kept(prev_conditions, ConditionType.TOKENS_LOADED, Reason.TOKENS_UNKNOWN),
+        ),
+        (
+            ConditionType.CERTIFICATE_READY,
+            obs.tls.verdict
+            or _kept(prev_conditions, ConditionType.CERTIFICATE_READY, Reason.CERTIFICATE_PENDING),
+        ),
     ]
+    conditions = [condition(t, *c, obs.generation, prev_conditions, now) for t, c in verdicts]
 
     if obs.spec_error or obs.ownership_error:
         phase = Phase.FAILED
@@ -432,35 +510,7 @@ def build(
         "conditions": conditions,
         "peers": entries,
     }
-    if obs.config_hash:
-        status["configHash"] = obs.config_hash
-    schema_version = obs.schema_version or previous.get("storageSchemaVersion")
-    if schema_version:
-        status["storageSchemaVersion"] = int(schema_version)
-    rotation = obs.peer_token_rotation or previous.get("peerTokenRotation")
-    if rotation:
-        status["peerTokenRotation"] = dict(rotation)
-    digest = obs.tokens_digest or previous.get("tokensDigest")
-    if digest:
-        status["tokensDigest"] = digest
-    if obs.tls is not None:
-        if obs.tls_status:
-            status["tls"] = dict(obs.tls_status)
-    elif previous.get("tls"):
-        status["tls"] = dict(previous["tls"])
-    if obs.aggregation.enabled:
-        if obs.aggregation.report is not None:
-            status["aggregation"] = dict(obs.aggregation.report)
-        elif obs.aggregation.error and previous.get("aggregation"):
-            # Not read this pass (the apply failed): keep the last report.
-            status["aggregation"] = dict(previous["aggregation"])
-    last_flush = obs.last_flush if obs.last_flush is not None else previous.get("lastFlush")
-    if last_flush:
-        status["lastFlush"] = dict(last_flush)
-    if obs.rollout is not None and obs.rollout.update_revision:
-        status["currentRevision"] = obs.rollout.current_revision
-        status["updateRevision"] = obs.rollout.update_revision
-        status["updatedReplicas"] = obs.rollout.updated
+    status.update(_feature_fields(obs, previous))
     return status
 
 

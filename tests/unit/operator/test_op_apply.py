@@ -6,7 +6,7 @@ import copy
 
 import pytest
 from eventfleet_operator import naming
-from eventfleet_operator.reconcile import up_to_date, with_applied_hash
+from eventfleet_operator.reconcilers.children import up_to_date, with_applied_hash
 from op_fakes import FULL_SPEC
 from op_pass import Harness
 

@@ -10,6 +10,7 @@ import kubernetes_validate
 import op_k8s_schema as k8s_schema
 import pytest
 from eventfleet_operator import backups, builders, kube, model, naming
+from eventfleet_operator.reconcilers import backup as backup_steps
 from eventfleet_operator.replicas import PeerLink, ReplicaStatus
 from op_fakes import FULL_SPEC, FakeReplicas, status_doc
 from op_pass import LOG, Harness
@@ -308,7 +309,7 @@ async def step(h, name="b1"):
     body = h.kube.obj("EventServerBackup", name) or h.kube.put(
         backups.manifest("demo", "ns", name, scheduled=False)
     )
-    return await backups.run(h.ctx, body, LOG, h.emit)
+    return await backup_steps.run(h.ctx, body, LOG, h.emit)
 
 
 async def test_a_backup_runs_on_the_highest_in_sync_replica_with_the_peer_token():
@@ -327,7 +328,7 @@ async def test_a_backup_waits_for_a_synced_replica_then_gives_up():
     h.kube.put(backups.manifest("demo", "ns", "b1", scheduled=False))
     for attempt in range(1, backups.MAX_ATTEMPTS + 1):
         body = h.kube.obj("EventServerBackup", "b1")
-        status = await backups.run(h.ctx, body, LOG, h.emit)
+        status = await backup_steps.run(h.ctx, body, LOG, h.emit)
         body["status"] = status
         if attempt < backups.MAX_ATTEMPTS:
             assert status["phase"] == "Pending" and status["attempts"] == attempt
@@ -342,11 +343,11 @@ async def test_a_backup_of_a_missing_fleet_or_one_without_spec_backup_fails():
     status = await step(h)
     assert status["phase"] == "Failed" and "no spec.backup" in status["error"]
     other = backups.manifest("gone", "ns", "b2", scheduled=False)
-    status = await backups.run(h.ctx, h.kube.put(other), LOG, h.emit)
+    status = await backup_steps.run(h.ctx, h.kube.put(other), LOG, h.emit)
     assert status["phase"] == "Failed" and "'gone' not found" in status["error"]
     done = h.kube.put({**other, "metadata": {**other["metadata"], "name": "b3"}})
     done["status"] = {"phase": "Completed"}
-    assert await backups.run(h.ctx, done, LOG, h.emit) is None  # finished: left alone
+    assert await backup_steps.run(h.ctx, done, LOG, h.emit) is None  # finished: left alone
 
 
 async def test_the_schedule_creates_one_backup_per_slot_and_prunes_beyond_retention():
@@ -355,8 +356,8 @@ async def test_the_schedule_creates_one_backup_per_slot_and_prunes_beyond_retent
     h = harness(spec)
     fleet = model.parse("demo", "ns", spec)
     created = "2026-01-01T00:00:00Z"  # long ago: one slot is due now, not one per hour
-    await backups.tick(h.ctx, fleet, created, LOG, h.emit)
-    await backups.tick(h.ctx, fleet, created, LOG, h.emit)  # the same slot: nothing new
+    await backup_steps.tick(h.ctx, fleet, created, LOG, h.emit)
+    await backup_steps.tick(h.ctx, fleet, created, LOG, h.emit)  # the same slot: nothing new
     names = [n for k, _, n in h.kube.objects if k == "EventServerBackup"]
     assert len(names) == 1 and names[0].startswith("demo-")
     # Two completed scheduled backups, retention 1: the older one goes, object first.
@@ -367,7 +368,7 @@ async def test_the_schedule_creates_one_backup_per_slot_and_prunes_beyond_retent
         if when:
             obj["metadata"]["creationTimestamp"] = when
         obj["status"] = {"phase": "Completed"}
-    await backups.tick(h.ctx, fleet, created, LOG, h.emit)
+    await backup_steps.tick(h.ctx, fleet, created, LOG, h.emit)
     assert h.replicas.deleted == [(1, "demo-old")]
     assert h.kube.obj("EventServerBackup", "demo-old") is None
     assert h.kube.obj("EventServerBackup", names[0]) is not None

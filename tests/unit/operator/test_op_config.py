@@ -7,7 +7,7 @@ import argparse
 import pytest
 from eventfleet_operator import cli
 from eventfleet_operator.config import ConfigError, OperatorConfig
-from eventfleet_operator.reconcile import is_subset
+from eventfleet_operator.reconcilers.children import is_subset
 
 
 def parse(argv):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 from eventfleet_operator import builders, model, naming, reconcile
+from eventfleet_operator.reconcilers import deletion
 from op_pass import LOG, Harness
 
 FOREIGN = [
@@ -71,7 +72,7 @@ async def test_cleanup_deletes_only_what_it_owns():
             {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
              "metadata": {"name": claim, "namespace": "ns", "labels": labels}}
         )  # fmt: skip
-    deleted = await reconcile.cleanup(h.ctx, h.body, LOG)
+    deleted = await deletion.cleanup(h.ctx, h.body, LOG)
     assert "Service/demo-peers" not in deleted
     assert h.kube.obj("Service", "demo-peers") is not None
     assert "PersistentVolumeClaim/data-demo-0" in deleted

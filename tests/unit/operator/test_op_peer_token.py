@@ -6,6 +6,7 @@ import base64
 
 import pytest
 from eventfleet_operator import builders, model, naming, reconcile
+from eventfleet_operator.reconcilers import deletion
 from op_pass import LOG, Harness
 
 
@@ -100,7 +101,7 @@ async def test_a_user_peer_secret_is_used_not_generated_and_survives_cleanup():
     await h.run()
     assert h.kube.obj("Secret", "demo-peer-token") is None
     assert set(h.replicas.tokens) == {"p-new"}  # the first line: what peers present
-    await reconcile.cleanup(h.ctx, h.body, LOG)
+    await deletion.cleanup(h.ctx, h.body, LOG)
     assert h.kube.obj("Secret", "peers") is not None
 
 
