@@ -1,0 +1,199 @@
+"""Real storage faults under a real ``eventfleet server`` process: its data directory on
+a file system of its own that the test mounts (we run as root, as CI does; a mount that
+fails fails the test). Filled through real Eventer registrations until commits fail:
+
+* the log names the cause (no space left on device: ENOSPC) and the store's path;
+* /readyz answers 503 with that cause, registrations are refused (the client gets the
+  failure answer, the refusal is counted);
+* nothing acknowledged is lost: every event the client got a success for is readable;
+* once space returns (the tmpfs grown, a filler file deleted) the replica is Ready again
+  and takes new registrations WITHOUT a restart.
+
+Every mount is undone in a `finally` (the replica is stopped first: a busy file system
+cannot be unmounted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import pathlib
+import re
+import subprocess
+
+import aiohttp
+import pytest
+from eventfleet_server.client.eventer import connect
+from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
+
+from e2e.fleet_helpers import ReplicaProc, free_block, read_all
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+BLOB = EventPayloadJson('"' + "x" * 4000 + '"')
+
+
+def run(*argv: str) -> None:
+    """Run a mount command; its failure fails the test with the command's own words."""
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        pytest.fail(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def tmpfs(mountpoint: pathlib.Path, size: str):
+    """A tmpfs of `size` at `mountpoint`, unmounted when the block ends."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    run(
+        "mount", "-t", "tmpfs", "-o", f"size={size},mode=0700", "eventfleet-faults", str(mountpoint)
+    )
+    try:
+        yield mountpoint
+    finally:
+        run("umount", str(mountpoint))
+
+
+async def readyz(replica: ReplicaProc) -> tuple[int, dict]:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
+        http.get(replica.http + "/readyz") as res,
+    ):
+        return res.status, await res.json(content_type=None)
+
+
+async def metrics(replica: ReplicaProc) -> str:
+    async with (
+        aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=5)) as http,
+        http.get(replica.http + "/metrics") as res,
+    ):
+        return await res.text()
+
+
+async def wait_ready_again(replica: ReplicaProc) -> None:
+    """Bounded wait for /readyz 200 (the replica probes the store on its own)."""
+    async with asyncio.timeout(60):
+        while True:
+            if (await readyz(replica))[0] == 200:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def probes_keep_failing(replica: ReplicaProc, cause: str, probes: int = 3) -> None:
+    """Bounded wait until the replica has probed the failing store `probes` more times,
+    /readyz answering 503 naming `cause` at every look."""
+    first = None
+    async with asyncio.timeout(60):
+        while True:
+            status, body = await readyz(replica)
+            assert status == 503 and cause in body["reason"], body
+            failed = int(re.search(r"\((\d+) failed commit", body["reason"]).group(1))
+            first = failed if first is None else first
+            if failed >= first + probes:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def fill_until_refused(client) -> dict[tuple[int, int], object]:
+    """Register 10 x 4 kB events per request until a request fails; every event of an
+    acknowledged request, by (server, instance)."""
+    acked = {}
+    for n in range(2000):
+        created = await client.register(
+            [RegisterEvent(("fill", str(n), str(i)), None, BLOB) for i in range(10)], True
+        )
+        if created is None:
+            return acked
+        acked.update({(e.id.server, e.id.instance): e for e in created})
+    pytest.fail("the file system never filled up")
+
+
+def fill_file(path: pathlib.Path) -> None:
+    """Write zeros to `path` until the file system is full (ENOSPC)."""
+    with contextlib.suppress(OSError), open(path, "wb") as f:
+        while True:
+            f.write(b"\0" * 65536)
+
+
+def cause_lines(replica: ReplicaProc, words: str) -> list[str]:
+    return [line for line in replica.log().splitlines() if words in line]
+
+
+async def assert_failing_then_recovers(replica, client, acked, cause: str, recover) -> None:
+    """The common part: not ready naming `cause`, refusals, `recover()`, Ready again,
+    new registrations taken, every acknowledged event readable."""
+    store = str(replica.data_dir / "events.sqlite")
+    lines = cause_lines(replica, "commit failed")
+    assert lines and cause in lines[0] and store in lines[0], replica.log()[-3000:]
+    status, body = await readyz(replica)
+    assert status == 503 and cause in body["reason"], body
+    # Refused at once while failing; counted, and the log says why.
+    assert await client.register([RegisterEvent(("refused",), None, None)], True) is None
+    text = await metrics(replica)
+    assert 'eventfleet_rejected_total{protocol="eventer",reason="register_failed"}' in text
+    refusals = cause_lines(replica, "registrations are refused")
+    assert refusals and cause in refusals[-1], replica.log()[-3000:]
+    # Reads still work while writes fail, and return everything acknowledged.
+    held = await read_all(replica.eventer, {replica.server_id})
+    assert set(acked) <= set(held)
+
+    # Still full: the replica's own probes keep failing, and it stays not ready (a tiny
+    # probe commit fits into the WAL space the failed commit left: it must not count).
+    await probes_keep_failing(replica, cause)
+    recover()
+    await wait_ready_again(replica)
+    assert cause_lines(replica, "storage works again")
+    later = await client.register([RegisterEvent(("after", "recovery"), None, BLOB)], True)
+    assert later is not None and len(later) == 1
+    held = await read_all(replica.eventer, {replica.server_id})
+    missing = set(acked) - set(held)
+    assert not missing, f"{len(missing)} acknowledged events lost, e.g. {sorted(missing)[:5]}"
+    for key, event in acked.items():
+        assert held[key] == tuple(event)
+    assert (later[0].id.server, later[0].id.instance) in held
+
+
+@contextlib.asynccontextmanager
+async def replica_on(tmp_path: pathlib.Path, data_dir: pathlib.Path):
+    """A replica whose config and log stay on the test's own disk and whose data
+    directory is `data_dir`; stopped when the block ends (before any unmount)."""
+    replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), extra={"data_dir": str(data_dir)})
+    replica.data_dir = data_dir
+    replica.write_config()
+    replica.start()
+    try:
+        await replica.wait_ready()
+        client = await connect(*replica.eventer, "filler", timeout=10)
+        try:
+            yield replica, client
+        finally:
+            await client.close()
+    finally:
+        replica.stop()
+
+
+async def test_enospc_on_a_full_tmpfs_and_recovery_when_it_grows(tmp_path):
+    mnt = tmp_path / "fs"
+    with tmpfs(mnt, "2m"):
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            acked = await fill_until_refused(client)
+            assert acked
+
+            def grow():
+                run("mount", "-o", "remount,size=16m", str(mnt))
+
+            await assert_failing_then_recovers(
+                replica, client, acked, "no space left on device (ENOSPC)", grow
+            )
+
+
+async def test_enospc_recovers_when_a_filler_file_is_deleted(tmp_path):
+    """The operator's way: something else filled the volume; deleting it is enough."""
+    mnt = tmp_path / "fs"
+    with tmpfs(mnt, "3m"):
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            filler = mnt / "filler"
+            fill_file(filler)
+            acked = await fill_until_refused(client)
+            await assert_failing_then_recovers(
+                replica, client, acked, "no space left on device (ENOSPC)", filler.unlink
+            )
