@@ -1,16 +1,22 @@
 """Real storage faults under a real ``eventfleet server`` process: its data directory on
 a file system of its own that the test mounts (we run as root, as CI does; a mount that
-fails fails the test). Filled through real Eventer registrations until commits fail:
+fails fails the test, never skips). Faults, each met through real Eventer registrations:
 
-* the log names the cause (no space left on device: ENOSPC) and the store's path;
-* /readyz answers 503 with that cause, registrations are refused (the client gets the
-  failure answer, the refusal is counted);
-* nothing acknowledged is lost: every event the client got a success for is readable;
-* once space returns (the tmpfs grown, a filler file deleted) the replica is Ready again
-  and takes new registrations WITHOUT a restart.
+* ENOSPC: a 2-3 MB tmpfs filled up; space returns by growing it or deleting a filler;
+* EIO: ext4 on a loop device whose sparse image lives on a small tmpfs (a thinly
+  provisioned disk running out): the device fails writes, the store's fsync gets EIO;
+  the backing grows and the same file system works again;
+* read-only: the kernel turns ext4 read-only itself after an error (errors=remount-ro).
 
-Every mount is undone in a `finally` (the replica is stopped first: a busy file system
-cannot be unmounted).
+Asserted for each: the log names the cause (ENOSPC / EIO / EROFS) and the store's path;
+/readyz answers 503 naming it, and stays so while the fault lasts (the replica's own
+probes fail); registrations are refused (failure answer, counted, logged with the
+cause); every event the client got a success for is readable. ENOSPC and EIO recover
+WITHOUT a restart: Ready again, new registrations taken. The emergency read-only cannot
+be undone while mounted: recovery is a stop, fsck, mount and start (docs/runbook.md).
+
+Every mount and loop device is undone in a `finally` (the replica is stopped first: a
+busy file system cannot be unmounted).
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 BLOB = EventPayloadJson('"' + "x" * 4000 + '"')
 
 
-def run(*argv: str) -> None:
-    """Run a mount command; its failure fails the test with the command's own words."""
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+def run(*argv: str) -> str:
+    """Run a mount command; its failure (or absence) fails the test with its own words."""
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError as e:
+        pytest.fail(f"{argv[0]} is not installed (e2fsprogs, util-linux): {e}")
     if result.returncode != 0:
         pytest.fail(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result.stdout
 
 
 @contextlib.contextmanager
@@ -51,6 +61,40 @@ def tmpfs(mountpoint: pathlib.Path, size: str):
         yield mountpoint
     finally:
         run("umount", str(mountpoint))
+
+
+@contextlib.contextmanager
+def loop_ext4(workdir: pathlib.Path, *, backing: str, journal: bool, errors: str):
+    """An ext4 file system on a loop device whose 64 MB image file is sparse on a tmpfs
+    of `backing` size: a thinly provisioned disk. Once the tmpfs is full the device's
+    writes fail (the kernel logs "critical space allocation error"): the ext4 above
+    has free space and the store's writes meet real I/O errors. Yields (mount point,
+    loop device, backing tmpfs); everything is undone when the block ends."""
+    with tmpfs(workdir / "backing", backing) as back:
+        image = back / "ext4.img"
+        with open(image, "wb") as f:
+            f.truncate(64 << 20)
+        features = [] if journal else ["-O", "^has_journal"]
+        run("mkfs.ext4", "-q", "-F", *features, str(image))
+        device = run("losetup", "--find", "--show", str(image)).strip()
+        try:
+            mnt = workdir / "fs"
+            mnt.mkdir()
+            run("mount", "-t", "ext4", "-o", f"errors={errors}", device, str(mnt))
+            try:
+                yield mnt, device, back
+            finally:
+                run("umount", str(mnt))
+        finally:
+            run("losetup", "--detach", device)
+
+
+def repair(mnt: pathlib.Path, device: str) -> None:
+    """Unmount, `e2fsck -fy` (exit 1: errors corrected) and mount `device` again."""
+    run("umount", str(mnt))
+    fsck = subprocess.run(["e2fsck", "-fy", device], capture_output=True, text=True, timeout=120)
+    assert fsck.returncode in (0, 1), fsck.stdout + fsck.stderr
+    run("mount", "-t", "ext4", "-o", "errors=remount-ro", device, str(mnt))
 
 
 async def readyz(replica: ReplicaProc) -> tuple[int, dict]:
@@ -197,3 +241,61 @@ async def test_enospc_recovers_when_a_filler_file_is_deleted(tmp_path):
             await assert_failing_then_recovers(
                 replica, client, acked, "no space left on device (ENOSPC)", filler.unlink
             )
+
+
+async def test_eio_on_a_thin_disk_that_runs_out_and_recovery_when_it_grows(tmp_path):
+    """EIO: the block device under the store fails its writes (its backing store is
+    full). The store's fsync fails with an I/O error; once the backing grows, the same
+    device and file system work again and the replica recovers without a restart
+    (ext4 without a journal, errors=continue: a journal would be aborted by the
+    failed writes and the file system turned read-only for good, see below)."""
+    with loop_ext4(tmp_path, backing="8m", journal=False, errors="continue") as (mnt, _, back):
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            acked = await fill_until_refused(client)
+            assert acked
+
+            def grow():
+                run("mount", "-o", "remount,size=256m", str(back))
+
+            await assert_failing_then_recovers(replica, client, acked, "I/O error (EIO)", grow)
+
+
+async def test_read_only_after_a_file_system_error_and_recovery_by_a_restart(tmp_path):
+    """The kernel turns an ext4 file system read-only itself after an error
+    (errors=remount-ro, the default on most distributions; triggered through ext4's
+    own /sys/fs/ext4/<dev>/trigger_fs_error). A read-only remount cannot be forced on
+    a file system with files open for writing (EBUSY), and this emergency one cannot
+    be undone while mounted (`mount -o remount,rw` keeps it read-only): recovery is a
+    stop, fsck and mount, as on a node. Asserted: the cause (EROFS) and the path are
+    logged, the replica is not ready and refuses registrations, and after the restart
+    on the repaired file system every acknowledged event is there."""
+    with loop_ext4(tmp_path, backing="256m", journal=True, errors="remount-ro") as (mnt, dev, _):
+        cause = "file system is read-only (EROFS)"
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            acked = {}
+            for n in range(20):
+                events = [RegisterEvent(("ro", str(n), str(i)), None, BLOB) for i in range(10)]
+                created = await client.register(events, True)
+                assert created is not None
+                acked.update({(e.id.server, e.id.instance): e for e in created})
+            trigger = pathlib.Path("/sys/fs/ext4") / pathlib.Path(dev).name / "trigger_fs_error"
+            trigger.write_text("eventfleet storage fault test")
+            assert await client.register([RegisterEvent(("ro",), None, BLOB)], True) is None
+            store = str(replica.data_dir / "events.sqlite")
+            lines = cause_lines(replica, "commit failed")
+            assert lines and cause in lines[0] and store in lines[0], replica.log()[-3000:]
+            await probes_keep_failing(replica, cause)
+            assert await client.register([RegisterEvent(("refused",), None, None)], True) is None
+            refusals = cause_lines(replica, "registrations are refused")
+            assert refusals and cause in refusals[-1], replica.log()[-3000:]
+            held = await read_all(replica.eventer, {replica.server_id})
+            assert set(acked) <= set(held)
+        # Repair as on a node: unmount, fsck, mount; the same replica starts again.
+        repair(mnt, dev)
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            held = await read_all(replica.eventer, {replica.server_id})
+            missing = set(acked) - set(held)
+            assert not missing, f"{len(missing)} acknowledged events lost"
+            for key, event in acked.items():
+                assert held[key] == tuple(event)
+            assert await client.register([RegisterEvent(("after", "fsck"), None, BLOB)], True)

@@ -110,7 +110,8 @@ class Engine:
         self._wakeup = asyncio.Event()
         # Set (to the error text) when a commit failed, cleared by the next successful
         # write; while set the replica is not ready and registrations are refused.
-        self._commit_failure: str | None = None
+        self._commit_failure: str | None = None  # the first failure's cause, kept
+        self._commit_failure_latest: str | None = None  # the latest probe's, if other
         self._commit_failures = 0
         self._probe_interval = 1.0
         # The writer is critical: if it ever stops, nothing is committed any more, so its
@@ -424,16 +425,23 @@ class Engine:
         """None while commits succeed, else why the replica is not ready."""
         if self._commit_failure is None:
             return None
+        latest = self._commit_failure_latest
         return (
             f"storage failing ({self._commit_failures} failed commit(s), retrying every "
             f"{self._probe_interval:g} s): {self._commit_failure}"
+            + ("" if latest is None else f"; latest probe: {latest}")
         )
 
     def _commit_failed(self, error: Exception) -> None:
         self._commit_failures += 1
         first = self._commit_failure is None
-        self._commit_failure = f"{type(error).__name__}: {error}"
-        if first:
+        cause = f"{type(error).__name__}: {error}"
+        if not first:
+            # The commit that failed names the fault; later probes (a test write next
+            # to the store) may word the same fault differently: both are shown.
+            self._commit_failure_latest = cause if cause != self._commit_failure else None
+        else:
+            self._commit_failure = cause
             log.error(
                 "commit failed, refusing registrations until the storage works again: %s",
                 self._commit_failure,
@@ -446,6 +454,7 @@ class Engine:
                 self._commit_failures,
             )
         self._commit_failure = None
+        self._commit_failure_latest = None
         self._commit_failures = 0
 
     # -- queries ---------------------------------------------------------------------------

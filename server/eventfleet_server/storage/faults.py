@@ -34,18 +34,24 @@ def describe(path: pathlib.Path, error: sqlite3.Error) -> str | None:
     directory = path.parent
     code = _probe(directory, _PROBE_BYTES)
     where = f"{path} ({_space(directory)})"
-    what = f"{error} [{name}]"
-    if code == errno.ENOSPC or (code is None and name == "SQLITE_FULL" and _full(directory)):
-        return f"no space left on device (ENOSPC) for {where}: {what}"
+    # SQLite's words, and what a test write next to the store met (the evidence).
+    what = f"{error} [{name}]; a test write in {directory} " + (
+        "succeeded" if code is None else f"failed: {_errno_name(code)}"
+    )
     if code == errno.EROFS or _read_only(directory):
+        # Also when SQLite says SQLITE_IOERR_WRITE: a write refused with EROFS.
         return f"file system is read-only (EROFS) under {where}: {what}"
-    if code is not None and code != errno.EIO:
-        return f"{errno.errorcode.get(code, code)} ({os.strerror(code)}) writing {where}: {what}"
-    if code == errno.EIO or name.startswith("SQLITE_IOERR"):
-        return f"I/O error (EIO) on {where}: {what}"
     if name == "SQLITE_FULL":
+        if code == errno.ENOSPC or _full(directory):
+            return f"no space left on device (ENOSPC) for {where}: {what}"
         return f"the store reached its size cap (storage.max_db_bytes) at {where}: {what}"
+    if name.startswith("SQLITE_IOERR"):
+        return f"I/O error (EIO) on {where}: {what}"
     return f"the store is read-only at {where}: {what}"
+
+
+def _errno_name(code: int) -> str:
+    return f"{errno.errorcode.get(code, str(code))} ({os.strerror(code)})"
 
 
 def room_error(path: pathlib.Path, size: int) -> str | None:
@@ -60,7 +66,7 @@ def room_error(path: pathlib.Path, size: int) -> str | None:
     if code is None:
         return None
     where = f"{path} ({_space(path.parent)})"
-    short = _NAMES.get(code, errno.errorcode.get(code, str(code)))
+    short = _NAMES.get(code, _errno_name(code))
     return f"{short} for {where}: a test write of {size} bytes failed: {os.strerror(code)}"
 
 
