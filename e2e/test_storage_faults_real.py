@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import pathlib
 import re
+import shutil
 import subprocess
 
 import aiohttp
@@ -33,8 +35,24 @@ from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 
 from e2e.fleet_helpers import ReplicaProc, free_block, read_all
+from tests import parts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+TOOLS = ("mount", "umount", "losetup", "mkfs.ext4", "e2fsck")
+
+
+@pytest.fixture(autouse=True)
+def can_mount() -> None:
+    """Root and the mount tools, or the test fails (parts: a developer may allow it)."""
+    if os.geteuid() != 0:
+        parts.skip_missing("mounts", "not root: cannot mount", "run the tests as root (CI does)")
+    absent = [tool for tool in TOOLS if shutil.which(tool) is None]
+    if absent:
+        parts.skip_missing(
+            "mounts", f"{', '.join(absent)} not found", "apt-get install util-linux e2fsprogs"
+        )
+
 
 BLOB = EventPayloadJson('"' + "x" * 4000 + '"')
 
@@ -50,6 +68,15 @@ def run(*argv: str) -> str:
     return result.stdout
 
 
+def unmount(mountpoint: pathlib.Path) -> None:
+    """Unmount; if that fails (busy), detach it lazily so that no mount outlives the
+    test, and fail it."""
+    result = subprocess.run(["umount", str(mountpoint)], capture_output=True, text=True)
+    if result.returncode != 0:
+        subprocess.run(["umount", "--lazy", str(mountpoint)], capture_output=True)
+        pytest.fail(f"umount {mountpoint} failed: {result.stderr.strip()} (detached lazily)")
+
+
 @contextlib.contextmanager
 def tmpfs(mountpoint: pathlib.Path, size: str):
     """A tmpfs of `size` at `mountpoint`, unmounted when the block ends."""
@@ -60,7 +87,7 @@ def tmpfs(mountpoint: pathlib.Path, size: str):
     try:
         yield mountpoint
     finally:
-        run("umount", str(mountpoint))
+        unmount(mountpoint)
 
 
 @contextlib.contextmanager
@@ -84,7 +111,7 @@ def loop_ext4(workdir: pathlib.Path, *, backing: str, journal: bool, errors: str
             try:
                 yield mnt, device, back
             finally:
-                run("umount", str(mnt))
+                unmount(mnt)
         finally:
             run("losetup", "--detach", device)
 
@@ -197,10 +224,11 @@ async def assert_failing_then_recovers(replica, client, acked, cause: str, recov
 
 
 @contextlib.asynccontextmanager
-async def replica_on(tmp_path: pathlib.Path, data_dir: pathlib.Path):
+async def replica_on(tmp_path: pathlib.Path, data_dir: pathlib.Path, synchronous: str = "FULL"):
     """A replica whose config and log stay on the test's own disk and whose data
     directory is `data_dir`; stopped when the block ends (before any unmount)."""
-    replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), extra={"data_dir": str(data_dir)})
+    extra = {"data_dir": str(data_dir), "storage": {"synchronous": synchronous}}
+    replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), extra=extra)
     replica.data_dir = data_dir
     replica.write_config()
     replica.start()
@@ -215,10 +243,13 @@ async def replica_on(tmp_path: pathlib.Path, data_dir: pathlib.Path):
         replica.stop()
 
 
-async def test_enospc_on_a_full_tmpfs_and_recovery_when_it_grows(tmp_path):
+@pytest.mark.parametrize("synchronous", ["FULL", "NORMAL"])
+async def test_enospc_on_a_full_tmpfs_and_recovery_when_it_grows(tmp_path, synchronous):
+    """FULL (the default) commits on the writer thread; NORMAL commits small batches
+    inline and checkpoints from a task: both paths meet the full disk."""
     mnt = tmp_path / "fs"
     with tmpfs(mnt, "2m"):
-        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+        async with replica_on(tmp_path, mnt / "data", synchronous) as (replica, client):
             acked = await fill_until_refused(client)
             assert acked
 
