@@ -189,11 +189,13 @@ def cause_lines(replica: ReplicaProc, words: str) -> list[str]:
     return [line for line in replica.log().splitlines() if words in line]
 
 
-async def assert_failing_then_recovers(replica, client, acked, cause: str, recover) -> None:
+async def assert_failing_then_recovers(
+    replica, client, acked, cause: str, recover, failed_line: str = "commit failed"
+) -> None:
     """The common part: not ready naming `cause`, refusals, `recover()`, Ready again,
     new registrations taken, every acknowledged event readable."""
     store = str(replica.data_dir / "events.sqlite")
-    lines = cause_lines(replica, "commit failed")
+    lines = cause_lines(replica, failed_line)
     assert lines and cause in lines[0] and store in lines[0], replica.log()[-3000:]
     status, body = await readyz(replica)
     assert status == 503 and cause in body["reason"], body
@@ -330,3 +332,41 @@ async def test_read_only_after_a_file_system_error_and_recovery_by_a_restart(tmp
             for key, event in acked.items():
                 assert held[key] == tuple(event)
             assert await client.register([RegisterEvent(("after", "fsck"), None, BLOB)], True)
+
+
+async def test_restart_on_a_full_disk_is_not_ready_until_space_returns(tmp_path):
+    """A replica (re)started on a full volume (a pod rescheduled, a crash) serves what it
+    holds but is not ready and refuses registrations from the start, naming ENOSPC;
+    it turns Ready by itself when space returns."""
+    mnt = tmp_path / "fs"
+    cause = "no space left on device (ENOSPC)"
+    with tmpfs(mnt, "2m"):
+        async with replica_on(tmp_path, mnt / "data") as (_, client):
+            acked = await fill_until_refused(client)
+        replica = ReplicaProc(
+            tmp_path, "r2", 1, free_block(1), extra={"data_dir": str(mnt / "data")}
+        )
+        replica.data_dir = mnt / "data"
+        replica.start()
+        try:
+            lines = []
+            async with asyncio.timeout(60):
+                while not lines:
+                    assert replica.proc.poll() is None, replica.log()[-3000:]
+                    lines = cause_lines(replica, "store not writable at start")
+                    await asyncio.sleep(0.2)
+            assert cause in lines[0] and str(replica.data_dir) in lines[0], lines[0]
+            client = await connect(*replica.eventer, "filler", timeout=10)
+            try:
+                await assert_failing_then_recovers(
+                    replica,
+                    client,
+                    acked,
+                    cause,
+                    lambda: run("mount", "-o", "remount,size=16m", str(mnt)),
+                    failed_line="store not writable at start",
+                )
+            finally:
+                await client.close()
+        finally:
+            replica.stop()

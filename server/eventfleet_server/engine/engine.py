@@ -173,6 +173,12 @@ class Engine:
             session + 1,
             instance + 1,
         )
+        # A store that cannot take writes at start (a restart on a full or read-only
+        # volume) is not ready from the start, not only after the first refused
+        # registration; the writer then probes it as after a failed commit.
+        problem = await self._storage.room_problem()
+        if problem is not None:
+            self._commit_failed(StorageError(problem), "store not writable at start")
         self._writer_task = self._tasks.spawn("writer", self._writer_loop())
 
     def set_operational(self) -> None:
@@ -432,7 +438,7 @@ class Engine:
             + ("" if latest is None else f"; latest probe: {latest}")
         )
 
-    def _commit_failed(self, error: Exception) -> None:
+    def _commit_failed(self, error: Exception, what: str = "commit failed") -> None:
         self._commit_failures += 1
         first = self._commit_failure is None
         cause = f"{type(error).__name__}: {error}"
@@ -443,7 +449,8 @@ class Engine:
         else:
             self._commit_failure = cause
             log.error(
-                "commit failed, refusing registrations until the storage works again: %s",
+                "%s, refusing registrations until the storage works again: %s",
+                what,
                 self._commit_failure,
             )
 

@@ -423,6 +423,12 @@ class Storage:
                 self._failed_write_bytes = max(self._failed_write_bytes, size)
                 raise
 
+    async def room_problem(self) -> str | None:
+        """None when `PROBE_MIN_BYTES` can be written and synced next to the store, else
+        one line naming the cause (ENOSPC, EROFS, EIO) and the path."""
+        self._check_open()
+        return await asyncio.to_thread(faults.room_error, self._path, PROBE_MIN_BYTES)
+
     async def probe_write(self) -> None:
         """Does the store accept commits again? Room for twice the last failed write
         (at least `PROBE_MIN_BYTES`) next to the store, then one tiny committed write
