@@ -34,7 +34,7 @@ import pytest
 from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 
-from e2e.fleet_helpers import ReplicaProc, free_block, read_all
+from e2e.fleet_helpers import ReplicaProc, eventually, free_block, mesh_peers, read_all
 from tests import parts
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -223,6 +223,7 @@ async def assert_failing_then_recovers(
     for key, event in acked.items():
         assert held[key] == tuple(event)
     assert (later[0].id.server, later[0].id.instance) in held
+    assert "Traceback" not in replica.log(), replica.log()[-3000:]  # expected, named faults
 
 
 @contextlib.asynccontextmanager
@@ -370,3 +371,63 @@ async def test_restart_on_a_full_disk_is_not_ready_until_space_returns(tmp_path)
                 await client.close()
         finally:
             replica.stop()
+
+
+async def test_a_peer_on_a_full_disk_is_not_ready_and_catches_up_when_space_returns(tmp_path):
+    """Replica b's volume fills with events replicated from a (registered there, a has
+    room): b's merges fail, b turns not ready naming ENOSPC (it used to stay Ready: only
+    the Eventer's own commits counted) and refuses registrations; a keeps taking them.
+    Once b's volume grows, b is Ready again and holds everything a acknowledged."""
+    mnt = tmp_path / "fs"
+    cause = "no space left on device (ENOSPC)"
+    with tmpfs(mnt, "2m"):
+        base = free_block(2)
+        a = ReplicaProc(tmp_path, "a", 1, base)
+        b = ReplicaProc(tmp_path, "b", 2, base + 10, extra={"data_dir": str(mnt / "data")})
+        b.data_dir = mnt / "data"
+        try:
+            for p in (a, b):
+                p.write_config(mesh_peers([a, b]))
+                p.start()
+            await asyncio.gather(a.wait_ready(), b.wait_ready())
+            on_a = await connect(*a.eventer, "filler", timeout=10)
+            on_b = await connect(*b.eventer, "refused", timeout=10)
+            try:
+                acked = {}
+                for n in range(2000):
+                    events = [
+                        RegisterEvent(("peer", str(n), str(i)), None, BLOB) for i in range(10)
+                    ]
+                    created = await on_a.register(events, True)
+                    assert created is not None, a.log()[-3000:]  # a has room
+                    acked.update({(e.id.server, e.id.instance): e for e in created})
+                    status, body = await readyz(b)
+                    if status == 503 and "storage failing" in body["reason"]:
+                        break
+                else:
+                    pytest.fail("b never reported its storage failing")
+                assert cause in body["reason"], body
+                lines = cause_lines(b, "merge of replicated events failed")
+                store = str(b.data_dir / "events.sqlite")
+                assert lines and cause in lines[0] and store in lines[0], b.log()[-3000:]
+                assert await on_b.register([RegisterEvent(("no",), None, None)], True) is None
+                await probes_keep_failing(b, cause)
+
+                run("mount", "-o", "remount,size=32m", str(mnt))
+                await wait_ready_again(b)
+
+                async def caught_up():
+                    held = await read_all(b.eventer, {a.server_id})
+                    return set(acked) <= set(held) and held
+
+                held = await eventually(caught_up, "b holding every event a acknowledged", 120)
+                assert "Traceback" not in b.log(), b.log()[-3000:]
+                for key, event in acked.items():
+                    assert held[key] == tuple(event)
+                assert await on_b.register([RegisterEvent(("yes",), None, None)], True)
+            finally:
+                await on_a.close()
+                await on_b.close()
+        finally:
+            a.stop()
+            b.stop()

@@ -23,7 +23,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.listener import Tasks
-from eventfleet_server.storage import SbsResult, Storage, StorageError
+from eventfleet_server.storage import SbsResult, Storage, StorageError, StorageFaultError
 
 log = logging.getLogger(__name__)
 
@@ -355,7 +355,14 @@ class Engine:
                 except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as err:
                     # As a refused write: the merger then retries stream by stream.
                     raise StorageError(f"event {i} {e!r:.300}: does not encode: {err}") from err
-        pairs = await self._storage.write(events, encoded=encoded)
+        try:
+            pairs = await self._storage.write(events, encoded=encoded)
+        except StorageFaultError as e:
+            # Replicated events meet the same full or failing disk: not ready either, and
+            # the writer (woken to notice) probes until the store takes commits again.
+            self._commit_failed(e, "merge of replicated events failed")
+            self._wakeup.set()
+            raise
         inserted = [e for _, e in pairs]
         if len(inserted) == len(events):
             sbs = list(encoded)

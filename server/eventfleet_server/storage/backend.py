@@ -71,6 +71,7 @@ from eventfleet_server.storage.errors import (
     CorruptStoreError,
     SchemaVersionError,
     StorageError,
+    StorageFaultError,
 )
 
 __all__ = [
@@ -247,7 +248,9 @@ class Storage:
                 conn.execute("ROLLBACK")
             if isinstance(e, sqlite3.Error):
                 cause = faults.describe(self._path, e)
-                raise StorageError(cause or f"{self._path}: {what} failed: {e}") from e
+                if cause is not None:
+                    raise StorageFaultError(cause) from e
+                raise StorageError(f"{self._path}: {what} failed: {e}") from e
             raise
 
     # -- set-up ----------------------------------------------------------------------------
@@ -437,7 +440,7 @@ class Storage:
         size = max(PROBE_MIN_BYTES, 2 * self._failed_write_bytes)
         problem = await asyncio.to_thread(faults.room_error, self._path, size)
         if problem is not None:
-            raise StorageError(problem)
+            raise StorageFaultError(problem)
         await self.write([], {"probe": time.time()})
         self._failed_write_bytes = 0
 
@@ -497,9 +500,9 @@ class Storage:
                     except sqlite3.Error as e:
                         # The file system (full, read-only, I/O error) before the rows.
                         cause = faults.describe(self._path, e)
-                        raise StorageError(
-                            cause or events.diagnose(batch, rows, inserted, e)
-                        ) from e
+                        if cause is not None:
+                            raise StorageFaultError(cause) from e
+                        raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     except (OverflowError, UnicodeError) as e:
                         raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     first = rows[0][0]
