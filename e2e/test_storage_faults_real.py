@@ -296,12 +296,13 @@ async def test_eio_on_a_thin_disk_that_runs_out_and_recovery_when_it_grows(tmp_p
 
 async def test_read_only_after_a_file_system_error_and_recovery_by_a_restart(tmp_path):
     """The kernel turns an ext4 file system read-only itself after an error
-    (errors=remount-ro, the default on most distributions; triggered through ext4's
-    own /sys/fs/ext4/<dev>/trigger_fs_error). A read-only remount cannot be forced on
-    a file system with files open for writing (EBUSY), and this emergency one cannot
-    be undone while mounted (`mount -o remount,rw` keeps it read-only): recovery is a
-    stop, fsck and mount, as on a node. Asserted: the cause (EROFS) and the path are
-    logged, the replica is not ready and refuses registrations, and after the restart
+    (errors=remount-ro, the usual fstab setting; a journal aborted by failed writes does
+    the same), triggered here through ext4's own /sys/fs/ext4/<dev>/trigger_fs_error.
+    A read-only remount cannot be forced on a file system with files open for writing
+    (EBUSY), and this emergency one cannot be undone while mounted (`mount -o
+    remount,rw` keeps it read-only): recovery is a stop, fsck and mount, as on a node.
+    Asserted: the cause (EROFS) and the path are logged, the replica is not ready and
+    refuses registrations, and after the restart
     on the repaired file system every acknowledged event is there."""
     with loop_ext4(tmp_path, backing="256m", journal=True, errors="remount-ro") as (mnt, dev, _):
         cause = "file system is read-only (EROFS)"
