@@ -32,6 +32,8 @@ PARTS = {
     "hat-event": "the hat-event reference (the `test` extra: ./scripts/bootstrap ...,test)",
     "spark": "pyspark and pyarrow (the `spark` extra: ./scripts/bootstrap ...,spark)",
     "uvloop": "uvloop (the `server` extra, on CPython/Linux)",
+    "mounts": "root, mount/losetup (util-linux), mkfs.ext4/e2fsck (e2fsprogs): the real "
+    "storage-fault tests mount tmpfs and loop ext4 file systems",
 }
 
 # (part, nodeid or "", reason) for every test that ran without a part, in order.

@@ -23,7 +23,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.listener import Tasks
-from eventfleet_server.storage import SbsResult, Storage, StorageError
+from eventfleet_server.storage import SbsResult, Storage, StorageError, StorageFaultError
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,8 @@ class Engine:
         self._wakeup = asyncio.Event()
         # Set (to the error text) when a commit failed, cleared by the next successful
         # write; while set the replica is not ready and registrations are refused.
-        self._commit_failure: str | None = None
+        self._commit_failure: str | None = None  # the first failure's cause, kept
+        self._commit_failure_latest: str | None = None  # the latest probe's, if other
         self._commit_failures = 0
         self._probe_interval = 1.0
         # The writer is critical: if it ever stops, nothing is committed any more, so its
@@ -172,6 +173,12 @@ class Engine:
             session + 1,
             instance + 1,
         )
+        # A store that cannot take writes at start (a restart on a full or read-only
+        # volume) is not ready from the start, not only after the first refused
+        # registration; the writer then probes it as after a failed commit.
+        problem = await self._storage.room_problem()
+        if problem is not None:
+            self._commit_failed(StorageError(problem), "store not writable at start")
         self._writer_task = self._tasks.spawn("writer", self._writer_loop())
 
     def set_operational(self) -> None:
@@ -348,7 +355,14 @@ class Engine:
                 except (TypeError, ValueError, OverflowError, AttributeError, KeyError) as err:
                     # As a refused write: the merger then retries stream by stream.
                     raise StorageError(f"event {i} {e!r:.300}: does not encode: {err}") from err
-        pairs = await self._storage.write(events, encoded=encoded)
+        try:
+            pairs = await self._storage.write(events, encoded=encoded)
+        except StorageFaultError as e:
+            # Replicated events meet the same full or failing disk: not ready either, and
+            # the writer (woken to notice) probes until the store takes commits again.
+            self._commit_failed(e, "merge of replicated events failed")
+            self._wakeup.set()
+            raise
         inserted = [e for _, e in pairs]
         if len(inserted) == len(events):
             sbs = list(encoded)
@@ -424,18 +438,26 @@ class Engine:
         """None while commits succeed, else why the replica is not ready."""
         if self._commit_failure is None:
             return None
+        latest = self._commit_failure_latest
         return (
             f"storage failing ({self._commit_failures} failed commit(s), retrying every "
             f"{self._probe_interval:g} s): {self._commit_failure}"
+            + ("" if latest is None else f"; latest probe: {latest}")
         )
 
-    def _commit_failed(self, error: Exception) -> None:
+    def _commit_failed(self, error: Exception, what: str = "commit failed") -> None:
         self._commit_failures += 1
         first = self._commit_failure is None
-        self._commit_failure = f"{type(error).__name__}: {error}"
-        if first:
+        cause = f"{type(error).__name__}: {error}"
+        if not first:
+            # The commit that failed names the fault; later probes (a test write next
+            # to the store) may word the same fault differently: both are shown.
+            self._commit_failure_latest = cause if cause != self._commit_failure else None
+        else:
+            self._commit_failure = cause
             log.error(
-                "commit failed, refusing registrations until the storage works again: %s",
+                "%s, refusing registrations until the storage works again: %s",
+                what,
                 self._commit_failure,
             )
 
@@ -446,6 +468,7 @@ class Engine:
                 self._commit_failures,
             )
         self._commit_failure = None
+        self._commit_failure_latest = None
         self._commit_failures = 0
 
     # -- queries ---------------------------------------------------------------------------

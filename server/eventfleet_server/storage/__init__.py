@@ -11,7 +11,12 @@ from eventfleet_server.storage.backend import (
     Storage,
     StorageStats,
 )
-from eventfleet_server.storage.errors import CorruptStoreError, SchemaVersionError, StorageError
+from eventfleet_server.storage.errors import (
+    CorruptStoreError,
+    SchemaVersionError,
+    StorageError,
+    StorageFaultError,
+)
 
 __all__ = [
     "CorruptStoreError",
@@ -20,5 +25,6 @@ __all__ = [
     "SchemaVersionError",
     "Storage",
     "StorageError",
+    "StorageFaultError",
     "StorageStats",
 ]

@@ -59,6 +59,7 @@ from eventfleet_server.storage import (
     event_keys,
     event_types,
     events,
+    faults,
     last_ids,
     latest,
     queries,
@@ -70,6 +71,7 @@ from eventfleet_server.storage.errors import (
     CorruptStoreError,
     SchemaVersionError,
     StorageError,
+    StorageFaultError,
 )
 
 __all__ = [
@@ -94,6 +96,11 @@ log = logging.getLogger(__name__)
 # Batches above this many events are written on the writer thread even in inline mode,
 # so that one large register request never holds the event loop for the whole insert.
 INLINE_MAX_EVENTS = 500
+
+# A failing store counts as working again only with room for at least this much next
+# to it (see `Storage.probe_write`): a few batches' worth, enough that a file system
+# with a few kilobytes freed does not flap between ready and failing.
+PROBE_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -187,6 +194,7 @@ class Storage:
         self._quick_check_timeout = quick_check_timeout
         self._max_db_bytes = max_db_bytes
         self._commits_since_checkpoint = 0
+        self._failed_write_bytes = 0
         self._checkpoint_task: asyncio.Task | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
         # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
@@ -239,6 +247,9 @@ class Storage:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")
             if isinstance(e, sqlite3.Error):
+                cause = faults.describe(self._path, e)
+                if cause is not None:
+                    raise StorageFaultError(cause) from e
                 raise StorageError(f"{self._path}: {what} failed: {e}") from e
             raise
 
@@ -403,23 +414,35 @@ class Storage:
             raise ValueError(f"{len(encoded)} encoded events for {len(events)} events")
         self._check_open()
         async with self._write_lock:
-            if self._inline and len(events) <= INLINE_MAX_EVENTS:
-                inserted = self._write(events, meta_items, encoded)
-                self._commits_since_checkpoint += 1
-                return inserted
-            return await _run(self._writer, self._write, events, meta_items, encoded)
+            try:
+                if self._inline and len(events) <= INLINE_MAX_EVENTS:
+                    inserted = self._write(events, meta_items, encoded)
+                    self._commits_since_checkpoint += 1
+                    return inserted
+                return await _run(self._writer, self._write, events, meta_items, encoded)
+            except StorageError:
+                # What `probe_write` asks room for before calling the store healthy.
+                size = sum(map(len, encoded)) if encoded is not None else 0
+                self._failed_write_bytes = max(self._failed_write_bytes, size)
+                raise
+
+    async def room_problem(self) -> str | None:
+        """None when `PROBE_MIN_BYTES` can be written and synced next to the store, else
+        one line naming the cause (ENOSPC, EROFS, EIO) and the path."""
+        self._check_open()
+        return await asyncio.to_thread(faults.room_error, self._path, PROBE_MIN_BYTES)
 
     async def probe_write(self) -> None:
-        """One tiny committed write (a meta key): does the store accept commits again?"""
+        """Does the store accept commits again? Room for twice the last failed write
+        (at least `PROBE_MIN_BYTES`) next to the store, then one tiny committed write
+        (a meta key). Raises `StorageError` naming the cause while either fails."""
+        self._check_open()
+        size = max(PROBE_MIN_BYTES, 2 * self._failed_write_bytes)
+        problem = await asyncio.to_thread(faults.room_error, self._path, size)
+        if problem is not None:
+            raise StorageFaultError(problem)
         await self.write([], {"probe": time.time()})
-
-    def set_max_db_bytes(self, max_db_bytes: int | None) -> None:
-        """Change the size cap (tests simulate a full disk and freed space with it)."""
-        self._max_db_bytes = max_db_bytes
-        conn = self._writer._conn
-        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
-        pages = max(max_db_bytes // page_size, 1) if max_db_bytes else 4294967294
-        conn.execute(f"PRAGMA max_page_count = {pages}")
+        self._failed_write_bytes = 0
 
     def _write(
         self,
@@ -474,7 +497,13 @@ class Storage:
                 if rows:
                     try:
                         tx.executemany(events.INSERT, rows)
-                    except (sqlite3.Error, OverflowError, UnicodeError) as e:
+                    except sqlite3.Error as e:
+                        # The file system (full, read-only, I/O error) before the rows.
+                        cause = faults.describe(self._path, e)
+                        if cause is not None:
+                            raise StorageFaultError(cause) from e
+                        raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
+                    except (OverflowError, UnicodeError) as e:
                         raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     first = rows[0][0]
                     latest.update(tx, first)

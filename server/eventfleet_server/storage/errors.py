@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-__all__ = ["RESTORE_HINT", "CorruptStoreError", "SchemaVersionError", "StorageError"]
+__all__ = [
+    "RESTORE_HINT",
+    "CorruptStoreError",
+    "SchemaVersionError",
+    "StorageError",
+    "StorageFaultError",
+]
 
 RESTORE_HINT = (
     "stop this replica, move the file aside and restore the replica from a peer "
@@ -12,6 +18,11 @@ RESTORE_HINT = (
 
 class StorageError(Exception):
     """A write or the database failed; the message names the bad event or value."""
+
+
+class StorageFaultError(StorageError):
+    """The file system under the store failed the write (ENOSPC, EIO, EROFS, the size
+    cap): not the events' fault; the message names the cause and the path."""
 
 
 class CorruptStoreError(StorageError):

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from eventfleet_server.common.model import Event, EventType, QueryLatestParams
 from eventfleet_server.engine import Engine
 from eventfleet_server.listener import Tasks
+from eventfleet_server.storage import StorageFaultError
 from eventfleet_server.syncer.client import (
     InitRefusedError,
     Peer,
@@ -207,6 +208,10 @@ class PeerLink:
             return Attempt(f"protocol error: {e}")
         except (ConnectionError, OSError, TimeoutError) as e:
             return Attempt(f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        except StorageFaultError as e:
+            # Our own disk (full, read-only, I/O error), named by the engine's log and
+            # /readyz: an expected end of this connection, retried, no traceback.
+            return Attempt(f"storage failing: {e}")
         except Exception as e:
             log.exception("syncer %s failed", stream.label)
             return Attempt(repr(e))
