@@ -34,7 +34,11 @@ from .harness import ROOT, stop_process, wait_for
 
 BIN = ROOT / ".tools" / "k8s" / "bin"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager")
-SERVICE_CIDR = "10.0.0.0/24"
+# Inside 198.18.0.0/15 (benchmark testing), never a private range: traffic to those is
+# flagged on the CI machines even when local. Distinct from the single-node cluster's
+# 198.18.1.0/24, so both tiers can run in one session.
+SERVICE_CIDR = "198.19.0.0/24"
+API_SERVICE_IP = "198.19.0.1"  # the kubernetes Service: the range's first address
 # The controllers the operator's behaviour depends on (and what they need to run).
 CONTROLLERS = (
     "garbage-collector-controller",
@@ -85,7 +89,7 @@ def make_pki(d: pathlib.Path) -> None:
         "-out", "server.csr", cwd=d,
     )  # fmt: skip
     (d / "server.ext").write_text(
-        "subjectAltName=IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,"
+        f"subjectAltName=IP:127.0.0.1,IP:{API_SERVICE_IP},DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\n"
     )

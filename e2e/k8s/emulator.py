@@ -656,7 +656,7 @@ class Emulator(kmock.KubernetesEmulator):
             spec = obj.setdefault("spec", {})
             spec.setdefault("type", "ClusterIP")
             if spec.get("clusterIP") in (None, ""):
-                spec["clusterIP"] = f"10.96.{random.randint(0, 255)}.{random.randint(1, 254)}"
+                spec["clusterIP"] = f"198.19.1.{random.randint(1, 254)}"
             spec.setdefault("clusterIPs", [spec["clusterIP"]])
         elif (kind.group, kind.plural) == ("", "namespaces"):
             obj.setdefault("status", {})["phase"] = (
