@@ -488,31 +488,40 @@ class Engine:
         started = time.perf_counter()
         try:
             result = await self._storage.query_sbs(params, max_results_cap=self._max_results_cap)
-            if (
-                isinstance(params, QueryServerParams)
-                and not params.persisted
-                and params.server_id == self._server_id
-                and self._pending
-                and not result.more_follows
-            ):
+            if self._wants_pending(params, result.more_follows):
                 # Committed ones come first; the pending ones follow, above the last id
                 # returned (ids grow with the pending list's order).
                 after = params.last_event_id.instance if params.last_event_id else 0
                 if result.events:
                     after = max(after, self._last_committed_instance(result))
-                limit = min(params.max_results or self._max_results_cap, self._max_results_cap)
-                extra = [
-                    b
-                    for e, b in zip(self._pending, self._pending_sbs, strict=True)
-                    if e.id.instance > after
-                ]
-                room = max(limit - len(result.events), 0)
-                result = SbsResult(result.events + extra[:room], len(extra) > room)
+                extra, more = self._pending_tail(params, len(result.events), after)
+                result = SbsResult(result.events + [self._pending_sbs[i] for i in extra], more)
             return result
         finally:
             elapsed = time.perf_counter() - started
             for cb in self._query_listeners:
                 cb(params, elapsed)
+
+    def _wants_pending(self, params: QueryParams, more_follows: bool) -> bool:
+        """A ``server`` query for this server's not-yet-persisted events that the store
+        answered in full: the events still waiting for their commit follow."""
+        return (
+            isinstance(params, QueryServerParams)
+            and not params.persisted
+            and params.server_id == self._server_id
+            and bool(self._pending)
+            and not more_follows
+        )
+
+    def _pending_tail(
+        self, params: QueryServerParams, returned: int, after: int
+    ) -> tuple[list[int], bool]:
+        """Indices of the pending events above instance `after` that fit beside the
+        `returned` committed ones, and whether more follow."""
+        limit = min(params.max_results or self._max_results_cap, self._max_results_cap)
+        extra = [i for i, e in enumerate(self._pending) if e.id.instance > after]
+        room = max(limit - returned, 0)
+        return extra[:room], len(extra) > room
 
     @staticmethod
     def _last_committed_instance(result: SbsResult) -> int:
@@ -520,20 +529,12 @@ class Engine:
 
     async def _query(self, params: QueryParams) -> QueryResult:
         result = await self._storage.query(params, max_results_cap=self._max_results_cap)
-        if (
-            isinstance(params, QueryServerParams)
-            and not params.persisted
-            and params.server_id == self._server_id
-            and self._pending
-            and not result.more_follows
-        ):
+        if self._wants_pending(params, result.more_follows):
             after = result.events[-1].id.instance if result.events else 0
             if params.last_event_id:
                 after = max(after, params.last_event_id.instance)
-            limit = min(params.max_results or self._max_results_cap, self._max_results_cap)
-            extra = [e for e in self._pending if e.id.instance > after]
-            room = max(limit - len(result.events), 0)
-            result = QueryResult(result.events + extra[:room], len(extra) > room)
+            extra, more = self._pending_tail(params, len(result.events), after)
+            result = QueryResult(result.events + [self._pending[i] for i in extra], more)
         return result
 
 

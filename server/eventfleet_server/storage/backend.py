@@ -74,15 +74,8 @@ from eventfleet_server.storage.errors import (
     StorageFaultError,
 )
 
-__all__ = [
-    "CorruptStoreError",
-    "Retention",
-    "SbsResult",
-    "SchemaVersionError",
-    "Storage",
-    "StorageError",
-    "StorageStats",
-]
+# The package (`eventfleet_server.storage`) is the public face; the errors live in `errors`.
+__all__ = ["Retention", "SbsResult", "Storage", "StorageStats"]
 
 _T = TypeVar("_T")
 _US = 1_000_000
