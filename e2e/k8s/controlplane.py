@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from e2e.cluster import configs
 from e2e.ports import free_port
 
 from .harness import ROOT, stop_process, wait_for
@@ -261,19 +262,7 @@ class ControlPlane:
     def _audit_policy(self) -> pathlib.Path:
         """Audit what service accounts do (the operator under test), nothing else."""
         path = self.workdir / "audit-policy.yaml"
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "audit.k8s.io/v1",
-                    "kind": "Policy",
-                    "omitStages": ["RequestReceived"],
-                    "rules": [
-                        {"level": "Metadata", "userGroups": ["system:serviceaccounts"]},
-                        {"level": "None"},
-                    ],
-                }
-            )
-        )
+        path.write_text(configs.audit_policy())
         return path
 
     def audit(self) -> list[dict[str, Any]]:
