@@ -22,7 +22,6 @@ import signal
 from collections.abc import Mapping
 from types import ModuleType
 
-from eventfleet_server import replication
 from eventfleet_server.backup import BackupError, RestoreSource
 from eventfleet_server.backup.restore import restore as restore_backup
 from eventfleet_server.bus import plugin as bus_plugin
@@ -33,6 +32,7 @@ from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Credentials, Tasks, TlsError, TlsSettings
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
+from eventfleet_server.replication import plugin as replication_plugin
 from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage
 from eventfleet_server.syncer import plugin as syncer_plugin
 
@@ -45,7 +45,7 @@ _WATCHDOG_MARGIN = 5.0
 PROTOCOLS: dict[str, ModuleType] = {
     "eventer": eventer_plugin,
     "syncer": syncer_plugin,
-    "replication": replication,
+    "replication": replication_plugin,
     "jetstream": jetstream_plugin,
     "bus": bus_plugin,
 }

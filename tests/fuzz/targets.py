@@ -28,15 +28,15 @@ from eventfleet_server.eventer.decode import (
     RequestRefused,
     decode_register,
 )
-from eventfleet_server.eventer.requests import BadRequest, decode_init_req, decode_query_req
+from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.jetstream import wire as jetstream_wire
-from eventfleet_server.jetstream.protocol import JetstreamProtocol
 from eventfleet_server.jetstream.server import JetstreamServer
+from eventfleet_server.jetstream.session import JetstreamProtocol
 from eventfleet_server.listener import Rejections, RejectReason, TokenPolicy
-from eventfleet_server.replication import codec as replication_codec
+from eventfleet_server.replication import wire as replication_wire
 from eventfleet_server.replication.login import Credentials, FailedLogins
-from eventfleet_server.replication.publisher import PublisherSession
-from eventfleet_server.syncer import protocol as syncer_protocol
+from eventfleet_server.replication.session import PublisherSession
+from eventfleet_server.syncer import wire as syncer_wire
 
 
 class _Transport:
@@ -135,20 +135,20 @@ def eventer_query(data: bytes) -> None:
 
 def syncer_init(data: bytes) -> None:
     try:
-        syncer_protocol.decode_init_req(data)
-    except syncer_protocol.ProtocolError:
+        syncer_wire.decode_init_req(data)
+    except syncer_wire.ProtocolError:
         pass
 
 
 def syncer_events(data: bytes) -> None:
     """MsgEvents from an authenticated peer (no bounds walk: see docs/security.md)."""
     try:
-        check_bounds(codec.repo, syncer_protocol.EVENTS, data)
+        check_bounds(codec.repo, syncer_wire.EVENTS, data)
     except SbsBoundsError:
         return
     try:
-        syncer_protocol.decode_events(data, 2)
-    except syncer_protocol.ProtocolError:
+        syncer_wire.decode_events(data, 2)
+    except syncer_wire.ProtocolError:
         pass
 
 
@@ -240,7 +240,7 @@ _QUIET.disabled = True
 
 class _Sent(list):
     def __call__(self, msg) -> None:
-        self.append(replication_codec.encode(msg))  # a reply must be encodable
+        self.append(replication_wire.encode(msg))  # a reply must be encodable
 
 
 def replication_frame(data: bytes) -> None:
@@ -249,8 +249,8 @@ def replication_frame(data: bytes) -> None:
     Every refusal is a reply and a counted rejection, never an exception."""
     text = _text(data)
     try:
-        msg = replication_codec.decode(text)
-    except replication_codec.FrameError:
+        msg = replication_wire.decode(text)
+    except replication_wire.FrameError:
         return
     sent = _Sent()
     rejections = Rejections("fuzz", logger=_QUIET)

@@ -12,7 +12,7 @@ from eventfleet_server.common.model import (
     EventPayloadJson,
     Timestamp,
 )
-from eventfleet_server.replication import codec
+from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.config import ReplicationConfig
 from eventfleet_server.replication.login import (
     Challenges,

@@ -9,7 +9,7 @@ import json
 import pytest
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import EventId, EventPayloadJson, RegisterEvent
-from eventfleet_server.syncer import SyncerServerLimits, protocol
+from eventfleet_server.syncer import SyncerServerLimits, wire
 
 from tests.unit.test_syncer_replicas import (
     WAIT,
@@ -39,7 +39,7 @@ async def still_serves(node: Node):
     )
     assert error is None
     msg = await asyncio.wait_for(conn.receive(), 5)
-    assert protocol.decode_events(msg.data, 1) == created
+    assert wire.decode_events(msg.data, 1) == created
     conn.close()
 
 
@@ -67,7 +67,7 @@ async def test_first_message_must_be_init(tmp_path):
     async with cluster(tmp_path, 1) as (node,):
         await node.start()
         conn = await chatter.connect("127.0.0.1", node.replica.syncer.port, ping_delay=None)
-        conn.send(protocol.FLUSH_RES, b"")
+        conn.send(wire.FLUSH_RES, b"")
         await assert_closed(conn)
         assert node.replica.syncer.server.rejected.get("not_initialized") == 1
 
@@ -102,7 +102,7 @@ async def test_unexpected_message_after_init_closes(tmp_path):
     async with cluster(tmp_path, 1) as (node,):
         await node.start()
         conn, _ = await raw_init(node.replica.syncer.port, EventId(1, 0, 0))
-        conn.send(protocol.EVENTS, protocol.encode_events(fake_events(1, 1, 1, 1)))
+        conn.send(wire.EVENTS, wire.encode_events(fake_events(1, 1, 1, 1)))
         await assert_closed(conn)
         assert node.replica.syncer.server.rejected.get("unexpected_message") == 1
         assert node.replica.storage.last_ids == {}  # nothing a client sends is stored
@@ -115,7 +115,7 @@ async def test_a_peer_that_stops_reading_is_dropped(tmp_path):
         replica.syncer.server._limits = SyncerServerLimits(max_write_buffer=256 * 1024)
         conn, _ = await raw_init(replica.syncer.port, EventId(1, 0, 0))
         # Read MsgSynced, then stop reading while events keep coming.
-        assert (await asyncio.wait_for(conn.receive(), 5)).type == protocol.SYNCED
+        assert (await asyncio.wait_for(conn.receive(), 5)).type == wire.SYNCED
         payload = EventPayloadJson(json.dumps("x" * 60_000))
         async with asyncio.timeout(WAIT):
             while replica.syncer.server.rejected.get("slow_peer", 0) == 0:
@@ -128,9 +128,9 @@ async def test_a_peer_that_stops_reading_is_dropped(tmp_path):
 
 
 async def test_peer_sending_bad_events_is_cut_off_and_nothing_of_it_is_stored(tmp_path, caplog):
-    good = protocol.encode_events(fake_events(7, 1, 1, 2))
-    mixed = protocol.encode_events(fake_events(7, 2, 3, 1) + fake_events(7, 3, 4, 1))
-    foreign = protocol.encode_events(fake_events(8, 2, 3, 1))
+    good = wire.encode_events(fake_events(7, 1, 1, 2))
+    mixed = wire.encode_events(fake_events(7, 2, 3, 1) + fake_events(7, 3, 4, 1))
+    foreign = wire.encode_events(fake_events(8, 2, 3, 1))
     garbage = b"\x02\x03"
     for bad, reason in [
         (mixed, "mixes sessions"),
@@ -184,10 +184,10 @@ async def test_init_request_that_does_not_decode(tmp_path):
     async with cluster(tmp_path, 1) as (node,):
         await node.start()
         conn = await chatter.connect("127.0.0.1", node.replica.syncer.port, ping_delay=None)
-        conv = conn.send(protocol.INIT_REQ, b"\x01\x02\x03", last=False)
+        conv = conn.send(wire.INIT_REQ, b"\x01\x02\x03", last=False)
         msg = await asyncio.wait_for(conn.receive(), 5)
         assert msg.conv == conv
-        kind, text = codec.repo.decode(protocol.INIT_RES, msg.data)
+        kind, text = codec.repo.decode(wire.INIT_RES, msg.data)
         assert kind == "error" and "does not decode" in text
         conn.close()
         await still_serves(node)

@@ -16,7 +16,7 @@ from eventfleet_server import chatter, config
 from eventfleet_server.client.eventer import connect
 from eventfleet_server.common.model import EventId, RegisterEvent, Status
 from eventfleet_server.main import Replica
-from eventfleet_server.syncer import protocol
+from eventfleet_server.syncer import wire
 
 WAIT = 15.0
 
@@ -172,12 +172,10 @@ async def test_three_replicas_converge_and_report_sync_state(tmp_path):
 
 async def raw_init(port, last: EventId, *, name="raw", token=None, subs=(("*",),)):
     conn = await chatter.connect("127.0.0.1", port, ping_delay=None)
-    conv = conn.send(
-        protocol.INIT_REQ, protocol.encode_init_req(last, name, token, subs), last=False
-    )
+    conv = conn.send(wire.INIT_REQ, wire.encode_init_req(last, name, token, subs), last=False)
     msg = await asyncio.wait_for(conn.receive(), 5)
-    assert msg.type == protocol.INIT_RES and msg.conv == conv
-    return conn, protocol.decode_init_res(msg.data)
+    assert msg.type == wire.INIT_RES and msg.conv == conv
+    return conn, wire.decode_init_res(msg.data)
 
 
 async def test_history_then_synced_then_buffered_then_live(tmp_path, monkeypatch):
@@ -202,21 +200,21 @@ async def test_history_then_synced_then_buffered_then_live(tmp_path, monkeypatch
         received = []
         while True:
             msg = await asyncio.wait_for(conn.receive(), 5)
-            if msg.type == protocol.SYNCED:
+            if msg.type == wire.SYNCED:
                 break
-            assert msg.type == protocol.EVENTS
-            received.append(protocol.decode_events(msg.data, 1))
+            assert msg.type == wire.EVENTS
+            received.append(wire.decode_events(msg.data, 1))
         # History: one session per message, ascending, nothing created after the init.
         assert [len(g) for g in received] == [2, 2, 2]
         ids = [e.id.instance for g in received for e in g]
         assert ids == sorted(ids)
         assert created_during_history[0].id not in {e.id for g in received for e in g}
         msg = await asyncio.wait_for(conn.receive(), 5)
-        assert protocol.decode_events(msg.data, 1) == created_during_history
+        assert wire.decode_events(msg.data, 1) == created_during_history
         # Live: only committed events, each once.
         live = await engine.register_wait([reg("live")])
         msg = await asyncio.wait_for(conn.receive(), 5)
-        got = protocol.decode_events(msg.data, 1)
+        got = wire.decode_events(msg.data, 1)
         assert got == live
         assert live[0] in await storage.read_server(1, EventId(1, 0, live[0].id.instance - 1), 1)
         conn.close()
@@ -230,8 +228,8 @@ async def test_resume_point_and_subscriptions_are_honoured(tmp_path):
         conn, error = await raw_init(replica.syncer.port, first[-1].id, subs=[("a", "*")])
         assert error is None
         msg = await asyncio.wait_for(conn.receive(), 5)
-        assert [e.type for e in protocol.decode_events(msg.data, 1)] == [("a", "2")]
-        assert (await asyncio.wait_for(conn.receive(), 5)).type == protocol.SYNCED
+        assert [e.type for e in wire.decode_events(msg.data, 1)] == [("a", "2")]
+        assert (await asyncio.wait_for(conn.receive(), 5)).type == wire.SYNCED
         conn.close()
 
 
@@ -284,17 +282,17 @@ class FakePeer:
 
     async def _on_conn(self, conn):
         msg = await conn.receive()
-        req = protocol.decode_init_req(msg.data)
-        conn.send(protocol.INIT_RES, protocol.encode_init_res(None), conv=msg.conv)
+        req = wire.decode_init_req(msg.data)
+        conn.send(wire.INIT_RES, wire.encode_init_res(None), conv=msg.conv)
         if req.last_event_id.server != self.server_id:
-            conn.send(protocol.SYNCED, b"")
+            conn.send(wire.SYNCED, b"")
             with contextlib.suppress(ConnectionError):
                 while True:
                     await conn.receive()
             return
         for data in self.history:
-            conn.send(protocol.EVENTS, data)
-        conn.send(protocol.SYNCED, b"")
+            conn.send(wire.EVENTS, data)
+        conn.send(wire.SYNCED, b"")
         if self.after_synced:
             await self.after_synced(conn)
         with contextlib.suppress(ConnectionError, chatter.FrameError):
@@ -320,15 +318,15 @@ async def test_client_answers_flush_only_once_committed(tmp_path):
     node_ref = {}
 
     async def after_synced(conn):
-        conn.send(protocol.EVENTS, protocol.encode_events(fake_events(7, 3, 6, 1)))
-        conv = conn.send(protocol.FLUSH_REQ, b"", last=False)
+        conn.send(wire.EVENTS, wire.encode_events(fake_events(7, 3, 6, 1)))
+        conv = conn.send(wire.FLUSH_REQ, b"", last=False)
         msg = await asyncio.wait_for(conn.receive(), 5)
-        assert msg.type == protocol.FLUSH_RES and msg.conv == conv
+        assert msg.type == wire.FLUSH_RES and msg.conv == conv
         # MsgFlushRes means: everything sent before it is committed on the replica.
         held = node_ref["n"].replica.storage.last_ids.get(7)
         answered.set_result(held)
 
-    history = [protocol.encode_events(s) for s in sessions]
+    history = [wire.encode_events(s) for s in sessions]
     async with FakePeer(7, history, after_synced) as fake, cluster(tmp_path, 1) as (node,):
         node_ref["n"] = node
         node.overrides["peers"] = [fake.entry()]
@@ -520,7 +518,7 @@ async def test_a_peer_whose_send_fails_does_not_cost_the_others_live_events(tmp_
             conn, error = await raw_init(replica.syncer.port, EventId(1, 0, 0), name=name)
             assert error is None
             msg = await asyncio.wait_for(conn.receive(), 5)
-            assert msg.type == protocol.SYNCED
+            assert msg.type == wire.SYNCED
             conns.append(conn)
         served = replica.syncer.server._sessions[1]
         assert len(served) == 2
@@ -535,7 +533,7 @@ async def test_a_peer_whose_send_fails_does_not_cost_the_others_live_events(tmp_
         for conn in conns:
             with contextlib.suppress(ConnectionError, TimeoutError):
                 msg = await asyncio.wait_for(conn.receive(), 5)
-                received.append(protocol.decode_events(msg.data, 1))
+                received.append(wire.decode_events(msg.data, 1))
         # The session delivered to first was broken: the other one got the event.
         assert received == [created]
         assert first.conn.is_closed

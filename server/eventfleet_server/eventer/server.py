@@ -28,7 +28,7 @@ from eventfleet_server.eventer.decode import (
     event_elements,
     register_res,
 )
-from eventfleet_server.eventer.requests import BadRequest, decode_init_req, decode_query_req
+from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.listener import (
     AdmissionLimits,
     Rejections,

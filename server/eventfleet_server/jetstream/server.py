@@ -24,7 +24,7 @@ from aiohttp import WSMsgType, web
 from eventfleet_server.jetstream import demo, wire
 from eventfleet_server.jetstream.adapter import EngineBackend
 from eventfleet_server.jetstream.config import JetstreamConfig
-from eventfleet_server.jetstream.protocol import JetstreamProtocol, Session
+from eventfleet_server.jetstream.session import JetstreamProtocol, Session
 from eventfleet_server.listener import (
     Admission,
     Rejections,

@@ -15,7 +15,7 @@ from typing import Any
 from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.replication.config import ReplicationConfig, TableConfig
-from eventfleet_server.replication.publisher import WriteError
+from eventfleet_server.replication.session import WriteError
 from eventfleet_server.replication.table import UNKNOWN, Change, Tables
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from eventfleet_server.replication import codec
+from eventfleet_server.replication import wire as codec
 
 try:  # aiohttp's (Cython) XOR mask; the client side must mask every frame
     from aiohttp._websocket.helpers import websocket_mask as _mask

@@ -25,11 +25,11 @@ import aiohttp
 
 from eventfleet_server.common.secretfile import read_secret_file
 from eventfleet_server.listener import Rejections, Tasks
-from eventfleet_server.replication import codec
+from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.config import UpstreamConfig
 from eventfleet_server.replication.login import digest
 from eventfleet_server.replication.outbox import Outbox
-from eventfleet_server.replication.publisher import WriteError
+from eventfleet_server.replication.session import WriteError
 from eventfleet_server.replication.table import Change, OwnWrites, row_key
 
 log = logging.getLogger(__name__)

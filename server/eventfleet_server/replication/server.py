@@ -22,13 +22,13 @@ from eventfleet_server.listener import (
     Ticket,
     receive_text_frames,
 )
-from eventfleet_server.replication import codec
+from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.adapter import EngineBackend
 from eventfleet_server.replication.config import ReplicationConfig
 from eventfleet_server.replication.login import Credentials, FailedLogins
 from eventfleet_server.replication.outbox import Outbox
-from eventfleet_server.replication.publisher import PublisherSession
 from eventfleet_server.replication.replicator import Upstream
+from eventfleet_server.replication.session import PublisherSession
 from eventfleet_server.replication.table import Change
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from eventfleet_server.common.model import EventId
 from eventfleet_server.storage import Storage
 from eventfleet_server.syncer.client import InitRefusedError, Peer, SyncStream
 from eventfleet_server.syncer.mesh import Backoff
-from eventfleet_server.syncer.protocol import ProtocolError
+from eventfleet_server.syncer.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 

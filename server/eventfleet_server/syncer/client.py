@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from eventfleet_server import chatter
 from eventfleet_server.common.model import EventId, EventType, timestamp_to_us
 from eventfleet_server.storage import Storage
-from eventfleet_server.syncer import protocol
+from eventfleet_server.syncer import wire as protocol
 from eventfleet_server.syncer.merger import MergeOwner, Merger
-from eventfleet_server.syncer.protocol import ProtocolError
+from eventfleet_server.syncer.wire import ProtocolError
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from eventfleet_server.syncer.client import (
     SyncStream,
 )
 from eventfleet_server.syncer.merger import Merger
-from eventfleet_server.syncer.protocol import MAX_ID, ProtocolError
+from eventfleet_server.syncer.wire import MAX_ID, ProtocolError
 
 log = logging.getLogger(__name__)
 

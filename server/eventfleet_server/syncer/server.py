@@ -32,8 +32,8 @@ from eventfleet_server.listener import (
     Tasks,
     TokenPolicy,
 )
-from eventfleet_server.syncer import protocol
-from eventfleet_server.syncer.protocol import InitReq, ProtocolError
+from eventfleet_server.syncer import wire as protocol
+from eventfleet_server.syncer.wire import InitReq, ProtocolError
 
 log = logging.getLogger(__name__)
 

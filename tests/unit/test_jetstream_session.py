@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 from eventfleet_server.jetstream.models import ModelSchema, SchemaError
-from eventfleet_server.jetstream.protocol import JetstreamProtocol
 from eventfleet_server.jetstream.scope import ModelRecord, Scope, root_uuid
+from eventfleet_server.jetstream.session import JetstreamProtocol
 
 CLASSES = {
     "List": {"title": "string", "items": ["Item"]},

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eventfleet_server.listener import Rejections, RejectReason
-from eventfleet_server.replication import codec
-from eventfleet_server.replication.codec import FrameError
+from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.config import TableConfig
 from eventfleet_server.replication.login import (
     Challenges,
@@ -35,6 +34,7 @@ from eventfleet_server.replication.login import (
     check_login,
 )
 from eventfleet_server.replication.table import Change, OwnWrites, Table, Tables, row_key
+from eventfleet_server.replication.wire import FrameError
 
 log = logging.getLogger(__name__)
 

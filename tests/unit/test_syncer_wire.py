@@ -12,10 +12,10 @@ from eventfleet_server.common.model import (
     Timestamp,
 )
 from eventfleet_server.config import ConfigError
-from eventfleet_server.syncer import protocol
+from eventfleet_server.syncer import wire
 from eventfleet_server.syncer.mesh import Backoff, ids_named_by, sync_state_type
 from eventfleet_server.syncer.peers import parse_peers
-from eventfleet_server.syncer.protocol import ProtocolError
+from eventfleet_server.syncer.wire import ProtocolError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -25,8 +25,8 @@ def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payloa
 
 
 def test_init_req_round_trip():
-    data = protocol.encode_init_req(EventId(2, 3, 4), "r1", "tok", [("a", "*")])
-    req = protocol.decode_init_req(data)
+    data = wire.encode_init_req(EventId(2, 3, 4), "r1", "tok", [("a", "*")])
+    req = wire.decode_init_req(data)
     assert req.last_event_id == EventId(2, 3, 4)
     assert req.client_name == "r1" and req.client_token == "tok"
     assert req.subscription.patterns == (("a", "*"),)
@@ -42,32 +42,32 @@ def test_init_req_round_trip():
     ],
 )
 def test_init_req_rejects_bad_values_naming_them(last, subs, error):
-    data = protocol.encode_init_req(last, "r1", None, subs)
+    data = wire.encode_init_req(last, "r1", None, subs)
     with pytest.raises(ProtocolError, match=error.replace("*", r"\*")):
-        protocol.decode_init_req(data)
+        wire.decode_init_req(data)
 
 
 def test_init_req_garbage():
     with pytest.raises(ProtocolError, match="does not decode"):
-        protocol.decode_init_req(b"\xff\xff")
+        wire.decode_init_req(b"\xff\xff")
 
 
 def test_events_round_trip_and_checks():
     events = [ev(instance=1), ev(instance=2, payload=EventPayloadJson('{"x": 1}'))]
-    assert protocol.decode_events(protocol.encode_events(events), 1) == events
+    assert wire.decode_events(wire.encode_events(events), 1) == events
     with pytest.raises(ProtocolError, match="is of server 1, this stream is for server 2"):
-        protocol.decode_events(protocol.encode_events(events), 2)
+        wire.decode_events(wire.encode_events(events), 2)
     mixed = [ev(session=1), ev(session=2, instance=2)]
     with pytest.raises(ProtocolError, match="mixes sessions 1 and 2"):
-        protocol.decode_events(protocol.encode_events(mixed), 1)
+        wire.decode_events(wire.encode_events(mixed), 1)
     with pytest.raises(ProtocolError, match="wildcard"):
-        protocol.decode_events(protocol.encode_events([ev(type_=("a", "*"))]), 1)
+        wire.decode_events(wire.encode_events([ev(type_=("a", "*"))]), 1)
     with pytest.raises(ProtocolError, match=r"us must be in 0\.\.999999"):
-        protocol.decode_events(protocol.encode_events([ev(ts=Timestamp(1, 2_000_000))]), 1)
+        wire.decode_events(wire.encode_events([ev(ts=Timestamp(1, 2_000_000))]), 1)
     with pytest.raises(ProtocolError, match="empty"):
-        protocol.decode_events(codec.repo.encode(protocol.EVENTS, []), 1)
+        wire.decode_events(codec.repo.encode(wire.EVENTS, []), 1)
     with pytest.raises(ProtocolError, match="does not decode"):
-        protocol.decode_events(b"\x01", 1)
+        wire.decode_events(b"\x01", 1)
 
 
 def test_merged_events_follow_the_shared_validation_rule():
@@ -85,19 +85,19 @@ def test_merged_events_follow_the_shared_validation_rule():
             start=1,
         )
     ]
-    assert protocol.decode_events(protocol.encode_events(ok), 1) == ok
+    assert wire.decode_events(wire.encode_events(ok), 1) == ok
     for bad, error in [
         (ok[0]._replace(type=("?",)), "wildcard"),
         (ok[0]._replace(source_timestamp=Timestamp(-62_135_596_801, 0)), "years 1..9999"),
         (ok[0]._replace(source_timestamp=Timestamp(253_402_300_800, 0)), "years 1..9999"),
     ]:
         with pytest.raises(ProtocolError, match=error):
-            protocol.decode_events(protocol.encode_events([bad]), 1)
+            wire.decode_events(wire.encode_events([bad]), 1)
 
 
 def test_init_res():
-    assert protocol.decode_init_res(protocol.encode_init_res(None)) is None
-    assert protocol.decode_init_res(protocol.encode_init_res("no")) == "no"
+    assert wire.decode_init_res(wire.encode_init_res(None)) is None
+    assert wire.decode_init_res(wire.encode_init_res("no")) == "no"
 
 
 def test_parse_peers_skips_self_and_names_duplicates():
@@ -166,7 +166,7 @@ def _varied_events(n: int) -> list[Event]:
 
 def test_split_events_array_gives_each_events_own_encoding():
     events = _varied_events(300)
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     assert codec.split_events_array(data) == [codec.encode_event(e) for e in events]
     assert codec.events_array(codec.split_events_array(data)) == data
     assert codec.split_events_array(codec.events_array([])) == []
@@ -180,12 +180,12 @@ def test_split_events_array_gives_each_events_own_encoding():
 
 def test_decode_events_sbs_returns_the_received_bytes():
     events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(50)]
-    data = protocol.encode_events(events)
-    decoded, elements = protocol.decode_events_sbs(data, 1)
+    data = wire.encode_events(events)
+    decoded, elements = wire.decode_events_sbs(data, 1)
     assert decoded == events
     assert elements == [codec.encode_event(e) for e in events]
     with pytest.raises(ProtocolError, match="does not decode"):
-        protocol.decode_events_sbs(data[:-3], 1)
+        wire.decode_events_sbs(data[:-3], 1)
 
 
 @pytest.mark.parametrize(
@@ -200,9 +200,9 @@ def test_decode_events_sbs_returns_the_received_bytes():
     ],
 )
 def test_decode_events_sbs_checks_like_decode_events(events, server_id, error):
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     with pytest.raises(ProtocolError, match=error):
-        protocol.decode_events_sbs(data, server_id)
+        wire.decode_events_sbs(data, server_id)
 
 
 def _c_decoded(element: bytes) -> Event:
@@ -213,7 +213,7 @@ def _c_decoded(element: bytes) -> Event:
 @given(st.binary(max_size=200))
 def test_decode_events_sbs_refuses_garbage_with_a_protocol_error(data):
     try:
-        events, elements = protocol.decode_events_sbs(data, 1)
+        events, elements = wire.decode_events_sbs(data, 1)
     except ProtocolError:
         return
     # What is accepted is stored and served as received: the C decoder (any client)
@@ -225,11 +225,11 @@ def test_decode_events_sbs_refuses_garbage_with_a_protocol_error(data):
 @given(st.integers(0, 5000), st.integers(0, 255))
 def test_a_corrupted_byte_is_refused_or_read_as_the_c_decoder_reads_it(index, value):
     events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(20)]
-    data = bytearray(protocol.encode_events(events))
+    data = bytearray(wire.encode_events(events))
     data[index % len(data)] = value
     try:
-        decoded, elements = protocol.decode_events_sbs(bytes(data), 1)
+        decoded, elements = wire.decode_events_sbs(bytes(data), 1)
     except ProtocolError:
         return
     assert [_c_decoded(b) for b in elements] == decoded
-    assert decoded == protocol.decode_events(bytes(data), 1)
+    assert decoded == wire.decode_events(bytes(data), 1)
