@@ -3,7 +3,7 @@
 Protocols are plug-ins (`eventfleet_server.plugin`): `PROTOCOLS` lists them in start
 order, each a module with ``CONFIG`` (its typed section) and ``create(config, ctx)``.
 Start: HTTP (probes answer from the first second), storage, engine; every protocol's
-optional ``prepare`` (the Syncer serves our store and learns our last id from peers
+``prepare`` (the Syncer serves our store and learns our last id from peers
 before any id is created); the engine; then each protocol's ``start``. Stop: the engine
 stops accepting and commits what is pending, then protocols close in reverse order
 (the Syncer asks peers to confirm they hold our events), then storage, then HTTP.
@@ -90,7 +90,7 @@ class Replica:
         self._created: list[ProtocolServer] = []
 
     # Named access for the protocols that other parts of the replica talk to directly
-    # (HTTP's /flush and the Syncer metrics; tests).
+    # (/status, readiness and the initial-sync gauge read the Syncer; tests).
     @property
     def token(self) -> str | None:
         """The (first) client token, None when clients need none."""
@@ -163,6 +163,8 @@ class Replica:
             tls=tls,
             tasks=self.tasks,
             mount=self.http.mount,
+            mount_json=self.http.mount_json,
+            add_metrics=self.http.add_metrics,
             peers=lambda: list(self.conf.get("peers", [])),
             core=core,
             config_path=self.config_path,
@@ -172,17 +174,20 @@ class Replica:
             if not section.get("enabled", True):
                 log.info("protocol %s disabled by configuration", name)
                 continue
-            self._created.append(module.create(build(module.CONFIG, section), ctx))
+            proto = module.create(build(module.CONFIG, section), ctx)
+            if not isinstance(proto, ProtocolServer):
+                raise TypeError(
+                    f"protocol {name!r}: create() returned {proto!r}, not a ProtocolServer"
+                )
+            self._created.append(proto)
         # Before any id exists: protocols may learn our highest own id (Syncer bootstrap).
         continue_after = None
         for proto in self._created:
-            prepare = getattr(proto, "prepare", None)
-            if prepare is not None:
-                learned = await prepare(self.engine)
-                if learned is not None and (
-                    continue_after is None or learned.instance > continue_after.instance
-                ):
-                    continue_after = learned
+            learned = await proto.prepare(self.engine)
+            if learned is not None and (
+                continue_after is None or learned.instance > continue_after.instance
+            ):
+                continue_after = learned
         await self.engine.start(continue_after=continue_after)
         self.engine.set_operational()
         for proto in self._created:
@@ -242,9 +247,7 @@ class Replica:
         if self.tls is not None:
             self.tls.reload()
         for proto in self._created:
-            reload = getattr(proto, "reload", None)
-            if reload is not None:
-                reload(reason)
+            proto.reload(reason)
 
     def _digest_token_files(self) -> str:
         h = hashlib.sha256()

@@ -26,6 +26,7 @@ from eventfleet_server.common.model import (
     Timestamp,
 )
 from eventfleet_server.http.health import readiness
+from eventfleet_server.syncer.routes import FLUSH_PATH, FlushRoute, peer_metrics
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import running_replica
@@ -84,11 +85,20 @@ def use_syncer(replica, monkeypatch):
 
 
 def install_syncer(replica, monkeypatch, syncer):
-    """Replace the replica's Syncer protocol by `syncer` (None: no Syncer) for one test."""
+    """Replace the replica's Syncer protocol by `syncer` (None: no Syncer) for one test:
+    the real Syncer's ``/flush`` route and metrics are withdrawn and the stand-in's
+    mounted the way the Syncer mounts its own (`eventfleet_server.syncer.routes`)."""
+    for proto, _ in replica.protocol_states:
+        if proto.name == "syncer" and hasattr(proto, "withdraw"):
+            proto.withdraw()
     others = [p for p, _ in replica.protocol_states if p.name != "syncer"]
     created = [*others, syncer] if syncer is not None else others
     monkeypatch.setattr(replica, "_created", created)
     monkeypatch.setattr(replica, "protocols", {p.name: p for p in created})
+    if syncer is not None:
+        route = FlushRoute(syncer, lambda: replica.storage.last_ids)
+        replica.http.mount_json(FLUSH_PATH, route, method="POST")
+        replica.http.add_metrics(lambda: peer_metrics(syncer))
     return syncer
 
 

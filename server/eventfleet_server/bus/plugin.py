@@ -10,10 +10,10 @@ from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.server import BusServer
 from eventfleet_server.engine import Engine
 from eventfleet_server.listener import Tasks
-from eventfleet_server.plugin import ProtocolContext
+from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 
 
-class BusProtocol:
+class BusProtocol(ProtocolServer):
     """The plug-in: the engine adapter and the sockets, started and stopped together."""
 
     name = "bus"

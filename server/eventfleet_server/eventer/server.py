@@ -36,6 +36,7 @@ from eventfleet_server.listener import (
     Tasks,
     TokenPolicy,
 )
+from eventfleet_server.plugin import ProtocolServer
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class EventerLimits:
     max_latest_results: int = 10_000
 
 
-class EventerServer:
+class EventerServer(ProtocolServer):
     """Serves Eventer on host:port for one engine: an adapter between the chatter
     listener (admission, init sequence) and the engine (register, query, fan-out)."""
 

@@ -5,9 +5,10 @@ Two kinds of metrics, on purpose:
 * **Hot-path instruments** (counters and histograms) are updated from engine hooks. Each
   hook does O(1) work per call (one call per session, per commit or per query), using
   label children bound once, so registration throughput does not depend on metrics.
-* **Scrape-time figures** (connections, rejections, Syncer peer state, storage size, last
-  ids, status) are read from the replica's objects by `ReplicaCollector` only when
-  Prometheus scrapes; nothing on the hot path maintains them.
+* **Scrape-time figures** (connections, rejections, storage size, last ids, status) are
+  read from the replica's objects by `ReplicaCollector` only when Prometheus scrapes;
+  nothing on the hot path maintains them. Protocols add their own (the Syncer's per-peer
+  figures) with `Metrics.add_source` (`ProtocolContext.add_metrics`).
 
 Every replica has its own `CollectorRegistry`: tests run several replicas in one process,
 and the global default registry would mix (and reject) their metrics. docs/observability.md
@@ -17,7 +18,7 @@ lists every metric.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import (
@@ -40,9 +41,6 @@ from eventfleet_server.common.model import (
     Status,
     timestamp_to_us,
 )
-
-# Syncer peer states (the syncer's `state()` contract) that mean "a connection is up".
-_CONNECTED_STATES = frozenset({"connected", "syncing", "synced"})
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000)
 # Group commit on SQLite: sub-millisecond when idle, up to seconds on a slow disk.
@@ -144,6 +142,18 @@ class Metrics:
 
     # -- hot path --------------------------------------------------------------------------
 
+    def add_source(self, source: Callable[[], Iterable[Metric]]) -> Callable[[], None]:
+        """Yield `source()`'s metric families at every scrape; returns a function that
+        removes the source again."""
+        sources = self._collector.sources
+        sources.append(source)
+
+        def remove() -> None:
+            if source in sources:
+                sources.remove(source)
+
+        return remove
+
     def instrument(self, engine: Any) -> None:
         """Hook the engine: events, commits and queries. Call once, right after creating it."""
         self._server_id = engine.server_id
@@ -204,6 +214,8 @@ class ReplicaCollector:
     def __init__(self, replica: Any):
         self._replica = replica
         self._storage_stats: Any = None
+        # Scrape-time figures contributed by protocols (`Metrics.add_source`).
+        self.sources: list[Callable[[], Iterable[Metric]]] = []
 
     async def refresh(self) -> None:
         """Read what needs an await (storage figures) before the synchronous `collect`."""
@@ -219,7 +231,8 @@ class ReplicaCollector:
         engine = getattr(replica, "engine", None)
         yield from _status_metrics(engine, getattr(replica, "syncer", None))
         yield from _protocol_metrics(replica)
-        yield from _syncer_metrics(getattr(replica, "syncer", None))
+        for source in list(self.sources):
+            yield from source()
         yield from _storage_metrics(getattr(replica, "storage", None), self._storage_stats)
 
 
@@ -267,47 +280,6 @@ def _protocol_metrics(replica: Any) -> Iterator[Metric]:
         rejected.add_metric(["http", reason], n)
     yield connections
     yield rejected
-
-
-def _syncer_metrics(syncer: Any) -> Iterator[Metric]:
-    connected = GaugeMetricFamily(
-        "eventfleet_syncer_peer_connected",
-        "1 while the Syncer connection to the peer is up.",
-        labels=["peer"],
-    )
-    synced = GaugeMetricFamily(
-        "eventfleet_syncer_peer_synced",
-        "1 once the peer's history has been received and live events flow.",
-        labels=["peer"],
-    )
-    lag_events = GaugeMetricFamily(
-        "eventfleet_syncer_peer_lag_events",
-        "Events received from the peer and not yet committed here (while synced).",
-        labels=["peer"],
-    )
-    lag_seconds = GaugeMetricFamily(
-        "eventfleet_syncer_peer_lag_seconds",
-        "Replication lag behind the peer in seconds (per peer state: docs/observability.md).",
-        labels=["peer"],
-    )
-    received = CounterMetricFamily(
-        "eventfleet_syncer_events_received",
-        "Events received from the peer through the Syncer.",
-        labels=["peer"],
-    )
-    state_fn = getattr(syncer, "state", None)
-    for peer in state_fn() if state_fn is not None else ():
-        name = str(peer.get("name"))
-        state = peer.get("state")
-        connected.add_metric([name], 1.0 if state in _CONNECTED_STATES else 0.0)
-        synced.add_metric([name], 1.0 if state == "synced" else 0.0)
-        if peer.get("lag_events") is not None:
-            lag_events.add_metric([name], peer["lag_events"])
-        if peer.get("lag_seconds") is not None:
-            lag_seconds.add_metric([name], peer["lag_seconds"])
-        if peer.get("events_received") is not None:
-            received.add_metric([name], peer["events_received"])
-    yield from (connected, synced, lag_events, lag_seconds, received)
 
 
 def _storage_metrics(storage: Any, stats: Any) -> Iterator[Metric]:

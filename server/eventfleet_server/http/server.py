@@ -1,13 +1,15 @@
 """The replica's HTTP endpoint (aiohttp): observability routes plus protocol mount points.
 
-Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``, ``POST /flush``,
+Built-in routes: ``/metrics``, ``/healthz``, ``/readyz``, ``/status``,
 ``GET /export`` (Arrow bulk export, `eventfleet_server.http.export`) and ``POST /backup``
 (a copy of the store to S3, `eventfleet_server.http.backup`).
-Protocols that speak over HTTP (websockets ``/replication``, ``/jetstream``) mount their
-own paths with `HttpServer.mount` / `HttpServer.add_routes`, at any time — before or
-after `start` — and never see each other: each owns its exact paths, a second claim on a
-path is an error. The server starts first in the replica, so probes answer during a long
-start-up (initial sync) with "alive, not ready" instead of timing out.
+Protocols mount their own paths — websockets (``/replication``, ``/jetstream``) with
+`HttpServer.mount`, JSON routes (the Syncer's ``POST /flush``) with
+`HttpServer.mount_json` — and add scrape-time metrics with `HttpServer.add_metrics`, at
+any time — before or after `start` — and never see each other: each owns its exact
+paths, a second claim on a path is an error. The server starts first in the replica, so
+probes answer during a long start-up (initial sync) with "alive, not ready" instead of
+timing out.
 """
 
 from __future__ import annotations
@@ -27,22 +29,23 @@ from eventfleet_server.http.export import PATH as EXPORT_PATH
 from eventfleet_server.http.export import ExportRoute
 from eventfleet_server.http.health import LoopMonitor, readiness
 from eventfleet_server.http.metrics import Metrics
-from eventfleet_server.http.status import last_ids, status_document
+from eventfleet_server.http.status import status_document
 from eventfleet_server.listener import Rejections, RejectReason, tls_accept
+from eventfleet_server.plugin import JsonHandler, JsonRequest, MetricsSource
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status", "/flush"})
+BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status"})
 
-FLUSH_DEFAULT_TIMEOUT = 30.0
+# Routes a protocol mounts, answered 501 (not implemented by this replica) rather than 404
+# when that protocol is disabled: a caller such as the operator's scale-down tells "this
+# replica runs no Syncer" from a wrong address.
+PROTOCOL_ROUTES = {"/flush": ("flushed", "this replica runs no Syncer")}
 # The HTTP port has no admission section: the same bound as the chatter protocols'
 # default init_timeout (a client that opens a connection and never sends a ClientHello).
 TLS_HANDSHAKE_TIMEOUT = 10.0
-FLUSH_MAX_TIMEOUT = 300.0
-# Flushes running at once; more are refused (429), so nobody can pile up long waits.
-FLUSH_MAX_CONCURRENT = 4
 
 
 def presented_token(request: web.Request) -> str | None:
@@ -57,8 +60,8 @@ def presented_token(request: web.Request) -> str | None:
 class HttpServer:
     """One aiohttp server per replica on ``host:port`` (port 0 picks a free one).
 
-    `replica` is read duck-typed (``conf``, ``engine``, ``storage``, ``syncer``, protocol
-    attributes) so this package does not depend on the replica's entry point.
+    `replica` is read duck-typed (``conf``, ``engine``, ``storage``, ``credentials``,
+    ``protocol_states``) so this package does not depend on the replica's entry point.
     """
 
     def __init__(
@@ -82,13 +85,11 @@ class HttpServer:
         self.metrics = Metrics(replica)
         self._monitor = LoopMonitor(self.metrics.loop_lag.observe)
         self._mounts: dict[str, dict[str, Handler]] = {}
-        self._flushes = 0
         self._app = web.Application(middlewares=[self.budget.middleware()])
         self._app.router.add_get("/metrics", self._handle_metrics)
         self._app.router.add_get("/healthz", self._handle_healthz)
         self._app.router.add_get("/readyz", self._handle_readyz)
         self._app.router.add_get("/status", self._handle_status)
-        self._app.router.add_post("/flush", self._handle_flush)
         # Everything else goes through the mount table, which (unlike aiohttp's router)
         # may change after start: protocols come and go with the replica's lifecycle.
         self._app.router.add_route("*", "/{path:.*}", self._dispatch)
@@ -127,6 +128,26 @@ class HttpServer:
 
         return unmount
 
+    def mount_json(
+        self, path: str, handler: JsonHandler, *, method: str = "POST"
+    ) -> Callable[[], None]:
+        """Serve `method` `path` with a `JsonHandler` (for protocols that do not import
+        aiohttp): it gets the query and whether the caller is admin, and returns (status,
+        document). Returns a function that unmounts it."""
+
+        async def serve(request: web.Request) -> web.Response:
+            status, doc = await handler(
+                JsonRequest(query=dict(request.query), admin=self._is_admin(request))
+            )
+            return _json(doc, status)
+
+        return self.mount(path, serve, method=method)
+
+    def add_metrics(self, source: MetricsSource) -> Callable[[], None]:
+        """Add scrape-time metric families to ``/metrics``; returns a function that removes
+        them."""
+        return self.metrics.add_source(source)
+
     def add_routes(self, routes: Iterable[web.RouteDef]) -> Callable[[], None]:
         """Mount aiohttp route definitions (``web.get(...)``, ...); returns one unmount."""
         unmounts = [self.mount(r.path, r.handler, method=r.method) for r in routes]
@@ -143,6 +164,9 @@ class HttpServer:
             return _json({"error": f"{request.method} not allowed on {request.path}"}, 405)
         methods = self._mounts.get(request.path)
         if not methods:
+            if request.path in PROTOCOL_ROUTES:
+                key, error = PROTOCOL_ROUTES[request.path]
+                return _json({key: False, "error": error}, 501)
             return _json({"error": f"no such endpoint: {request.path}"}, 404)
         handler = methods.get(request.method)
         if handler is None and request.method == "HEAD":
@@ -248,65 +272,6 @@ class HttpServer:
         # Anonymous callers get only what an Eventer client could learn anyway (see
         # docs/security.md); the operator presents the peer token and gets everything.
         return _json(await status_document(self._replica, full=self._is_admin(request)))
-
-    async def _handle_flush(self, request: web.Request) -> web.Response:
-        """Ask peer `peer` to confirm it committed everything this replica sent it.
-
-        200 once confirmed; 400 bad arguments; 404 unknown peer; 501 no Syncer; 503 the
-        peer is not connected; 504 no confirmation within `timeout` seconds.
-        """
-        if not self._is_admin(request):
-            return _json(
-                {
-                    "flushed": False,
-                    "error": "POST /flush needs the peer token (Authorization: Bearer)",
-                },
-                401,
-            )
-        if self._flushes >= FLUSH_MAX_CONCURRENT:
-            return _json(
-                {"flushed": False, "error": f"{FLUSH_MAX_CONCURRENT} flushes already running"},
-                429,
-            )
-        self._flushes += 1
-        try:
-            return await self._flush(request)
-        finally:
-            self._flushes -= 1
-
-    async def _flush(self, request: web.Request) -> web.Response:
-        syncer = getattr(self._replica, "syncer", None)
-        if syncer is None or not hasattr(syncer, "flush_peer"):
-            return _json({"flushed": False, "error": "this replica runs no Syncer"}, 501)
-        name = request.query.get("peer")
-        if not name:
-            return _json({"flushed": False, "error": "query parameter 'peer' is required"}, 400)
-        try:
-            timeout = float(request.query.get("timeout", FLUSH_DEFAULT_TIMEOUT))
-        except ValueError:
-            timeout = -1.0
-        if not 0 < timeout <= FLUSH_MAX_TIMEOUT:
-            return _json(
-                {"flushed": False, "error": f"timeout must be in (0, {FLUSH_MAX_TIMEOUT}]"}, 400
-            )
-        if name not in {p.get("name") for p in syncer.state()}:
-            return _json({"flushed": False, "error": f"unknown peer {name!r}"}, 404)
-        try:
-            # The syncer bounds the wait itself; the margin only guards against a syncer
-            # that does not, so an HTTP request can never hang forever.
-            ok = await asyncio.wait_for(syncer.flush_peer(name, timeout), timeout + 5)
-        except KeyError:
-            return _json({"flushed": False, "error": f"unknown peer {name!r}"}, 404)
-        except ConnectionError as e:
-            return _json({"flushed": False, "error": f"peer {name!r} not connected: {e}"}, 503)
-        except TimeoutError:
-            ok = False
-        if not ok:
-            return _json(
-                {"flushed": False, "error": f"peer {name!r} did not confirm within {timeout} s"},
-                504,
-            )
-        return _json({"flushed": True, "last_ids": last_ids(self._replica.storage)})
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:

@@ -33,6 +33,7 @@ from eventfleet_server.listener import (
     TokenPolicy,
     receive_text_frames,
 )
+from eventfleet_server.plugin import ProtocolServer
 
 if TYPE_CHECKING:
     from eventfleet_server.plugin import ProtocolContext
@@ -146,7 +147,7 @@ class Connection:
                 return
 
 
-class JetstreamServer:
+class JetstreamServer(ProtocolServer):
     """`ProtocolServer` for Jetstream (see SCAFFOLD_CONTRACT)."""
 
     name = "jetstream"

@@ -22,6 +22,7 @@ from eventfleet_server.listener import (
     Ticket,
     receive_text_frames,
 )
+from eventfleet_server.plugin import ProtocolServer
 from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.adapter import EngineBackend
 from eventfleet_server.replication.config import ReplicationConfig
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 HEARTBEAT = 30.0
 
 
-class ReplicationServer:
+class ReplicationServer(ProtocolServer):
     """`ProtocolServer` for Replication: publisher endpoint plus replicator upstreams."""
 
     name = "replication"

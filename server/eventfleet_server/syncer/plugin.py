@@ -12,25 +12,27 @@ import asyncio
 import logging
 import pathlib
 import time
+from collections.abc import Callable
 
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ConfigError
 from eventfleet_server.engine import Engine
 from eventfleet_server.listener import Credentials, Tasks, TlsSettings, TokenPolicy
-from eventfleet_server.plugin import ProtocolContext
+from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
 from eventfleet_server.syncer.client import Peer, SyncerClientLimits
 from eventfleet_server.syncer.config import SyncerConfig
 from eventfleet_server.syncer.merger import Merger
 from eventfleet_server.syncer.mesh import Mesh
 from eventfleet_server.syncer.peers import PeerFileWatcher, parse_peers
+from eventfleet_server.syncer.routes import FLUSH_PATH, FlushRoute, peer_metrics
 from eventfleet_server.syncer.server import SyncerServer, SyncerServerLimits
 from eventfleet_server.syncer.state import SyncStateRecorder, peer_state
 
 log = logging.getLogger(__name__)
 
 
-class Syncer:
+class Syncer(ProtocolServer):
     """The replica's Syncer server, its client mesh, identity bootstrap and sync state.
 
     Public API for status/health pages and the operator:
@@ -82,6 +84,7 @@ class Syncer:
         self.merger: Merger | None = None
         self._watcher: PeerFileWatcher | None = None
         self._initial_task: asyncio.Task | None = None
+        self._withdraw: list[Callable[[], None]] = []
 
     @property
     def port(self) -> int:
@@ -114,6 +117,22 @@ class Syncer:
         }
 
     # -- the plug-in lifecycle ------------------------------------------------------------
+
+    def contribute(self, ctx: ProtocolContext) -> None:
+        """Mount ``POST /flush`` and add the per-peer metrics on the replica's HTTP server
+        (`eventfleet_server.syncer.routes`); `withdraw` takes them back."""
+        self._withdraw = [
+            ctx.mount_json(
+                FLUSH_PATH, FlushRoute(self, lambda: ctx.engine.storage.last_ids), method="POST"
+            ),
+            ctx.add_metrics(lambda: peer_metrics(self)),
+        ]
+
+    def withdraw(self) -> None:
+        """Unmount what `contribute` mounted."""
+        for undo in self._withdraw:
+            undo()
+        self._withdraw = []
 
     async def prepare(self, engine: Engine) -> EventId | None:
         """Before the engine creates ids: serve our store, then learn our own last id."""
@@ -355,7 +374,7 @@ CONFIG = SyncerConfig
 
 def create(config: SyncerConfig, ctx: ProtocolContext) -> Syncer:
     """The Syncer server, its client mesh and identity bootstrap for this replica."""
-    return Syncer(
+    syncer = Syncer(
         config,
         server_id=ctx.server_id,
         host=ctx.host,
@@ -367,3 +386,5 @@ def create(config: SyncerConfig, ctx: ProtocolContext) -> Syncer:
         credentials=ctx.credentials,
         tls=ctx.tls,
     )
+    syncer.contribute(ctx)
+    return syncer
