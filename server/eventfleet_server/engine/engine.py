@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
@@ -122,6 +123,11 @@ class Engine:
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
+        # Callbacks that raised, by kind (commit, query, status, sequence, event): a failing
+        # callback (a metrics hook, a protocol's listener) is logged and counted here
+        # (``eventfleet_engine_callback_failures_total``), never lets the exception into
+        # the writer task or the query.
+        self.callback_failures: dict[str, int] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -202,8 +208,7 @@ class Engine:
             return
         log.info("status %s -> %s", self._status.value, status.value)
         self._status = status
-        for cb in list(self._status_listeners):
-            cb(status)
+        self._notify("status", list(self._status_listeners), status)
 
     # -- listeners -------------------------------------------------------------------------
 
@@ -228,11 +233,7 @@ class Engine:
     def _fan_out_sequenced(self, inserted: list[tuple[int, Event]]) -> None:
         if not inserted:
             return
-        for listener in self._sequence_listeners:
-            try:
-                listener(inserted)
-            except Exception:
-                log.exception("sequence listener %r failed", listener)
+        self._notify("sequence", self._sequence_listeners, inserted)
 
     def add_commit_listener(self, listener: Callable[[int, float], None]) -> Callable[[], None]:
         """Called after each commit with (event count, commit seconds); for metrics."""
@@ -251,12 +252,27 @@ class Engine:
             try:
                 listener(events, persisted)
             except Exception:
-                log.exception("listener %r failed", listener)
+                self._callback_failed("event", listener)
         for sbs_listener in self._sbs_listeners:
             try:
                 sbs_listener(events, sbs, persisted)
             except Exception:
-                log.exception("listener %r failed", sbs_listener)
+                self._callback_failed("event", sbs_listener)
+
+    def _notify(self, kind: str, callbacks: list[Callable[..., None]], *args: Any) -> None:
+        """Call each of `callbacks` with `args`; one that raises is logged and counted
+        (`callback_failures`) and the others still run."""
+        for cb in callbacks:
+            try:
+                cb(*args)
+            except Exception:
+                self._callback_failed(kind, cb)
+
+    def _callback_failed(self, kind: str, cb: Callable[..., None]) -> None:
+        # Called from an except block: the log carries the traceback.
+        self.callback_failures[kind] = self.callback_failures.get(kind, 0) + 1
+        name = getattr(cb, "__qualname__", None) or repr(cb)
+        log.exception("%s callback %s failed", kind, name)
 
     # -- registration ----------------------------------------------------------------------
 
@@ -428,8 +444,7 @@ class Engine:
             for start, end in sessions:
                 self._fan_out(batch[start:end], batch_sbs[start:end], True)
             self._fan_out_sequenced(pairs)
-            for cb in self._commit_listeners:
-                cb(len(batch), elapsed)
+            self._notify("commit", self._commit_listeners, len(batch), elapsed)
 
     def _release(self, count: int) -> None:
         self._uncommitted -= count
@@ -480,8 +495,7 @@ class Engine:
             return await self._query(params)
         finally:
             elapsed = time.perf_counter() - started
-            for cb in self._query_listeners:
-                cb(params, elapsed)
+            self._notify("query", self._query_listeners, params, elapsed)
 
     async def query_sbs(self, params: QueryParams) -> SbsResult:
         """`query` answered with each event's stored SBS bytes (what Eventer sends)."""
@@ -499,8 +513,7 @@ class Engine:
             return result
         finally:
             elapsed = time.perf_counter() - started
-            for cb in self._query_listeners:
-                cb(params, elapsed)
+            self._notify("query", self._query_listeners, params, elapsed)
 
     def _wants_pending(self, params: QueryParams, more_follows: bool) -> bool:
         """A ``server`` query for this server's not-yet-persisted events that the store

@@ -256,6 +256,15 @@ def _status_metrics(engine: Any, syncer: Any) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             "eventfleet_server_id", "This replica's server id.", value=engine.server_id
         )
+        failures = CounterMetricFamily(
+            "eventfleet_engine_callback_failures",
+            "Engine callbacks (commit, query, status, sequence, event listeners) that raised; "
+            "each is logged with the callback's name and skipped.",
+            labels=["kind"],
+        )
+        for kind, n in sorted(dict(getattr(engine, "callback_failures", None) or {}).items()):
+            failures.add_metric([kind], n)
+        yield failures
 
 
 def _protocol_metrics(replica: Any) -> Iterator[Metric]:
