@@ -25,12 +25,13 @@ from types import ModuleType
 from eventfleet_server.backup import BackupError, RestoreSource
 from eventfleet_server.backup.restore import restore as restore_backup
 from eventfleet_server.bus import plugin as bus_plugin
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
 from eventfleet_server.jetstream import plugin as jetstream_plugin
-from eventfleet_server.listener import Credentials, Tasks, TlsError, TlsSettings
+from eventfleet_server.listener import Credentials, TlsError, TlsSettings
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.replication import plugin as replication_plugin
 from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage

@@ -24,7 +24,7 @@ SCENARIO = textwrap.dedent(
     from eventfleet_server.bus.server import BusServer, PublishResult
     from eventfleet_server.config import loader
     from eventfleet_server.config.typed import build
-    from eventfleet_server.listener import Tasks
+    from eventfleet_server.common.aiotasks import Tasks
 
     faulthandler.dump_traceback_later(20, exit=True)  # a hang prints where, then exits
 

@@ -11,6 +11,7 @@ import msgpack
 import pytest
 from eventfleet_server.bus import mapping, wire
 from eventfleet_server.bus.adapter import EngineAdapter, to_item
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import (
     EventPayloadBinary,
     EventPayloadJson,
@@ -18,7 +19,6 @@ from eventfleet_server.common.model import (
     Timestamp,
 )
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Storage
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import (
     EventPayloadJson,
     QueryLatestParams,
@@ -12,7 +13,6 @@ from eventfleet_server.common.model import (
     Status,
 )
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import Storage
 
 

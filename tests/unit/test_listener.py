@@ -6,12 +6,12 @@ import asyncio
 import logging
 
 import pytest
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.listener import (
     Admission,
     AdmissionLimits,
     Rejections,
     RejectReason,
-    Tasks,
     TokenPolicy,
     receive_text_frames,
 )

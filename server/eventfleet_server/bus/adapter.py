@@ -20,9 +20,9 @@ from collections.abc import Sequence
 
 from eventfleet_server.bus import mapping, wire
 from eventfleet_server.bus.server import BusServer, Item, PublishResult
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, EventId, EventType
 from eventfleet_server.engine import Engine, EngineError, RegisterError
-from eventfleet_server.listener import Tasks
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from collections.abc import Callable, Sequence
 from eventfleet_server.bus.adapter import EngineAdapter
 from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.server import BusServer
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 
 

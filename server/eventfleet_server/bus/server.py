@@ -31,7 +31,8 @@ import zmq.backend
 
 from eventfleet_server.bus import wire
 from eventfleet_server.bus.config import BusConfig
-from eventfleet_server.listener import Rejections, RejectReason, Tasks
+from eventfleet_server.common.aiotasks import Tasks
+from eventfleet_server.listener import Rejections, RejectReason
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from eventfleet_server.common import codec
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -23,7 +24,6 @@ from eventfleet_server.common.model import (
     timestamp_from_us,
     timestamp_to_us,
 )
-from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import SbsResult, Storage, StorageError, StorageFaultError
 
 log = logging.getLogger(__name__)

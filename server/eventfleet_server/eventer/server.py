@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from eventfleet_server import chatter
 from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import (
     Event,
     QueryLatestParams,
@@ -29,13 +30,7 @@ from eventfleet_server.eventer.decode import (
     register_res,
 )
 from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
-from eventfleet_server.listener import (
-    AdmissionLimits,
-    Rejections,
-    RejectReason,
-    Tasks,
-    TokenPolicy,
-)
+from eventfleet_server.listener import AdmissionLimits, Rejections, RejectReason, TokenPolicy
 from eventfleet_server.plugin import ProtocolServer
 
 log = logging.getLogger(__name__)

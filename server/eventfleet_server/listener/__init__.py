@@ -1,11 +1,11 @@
 """Transport-independent admission shared by every protocol: connection caps, message
 size before and after init, token policy, one vocabulary of rejection reasons with
-rate-limited logging, guarded background tasks, and the websocket receive loop."""
+rate-limited logging, and the websocket receive loop. (Guarded background tasks:
+`eventfleet_server.common.aiotasks`.)"""
 
 from eventfleet_server.listener.admission import Admission, AdmissionLimits, Ticket
 from eventfleet_server.listener.reasons import RejectReason
 from eventfleet_server.listener.rejections import Rejections
-from eventfleet_server.listener.tasks import TaskFailed, Tasks
 from eventfleet_server.listener.tls import TlsError, TlsSettings, client_context
 from eventfleet_server.listener.tokens import (
     Credentials,
@@ -22,8 +22,6 @@ __all__ = [
     "AdmissionLimits",
     "RejectReason",
     "Rejections",
-    "TaskFailed",
-    "Tasks",
     "Ticket",
     "TlsError",
     "TlsSettings",

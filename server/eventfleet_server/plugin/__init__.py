@@ -15,10 +15,11 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ReplicaConfig
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Credentials, Tasks, TlsSettings
+from eventfleet_server.listener import Credentials, TlsSettings
 
 # An aiohttp request handler; typed loosely so this layer does not import aiohttp.
 Handler = Callable[[Any], Awaitable[Any]]

@@ -23,8 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.secretfile import read_secret_file
-from eventfleet_server.listener import Rejections, Tasks
+from eventfleet_server.listener import Rejections
 from eventfleet_server.replication import wire as codec
 from eventfleet_server.replication.config import UpstreamConfig
 from eventfleet_server.replication.login import digest

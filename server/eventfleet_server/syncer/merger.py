@@ -15,9 +15,9 @@ import logging
 from collections import deque
 from collections.abc import Callable
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import StorageError
 
 log = logging.getLogger(__name__)

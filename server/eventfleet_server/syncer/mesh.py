@@ -26,9 +26,9 @@ import random
 import time
 from collections.abc import Callable
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, EventType, QueryLatestParams
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import StorageFaultError
 from eventfleet_server.syncer.client import (
     InitRefusedError,

@@ -13,8 +13,8 @@ import logging
 import pathlib
 from collections.abc import Callable, Mapping, Sequence
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.config import ConfigError, load_file
-from eventfleet_server.listener import Tasks
 from eventfleet_server.syncer.client import Peer
 
 log = logging.getLogger(__name__)

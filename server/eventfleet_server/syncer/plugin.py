@@ -14,10 +14,11 @@ import pathlib
 import time
 from collections.abc import Callable
 
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import EventId
 from eventfleet_server.config import ConfigError
 from eventfleet_server.engine import Engine
-from eventfleet_server.listener import Credentials, Tasks, TlsSettings, TokenPolicy
+from eventfleet_server.listener import Credentials, TlsSettings, TokenPolicy
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
 from eventfleet_server.syncer.bootstrap import IdentityDecision, bootstrap_identity
 from eventfleet_server.syncer.client import Peer, SyncerClientLimits

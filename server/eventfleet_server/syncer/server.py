@@ -22,16 +22,11 @@ from dataclasses import dataclass
 from eventfleet_server import chatter
 from eventfleet_server.chatter import ChatterListener, InitRejected
 from eventfleet_server.common import codec
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, Status
 from eventfleet_server.engine import Engine
 from eventfleet_server.engine.fanout import SlicedFanout
-from eventfleet_server.listener import (
-    AdmissionLimits,
-    Rejections,
-    RejectReason,
-    Tasks,
-    TokenPolicy,
-)
+from eventfleet_server.listener import AdmissionLimits, Rejections, RejectReason, TokenPolicy
 from eventfleet_server.syncer import wire as protocol
 from eventfleet_server.syncer.wire import InitReq, ProtocolError
 
