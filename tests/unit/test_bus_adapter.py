@@ -47,10 +47,10 @@ def pub(topic: str, uuid: str) -> wire.Publish:
 async def test_index_catches_up_and_dedups_across_adapters(tmp_path, subscribed, synchronous):
     storage = await Storage.open(tmp_path / "e.sqlite", synchronous=synchronous)
     assert (storage.find_event_keys_now([]) is None) == (synchronous == "FULL")
-    engine = Engine(storage, 1)
+    tasks = Tasks("test")
+    engine = Engine(storage, 1, tasks=tasks)
     await engine.start()
     engine.set_operational()
-    tasks = Tasks("test")
     try:
         # Committed with an envelope but never indexed (no adapter running).
         held = str(uuidlib.uuid4())
@@ -100,10 +100,10 @@ async def test_snapshot_reads_plain_rows_as_the_events_broadcast_them(tmp_path):
     # mapping.record_of); every kind of stored event must come out as `to_item` of the
     # event would make it.
     storage = await Storage.open(tmp_path / "e.sqlite")
-    engine = Engine(storage, 1)
+    tasks = Tasks("test")
+    engine = Engine(storage, 1, tasks=tasks)
     await engine.start()
     engine.set_operational()
-    tasks = Tasks("test")
     try:
         uuid = str(uuidlib.uuid4())
         await engine.register_wait(

@@ -122,7 +122,7 @@ class BusServer:
         *,
         token: str | None = None,
         tokens: Callable[[], Sequence[str]] | None = None,
-        tasks: Tasks | None = None,
+        tasks: Tasks,
         rejections: Rejections | None = None,
     ):
         self._handler = handler
@@ -132,7 +132,7 @@ class BusServer:
         # The tokens accepted now (a rotation replaces them without a restart); whether
         # PLAIN is required at all is fixed at start by `token`.
         self._tokens = tokens or (lambda: (token,) if token else ())
-        self._tasks = tasks or Tasks("bus")
+        self._tasks = tasks
         self.rejections = rejections or Rejections("bus")
         self.counters = _Counters()
         self.ports: dict[str, int] = {}

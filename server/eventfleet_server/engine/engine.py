@@ -88,7 +88,7 @@ class Engine:
         *,
         max_uncommitted: int = 100_000,
         max_results_cap: int = 10_000,
-        tasks: Tasks | None = None,
+        tasks: Tasks,
     ):
         if server_id < 1:
             raise ValueError(f"server_id must be >= 1, got {server_id}")
@@ -117,7 +117,7 @@ class Engine:
         self._probe_interval = 1.0
         # The writer is critical: if it ever stops, nothing is committed any more, so its
         # exit stops the replica (through the owner's on_fatal).
-        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("engine")
+        self._tasks = tasks.child("engine")
         self._writer_task: asyncio.Task | None = None
         self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None

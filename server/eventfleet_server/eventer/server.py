@@ -80,11 +80,11 @@ class EventerServer(ProtocolServer):
         tokens: TokenPolicy | Callable[[], TokenPolicy] | None = None,
         limits: EventerLimits = EventerLimits(),
         admission: AdmissionLimits = AdmissionLimits(),
-        tasks: Tasks | None = None,
+        tasks: Tasks,
         ssl=None,
     ):
         self._engine = engine
-        self._tasks = tasks if tasks is not None else Tasks("eventer")
+        self._tasks = tasks
         # Large sessions are fanned out a slice at a time by a task, in order with
         # everything queued after them (see `_on_events`).
         self._fanout = SlicedFanout(
@@ -249,7 +249,7 @@ class _Session:
         self._queued_events = 0
         self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
         # Per-session group: queries still running when the client leaves are cancelled.
-        self._tasks = Tasks(f"eventer/{conn.peer}")
+        self._tasks = server._tasks.group(f"client:{conn.peer}")
         conn.max_write_buffer = self._limits.max_write_buffer
 
     def select(self, events: list[Event], sbs: list[bytes]) -> list[bytes]:

@@ -82,11 +82,11 @@ class Merger:
     def queued_events(self) -> int:
         return self._queued_events
 
-    def start(self, tasks: Tasks | None = None) -> None:
+    def start(self, tasks: Tasks) -> None:
         """Start the merge task (critical: if it ever stops, peers' events stop being
         committed, so its exit stops the replica through `tasks`' owner)."""
         if self._task is None:
-            self._tasks = (tasks if tasks is not None else Tasks("syncer")).child("merger")
+            self._tasks = tasks.child("merger")
             self._task = self._tasks.spawn("merge", self._run())
 
     async def stop(self) -> None:

@@ -319,14 +319,14 @@ class Mesh:
         reconnect_min_delay: float = 0.5,
         reconnect_max_delay: float = 30.0,
         state_cb: StateCb | None = None,
-        tasks: Tasks | None = None,
+        tasks: Tasks,
         max_server_ids: int = 1000,
         ssl=None,
     ):
         self.ssl = ssl  # ssl.SSLContext for the links (mutual TLS), None: plain TCP
         self.engine = engine
         self.merger = merger
-        self.tasks = tasks if tasks is not None else Tasks("syncer")
+        self.tasks = tasks
         self.own_server_id = engine.server_id
         self.client_name = client_name
         self.token = token

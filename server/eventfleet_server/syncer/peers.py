@@ -72,8 +72,8 @@ class PeerFileWatcher:
         except OSError:
             return None
 
-    def start(self, tasks: Tasks | None = None) -> None:
-        self._tasks = (tasks if tasks is not None else Tasks("syncer")).child("peer-watcher")
+    def start(self, tasks: Tasks) -> None:
+        self._tasks = tasks.child("peer-watcher")
         self._task = self._tasks.spawn("poll", self._loop())
 
     async def stop(self) -> None:

@@ -58,7 +58,7 @@ class Syncer(ProtocolServer):
         peers: list[dict],
         allow_empty_start: bool,
         config_path: pathlib.Path | None = None,
-        tasks: Tasks | None = None,
+        tasks: Tasks,
         credentials: Credentials | None = None,
         tls: TlsSettings | None = None,
     ):
@@ -72,7 +72,7 @@ class Syncer(ProtocolServer):
         self._credentials = credentials if credentials is not None else Credentials.of(token)
         self._allow_empty_start = allow_empty_start
         self._config_path = config_path
-        self._tasks = (tasks if tasks is not None else Tasks("replica")).child("syncer")
+        self._tasks = tasks.child("syncer")
         self.server_id: int = server_id
         parsed, own_name = parse_peers(peers, self.server_id)
         self._peers: list[Peer] = parsed
@@ -181,6 +181,7 @@ class Syncer(ProtocolServer):
             limits=SyncerServerLimits(max_buffered_events=s.max_buffered_events),
             admission=s.admission.limits(s.max_msg_size),
             ssl=self._tls.server_context(client_certificates=True) if self._tls else None,
+            tasks=self._tasks,
         )
         await self.server.start()
 

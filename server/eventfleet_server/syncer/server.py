@@ -71,8 +71,10 @@ class SyncerServer:
         limits: SyncerServerLimits = SyncerServerLimits(),
         admission: AdmissionLimits = AdmissionLimits(max_msg_size=64 * 1024 * 1024),
         ssl=None,
+        tasks: Tasks,
     ):
         self._engine = engine
+        self._tasks = tasks
         # Peers must be configured alike: a token is required when we have one and
         # refused when we have none (the seed's "configuration synchronization").
         # A callable gives the current policy (peer-token rotation).
@@ -100,7 +102,7 @@ class SyncerServer:
         self._unsubscribe: Callable[[], None] | None = None
         # Large committed sessions go to peers a slice at a time from a task, in order
         # with everything after them, so encoding 16 MiB never holds the loop at once.
-        self._fanout_tasks = Tasks("syncer/fan-out")
+        self._fanout_tasks = tasks.group("fan-out")
         # Each slice is one MsgEvents of one session (a part of it), in order.
         self._fanout = SlicedFanout(
             self._deliver,
@@ -388,7 +390,7 @@ class _Session:
             self.server._unregister(self)
 
     async def _run(self) -> None:
-        tasks = Tasks(f"syncer/{self.conn.peer}")
+        tasks = self.server._tasks.group(f"peer:{self.conn.peer}")
         reader = tasks.spawn("reader", self._read_loop(), critical=False)
         try:
             history = tasks.spawn("history", self._send_history(), critical=False)
