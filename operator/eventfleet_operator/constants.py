@@ -1,11 +1,13 @@
 """The operator's fixed vocabulary: the protocol port table, conditions and reasons.
 
-``PROTOCOL_PORTS`` is the one place that says which ports a replica listens on. The
-CRD parser (:mod:`~eventfleet_operator.model`), the port validation, the replica
-config, the container ports and both Services iterate it, so a protocol that needs its
-own ports is one entry here (plus its ``spec.ports`` key in the CRD, which a unit test
-keeps in step with this table). Protocols served over the HTTP port (websockets) need
-no entry.
+``PROTOCOL_PORTS`` is the one place that says which ports a replica listens on. It is
+built from the protocol registry (`eventfleet_server.registry`, pure data: the one
+module of the replica the operator reads) plus the HTTP port. The CRD parser
+(:mod:`~eventfleet_operator.model`), the port validation, the replica config, the
+container ports and both Services iterate it, so a protocol that needs its own ports is
+one registry entry (plus its ``spec.ports`` key in the CRD, which
+tests/unit/operator/test_op_registry.py keeps in step with the registry). Protocols
+served over the HTTP port (websockets) have no ports.
 
 Condition types, reasons, phases and the kinds of child writes are enums rather than
 strings scattered over the modules, so that code branches on members, never on text.
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+
+from eventfleet_server import registry
 
 
 class Service(enum.StrEnum):
@@ -78,20 +82,22 @@ class ProtocolPort:
 
 MIN_PORT = 1024  # replicas run as non-root: no privileged ports
 
-# Start order matters only for readability of the rendered manifests.
+# One entry per protocol of the registry that listens on ports of its own (in the
+# registry's order; protocols on the HTTP port need none), then the HTTP port.
 PROTOCOL_PORTS: tuple[ProtocolPort, ...] = (
-    ProtocolPort("eventer", "eventer", 23012, services=(Service.CLIENT,)),
-    ProtocolPort("syncer", "syncer", 23013, services=(Service.PEERS,)),
-    # SNAPSHOT, PUBLISHER, COLLECTOR at bus, bus+1, bus+2 (ZeroMQ clone pattern).
-    ProtocolPort(
-        "bus",
-        "bus",
-        23030,
-        width=3,
-        services=(Service.CLIENT,),
-        optional=True,
-        enabled_by_default=True,
-        port_names=("bus-snapshot", "bus-publisher", "bus-collector"),
+    *(
+        ProtocolPort(
+            p.name,
+            p.name,
+            p.port,
+            width=p.width,
+            services=tuple(Service(s) for s in p.services),
+            optional=p.optional,
+            enabled_by_default=p.optional and p.enabled_by_default,
+            port_names=p.port_names,
+        )
+        for p in registry.PROTOCOLS
+        if p.port is not None
     ),
     # /metrics, /healthz, /readyz, /status, /flush and the websocket protocols.
     ProtocolPort("http", "http", 23080, services=(Service.CLIENT, Service.PEERS)),

@@ -1,7 +1,8 @@
 """The replica process: wires storage, engine and protocols, and handles signals.
 
-Protocols are plug-ins (`eventfleet_server.plugin`): `PROTOCOLS` lists them in start
-order, each a module with ``CONFIG`` (its typed section) and ``create(config, ctx)``.
+Protocols are plug-ins (`eventfleet_server.plugin`), listed in start order by the protocol
+registry (`eventfleet_server.registry`); `PROTOCOLS` holds their plug-in modules, each with
+``CONFIG`` (its typed section) and ``create(config, ctx)``.
 Start: HTTP (probes answer from the first second), storage, engine; every protocol's
 ``prepare`` (the Syncer serves our store and learns our last id from peers
 before any id is created); the engine; then each protocol's ``start``. Stop: the engine
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import faulthandler
 import hashlib
+import importlib
 import logging
 import os
 import pathlib
@@ -24,32 +26,23 @@ from types import ModuleType
 
 from eventfleet_server.backup import BackupError, RestoreSource
 from eventfleet_server.backup.restore import restore as restore_backup
-from eventfleet_server.bus import plugin as bus_plugin
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.config import ConfigError, ReplicaConfig, build, read_credentials
 from eventfleet_server.engine import Engine
-from eventfleet_server.eventer import plugin as eventer_plugin
 from eventfleet_server.http import HttpServer
-from eventfleet_server.jetstream import plugin as jetstream_plugin
 from eventfleet_server.listener import Credentials, TlsError, TlsSettings
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
-from eventfleet_server.replication import plugin as replication_plugin
+from eventfleet_server.registry import PROTOCOLS as REGISTRY
 from eventfleet_server.storage import CorruptStoreError, Retention, SchemaVersionError, Storage
-from eventfleet_server.syncer import plugin as syncer_plugin
 
 log = logging.getLogger(__name__)
 
 # Seconds after `stop_deadline` at which the C watchdog ends a stop the loop cannot.
 _WATCHDOG_MARGIN = 5.0
 
-# name (= configuration section = package) -> plug-in module, in start order.
-PROTOCOLS: dict[str, ModuleType] = {
-    "eventer": eventer_plugin,
-    "syncer": syncer_plugin,
-    "replication": replication_plugin,
-    "jetstream": jetstream_plugin,
-    "bus": bus_plugin,
-}
+# name (= configuration section = package) -> plug-in module, in the registry's start
+# order. Imported by name from the registry, so adding a protocol does not touch this file.
+PROTOCOLS: dict[str, ModuleType] = {e.name: importlib.import_module(e.plugin) for e in REGISTRY}
 
 
 class Replica:

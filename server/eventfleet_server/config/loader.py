@@ -14,6 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
+from eventfleet_server import registry
 from eventfleet_server.listener import parse_tokens
 
 
@@ -21,8 +22,9 @@ def _compose_schema() -> dict:
     """The core schema plus one section per package that ships a ``schema.json``.
 
     Each protocol package owns the schema of its section (`eventfleet_server/<name>/
-    schema.json`, section name = package name), defaults included: adding a protocol
-    adds its section without touching this module. The fragments are read as package
+    schema.json`, section name = package name; for a registered protocol outside
+    `eventfleet_server`, its package's ``schema.json``), defaults included: adding a
+    protocol adds its section without touching this module. The fragments are read as package
     data, without importing the protocol packages (this layer sits below them).
     """
     root = importlib.resources.files("eventfleet_server")
@@ -36,6 +38,15 @@ def _compose_schema() -> dict:
         section = json.loads(fragment.read_text())
         section.pop("$schema", None)
         schema["properties"][entry.name] = section
+    # A registered protocol whose package lives elsewhere (an example or a third party):
+    # its section comes from its own package's schema.json, the same way.
+    for protocol in registry.PROTOCOLS:
+        if protocol.name in schema["properties"]:
+            continue
+        fragment = importlib.resources.files(protocol.package) / "schema.json"
+        section = json.loads(fragment.read_text())
+        section.pop("$schema", None)
+        schema["properties"][protocol.name] = section
     return schema
 
 
