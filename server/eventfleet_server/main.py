@@ -84,7 +84,7 @@ class Replica:
         self._created: list[ProtocolServer] = []
 
     # Named access for the protocols that other parts of the replica talk to directly
-    # (/status, readiness and the initial-sync gauge read the Syncer; tests).
+    # (tests and embedding; the HTTP server reads protocols only through the interface).
     @property
     def token(self) -> str | None:
         """The (first) client token, None when clients need none."""

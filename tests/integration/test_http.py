@@ -47,7 +47,7 @@ STATUS_KEYS = {
 
 class FakeSyncer:
     """The Syncer's contract as the HTTP layer reads it: the protocol plug-in interface
-    plus `state()`, `initial_sync_done` and `flush_peer`."""
+    (with `initial_sync_done` and `peer_states()`) plus `state()` and `flush_peer`."""
 
     name = "syncer"
     connection_count = 0
@@ -67,6 +67,9 @@ class FakeSyncer:
 
     def state(self):
         return [dict(p) for p in self.peers]
+
+    def peer_states(self):
+        return self.state()
 
     async def flush_peer(self, name, timeout):
         self.flushed.append((name, timeout))

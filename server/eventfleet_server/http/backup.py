@@ -34,6 +34,7 @@ from aiohttp import web
 
 from eventfleet_server.backup import s3
 from eventfleet_server.backup.s3 import BackupError, Target
+from eventfleet_server.http.health import peer_states
 from eventfleet_server.storage.snapshot import SnapshotError, SnapshotInfo, take
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class BackupRoute:
         if name is not None and not NAME.match(name):
             return _fail(f"name {name!r} must match {NAME.pattern}", 400)
         if request.query.get("allow_unsynced", "").lower() not in ("true", "1"):
-            behind = unsynced_peers(getattr(self._replica, "syncer", None))
+            behind = unsynced_peers(peer_states(self._replica))
             if behind:
                 return _fail(f"not synced with every peer: {behind}", 409)
         if self._running:
@@ -157,15 +158,9 @@ class BackupRoute:
         )
 
 
-def unsynced_peers(syncer: Any) -> dict[str, str]:
+def unsynced_peers(states: list[dict]) -> dict[str, str]:
     """Configured peers whose state is not ``synced``, with their state."""
-    if syncer is None:
-        return {}
-    return {
-        str(p.get("name")): str(p.get("state"))
-        for p in syncer.state()
-        if p.get("state") != "synced"
-    }
+    return {str(p.get("name")): str(p.get("state")) for p in states if p.get("state") != "synced"}
 
 
 def _fail(error: str, status: int) -> web.Response:

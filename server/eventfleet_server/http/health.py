@@ -42,9 +42,14 @@ def readiness(replica: Any) -> tuple[bool, str | None]:
 
 
 def initial_sync_done(replica: Any) -> bool:
-    """The syncer's flag; True without a syncer (nothing to wait for)."""
-    syncer = getattr(replica, "syncer", None)
-    return True if syncer is None else bool(getattr(syncer, "initial_sync_done", True))
+    """True once every created protocol caught up with its peers (True without any that
+    has peers: nothing to wait for)."""
+    return all(proto.initial_sync_done for proto, _ in getattr(replica, "protocol_states", ()))
+
+
+def peer_states(replica: Any) -> list[dict]:
+    """The replication peers of every created protocol (`ProtocolServer.peer_states`)."""
+    return [p for proto, _ in getattr(replica, "protocol_states", ()) for p in proto.peer_states()]
 
 
 class LoopMonitor:

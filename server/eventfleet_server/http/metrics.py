@@ -41,6 +41,7 @@ from eventfleet_server.common.model import (
     Status,
     timestamp_to_us,
 )
+from eventfleet_server.http.health import initial_sync_done
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000)
 # Group commit on SQLite: sub-millisecond when idle, up to seconds on a slow disk.
@@ -63,7 +64,7 @@ _QUERY_KINDS = {
 class Metrics:
     """The metrics of one replica: a private registry, engine hooks and a scrape collector.
 
-    `replica` is read duck-typed (``engine``, ``storage``, ``syncer`` and the protocol
+    `replica` is read duck-typed (``engine``, ``storage``, ``protocol_states`` and the protocol
     attributes in `PROTOCOLS`, any of them possibly None or absent) because the HTTP
     layer must not import the replica's entry point or other protocols.
     """
@@ -229,14 +230,14 @@ class ReplicaCollector:
     def collect(self) -> Iterator[Metric]:
         replica = self._replica
         engine = getattr(replica, "engine", None)
-        yield from _status_metrics(engine, getattr(replica, "syncer", None))
+        yield from _status_metrics(engine, initial_sync_done(replica))
         yield from _protocol_metrics(replica)
         for source in list(self.sources):
             yield from source()
         yield from _storage_metrics(getattr(replica, "storage", None), self._storage_stats)
 
 
-def _status_metrics(engine: Any, syncer: Any) -> Iterator[Metric]:
+def _status_metrics(engine: Any, sync_done: bool) -> Iterator[Metric]:
     current = engine.status if engine is not None else Status.STARTING
     status = GaugeMetricFamily(
         "eventfleet_status",
@@ -246,7 +247,6 @@ def _status_metrics(engine: Any, syncer: Any) -> Iterator[Metric]:
     for s in Status:
         status.add_metric([s.value], 1.0 if s == current else 0.0)
     yield status
-    sync_done = getattr(syncer, "initial_sync_done", True) if syncer is not None else True
     yield GaugeMetricFamily(
         "eventfleet_initial_sync_done",
         "1 once the initial sync with the peers is done (1 when there is no Syncer).",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from eventfleet_server.http.health import readiness
+from eventfleet_server.http.health import peer_states, readiness
 from eventfleet_server.storage.schema import SCHEMA_VERSION
 
 STATUS_VERSION = 1
@@ -39,7 +39,7 @@ async def status_document(replica: Any, *, full: bool = True) -> dict:
         "ready": ready,
         "session": engine.last_id.session if engine is not None else None,
         "last_ids": last_ids(storage),
-        "peers": peers(getattr(replica, "syncer", None)),
+        "peers": peers(peer_states(replica)),
         "protocols": {
             name: proto.describe()
             for name, proto in dict(getattr(replica, "protocols", None) or {}).items()
@@ -69,12 +69,10 @@ def last_ids(storage: Any) -> dict[str, dict]:
     return {str(server): event_id_json(eid) for server, eid in sorted(held.items())}
 
 
-def peers(syncer: Any) -> list[dict]:
-    """The syncer's per-peer state, projected onto the documented keys."""
-    if syncer is None:
-        return []
+def peers(states: list[dict]) -> list[dict]:
+    """The protocols' per-peer states, projected onto the documented keys."""
     out = []
-    for peer in syncer.state():
+    for peer in states:
         entry = {key: peer.get(key) for key in PEER_KEYS}
         entry["last_event_id"] = event_id_json(entry["last_event_id"])
         out.append(entry)

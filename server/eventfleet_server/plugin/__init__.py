@@ -89,6 +89,17 @@ class ProtocolServer(abc.ABC):
     def describe(self) -> dict:
         """A JSON-able summary for ``/status`` (endpoints, sessions, ...)."""
 
+    # Whether the catch-up with the replica's peers at start-up is done (the
+    # ``eventfleet_initial_sync_done`` gauge is 1 when every protocol says so). An
+    # attribute, so a protocol with peers sets it when done; default: nothing to catch up.
+    initial_sync_done: bool = True
+
+    def peer_states(self) -> list[dict]:
+        """One dict per replication peer (keys: ``peers[]`` in ``/status``,
+        docs/observability.md), read by ``/status``, the backup's sync check and the
+        metrics. Default: no peers."""
+        return []
+
 
 @dataclass(frozen=True)
 class ProtocolContext:

@@ -288,6 +288,10 @@ class Syncer(ProtocolServer):
 
     # -- the API ------------------------------------------------------------------------
 
+    def peer_states(self) -> list[dict]:
+        """The plug-in interface's view of `state()` (``/status`` peers, backups)."""
+        return self.state()
+
     def state(self) -> list[dict]:
         """Per configured peer: name, server_id, state, last_event_id, lag_events,
         lag_seconds (and address, since, events_received, connects, last_error)."""
