@@ -104,6 +104,13 @@ PROTOCOL_PORTS: tuple[ProtocolPort, ...] = (
 )
 
 
+# Whether ``spec.protocols.<name>.enabled`` defaults to on, for every optional protocol
+# of the registry (with or without ports of its own).
+PROTOCOL_ENABLED_BY_DEFAULT: dict[str, bool] = {
+    p.name: p.enabled_by_default for p in registry.PROTOCOLS if p.optional
+}
+
+
 def protocol_port(protocol: str) -> ProtocolPort:
     """The table entry of ``protocol``; ``KeyError`` naming it if there is none."""
     for entry in PROTOCOL_PORTS:

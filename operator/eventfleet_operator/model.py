@@ -152,7 +152,7 @@ class Retention:
 class JetstreamSpec:
     """``spec.protocols.jetstream``: served on the HTTP port (websocket), so no ports."""
 
-    enabled: bool = True
+    enabled: bool = constants.PROTOCOL_ENABLED_BY_DEFAULT["jetstream"]
     path: str = "/jetstream"
     type_prefix: tuple[str, ...] = ()
 
@@ -256,7 +256,7 @@ class SecurityContext:
 class ReplicationSpec:
     """``spec.protocols.replication``: tables published over Replication (HTTP port)."""
 
-    enabled: bool = False
+    enabled: bool = constants.PROTOCOL_ENABLED_BY_DEFAULT["replication"]
     type_prefix: tuple[str, ...] = ("replication",)
     # Each: {"name", "key", "columns" (or None), "add", "delete"}, in the replica's terms.
     tables: tuple[Mapping[str, Any], ...] = ()
@@ -926,7 +926,7 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     if users and not users_secret:
         raise SpecError(f"{users_path}.name", "is required")
     return ReplicationSpec(
-        enabled=_bool(section, "enabled", path, False),
+        enabled=_bool(section, "enabled", path, ReplicationSpec.enabled),
         type_prefix=tuple(prefix),
         tables=tuple(tables),
         users_secret=users_secret,
@@ -978,7 +978,9 @@ def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
                 f"{path}.typePrefix[{i}]", f"must be an event type segment, got {segment!r}"
             )
     return JetstreamSpec(
-        enabled=_bool(section, "enabled", path, True), path=url_path, type_prefix=tuple(prefix)
+        enabled=_bool(section, "enabled", path, JetstreamSpec.enabled),
+        path=url_path,
+        type_prefix=tuple(prefix),
     )
 
 

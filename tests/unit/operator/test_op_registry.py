@@ -15,7 +15,7 @@ import json
 
 import op_k8s_schema as k8s_schema
 import pytest
-from eventfleet_operator import constants
+from eventfleet_operator import constants, model
 from eventfleet_server import registry
 from eventfleet_server.config import loader
 
@@ -82,3 +82,12 @@ def test_the_operator_port_table_is_built_from_the_registry():
 def test_entry_names_a_missing_protocol():
     with pytest.raises(KeyError, match="'nope'"):
         registry.entry("nope")
+
+
+def test_the_spec_model_defaults_protocol_switches_from_the_registry():
+    spec = model.parse("demo", "events", {}, uid="0b8a7d5e-5c1e-4b7e-9d6f-3a2c1b0e9f8d")
+    assert spec.jetstream.enabled is registry.entry("jetstream").enabled_by_default
+    assert spec.replication.enabled is registry.entry("replication").enabled_by_default
+    for e in registry.PROTOCOLS:
+        if e.optional and e.port is not None:
+            assert (e.name in spec.enabled_protocols) is e.enabled_by_default
