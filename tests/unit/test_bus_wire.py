@@ -428,3 +428,26 @@ def test_envelope_fast_path_takes_what_to_payload_writes(producer, value):
         assert fast is None  # escapes in the producer: the general parser decodes them
     else:
         assert fast == mapping._envelope_json(text) is not None
+
+
+@given(st.text(), json_values)
+def test_envelope_uuid_of_what_to_payload_writes(producer, value):
+    assert mapping.envelope_uuid(mapping.to_payload(UUID, producer, msgpack.packb(value))) == UUID
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":1,"x":2}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p","x":1}},"data":1}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p\\"q"}},"data":[1]}}',
+        f'{{"$bus":{{"producer":"p","uuid":"{UUID}"}},"data":1}}',
+        '{"$bus":{"uuid":"0123456789012345678901234567890123\\"","producer":"p"},"data":1}',
+        '{"$bus":{"uuid":"short","producer":"p"},"data":1}',
+        f'{{"data":1,"$bus":{{"uuid":"{UUID}","producer":"p"}}}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":[1}}',
+    ],
+)
+def test_envelope_uuid_outside_the_fast_layout_is_the_general_parsers(text):
+    general = mapping._envelope_json(text)
+    assert mapping.envelope_uuid(EventPayloadJson(text)) == (general[0] if general else None)

@@ -182,9 +182,40 @@ def to_register_event(
 
 
 def envelope_uuid(payload: Payload) -> str | None:
-    """The client UUID an envelope carries, or None (for the dedup index)."""
+    """The client UUID an envelope carries, or None (for the dedup index).
+
+    A JSON payload in the exact layout `to_payload` writes is answered from its head and
+    a check that its data is one JSON value, without re-encoding the data as msgpack
+    (`_envelope_fast` does: a replica without BUS subscribers spent a sixth of its loop
+    in `envelope_uuid` for the events it merged)."""
+    if type(payload) is EventPayloadJson:
+        uuid = _fast_uuid(payload.data)
+        if uuid is not None:
+            return uuid
     found = _envelope(payload)
     return found[0] if found else None
+
+
+def _fast_uuid(text: str) -> str | None:
+    """The UUID of a JSON envelope in `to_payload`'s layout (None: not that layout)."""
+    if not text.startswith(_FAST_HEAD) or text[53:67] != _FAST_PRODUCER:
+        return None
+    uuid = text[17:53]
+    end = text.find('"', 67)
+    if (
+        end < 0
+        or '"' in uuid
+        or "\\" in uuid
+        or "\\" in text[67:end]
+        or not text.startswith(_FAST_DATA, end)
+        or not text.endswith("}")
+    ):
+        return None
+    try:
+        json.loads(text[end + len(_FAST_DATA) : -1])  # one JSON value: a two-key envelope
+    except ValueError:
+        return None
+    return uuid
 
 
 def _envelope(payload: Payload) -> tuple[str, str, bytes] | None:
