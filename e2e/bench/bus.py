@@ -12,7 +12,8 @@ Run from the repository root::
 Servers, fresh for every repeat:
 
 - **fleet**: two replica processes, A (server id 1) and B (server id 2), Syncer-connected,
-  fresh SQLite stores (synchronous NORMAL), no token: the issue's figures.
+  fresh SQLite stores (synchronous NORMAL, pinned: the replica's default is FULL;
+  ``--synchronous FULL`` measures that), no token: the issue's figures.
 - **single**: one replica alone, and **reference**: the reference BUS
   (micro-toolkit/event-bus-zeromq 3.0.4, Node, its in-memory event store; path from
   ``--reference`` or ``$EVENTFLEET_BUS_REFERENCE``, see `e2e.bench.bus_reference`). The
@@ -155,9 +156,15 @@ def snapshot(target: Target, size: int) -> dict:
 
 
 @contextlib.contextmanager
-def fleet(workdir: pathlib.Path, replicas: int):
+def fleet(workdir: pathlib.Path, replicas: int, synchronous: str = "NORMAL"):
     base = free_block(replicas)
-    extra = {"log": {"level": "WARNING"}, "bus": {"enabled": True}}
+    # Pinned: the replica's default is FULL (an fsync per commit); the figures are NORMAL's
+    # unless --synchronous says otherwise (both keep "committed before broadcast").
+    extra = {
+        "log": {"level": "WARNING"},
+        "bus": {"enabled": True},
+        "storage": {"synchronous": synchronous},
+    }
     procs = [
         ReplicaProc(workdir, f"r{i}", i, base + 10 * (i - 1), extra=extra)
         for i in range(1, replicas + 1)
@@ -193,7 +200,7 @@ def reference(workdir: pathlib.Path, root: pathlib.Path):
 
 
 def fleet_round(workdir: pathlib.Path, args) -> dict:
-    with fleet(workdir, 2) as (a, b):
+    with fleet(workdir, 2, args.synchronous) as (a, b):
         log("fleet: throughput")
         thr = run_load(a, {"local": a}, args.events, 0, "/bench/t/")
         log(f"  {thr}")
@@ -276,6 +283,7 @@ def report(result: dict) -> str:
     lines = [
         f"Event BUS benchmark, {result['when']}, {result['machine']}, "
         f"load average {result['load_average'][0]:.2f} -> {result['load_average_after'][0]:.2f}, "
+        f"SQLite synchronous {result['synchronous']}, "
         f"median of {result['repeat']} run(s)",
         "",
         "| figure | "
@@ -340,13 +348,14 @@ def run(args) -> dict:
         log(f"-- run {i + 1} of {args.repeat} (load {os.getloadavg()[0]:.2f})")
         runs["fleet"].append(fleet_round(workdir / "fleet", args))
         if not args.fleet_only:
-            runs["single"].append(single_round(workdir, args, fleet(workdir / "single", 1)))
+            single = fleet(workdir / "single", 1, args.synchronous)
+            runs["single"].append(single_round(workdir, args, single))
             if ref_root is not None:
                 runs["reference"].append(single_round(workdir, args, reference(workdir, ref_root)))
     if args.sweep:
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-bus-sweep-"))
         sweeps["eventfleet (one replica)"] = sweep(
-            fleet(workdir / "single", 1), args.sweep_seconds, args.events
+            fleet(workdir / "single", 1, args.synchronous), args.sweep_seconds, args.events
         )
         if ref_root is not None:
             sweeps["reference"] = sweep(
@@ -359,6 +368,7 @@ def run(args) -> dict:
         "load_average": load_before,
         "load_average_after": os.getloadavg(),
         "repeat": args.repeat,
+        "synchronous": args.synchronous,
         "reference": str(ref_root) if ref_root else None,
         "reference_missing": missing or None,
         "medians": {k: medians(v) for k, v in runs.items() if v},
@@ -388,6 +398,12 @@ def main(argv: list[str] | None = None) -> int:
         help=f"directory of the built reference BUS (default ${bus_reference.ENV})",
     )
     p.add_argument("--fleet-only", action="store_true", help="no single/reference servers")
+    p.add_argument(
+        "--synchronous",
+        choices=["NORMAL", "FULL"],
+        default="NORMAL",
+        help="the replicas' storage.synchronous (their default is FULL: an fsync per commit)",
+    )
     p.add_argument("--sweep", action="store_true", help="latency/throughput per offered rate")
     p.add_argument("--sweep-seconds", type=float, default=3.0)
     p.add_argument("--plot", type=pathlib.Path, help="PNG of the sweep (needs matplotlib)")

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Mapping
 from types import ModuleType
 
+from eventfleet_server import gctune
 from eventfleet_server.backup import BackupError, RestoreSource
 from eventfleet_server.backup.restore import restore as restore_backup
 from eventfleet_server.common.aiotasks import Tasks
@@ -187,6 +188,7 @@ class Replica:
         for proto in self._created:
             await proto.start()
             self.protocols[proto.name] = proto
+        gctune.settle()  # start-up's objects out of the collector's way (see there)
         if retention.enabled:
             self.tasks.spawn("retention", self._retention_loop(retention.check_interval_seconds))
         if self._token_files or tls:

@@ -18,7 +18,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from eventfleet_server.bus import mapping, wire
+from eventfleet_server.bus import mapping, sbs, wire
 from eventfleet_server.bus.server import BusServer, Item, PublishResult
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, EventId, EventType
@@ -218,8 +218,8 @@ class EngineAdapter:
     def _register(self, events: list, kept: list[wire.Publish]) -> None:
         # Every event was checked while it was parsed and mapped (a topic with a type
         # the engine takes, a timestamp in range, JSON we wrote ourselves): the engine
-        # need not parse the JSON again.
-        created, future = self._engine.register(events, validated=True)
+        # need not parse the JSON again. Their SBS bytes are built by `sbs.encode`.
+        created, future = self._engine.register(events, validated=True, encode=sbs.encode)
         own = self._own
         remember = self._remember
         server_ts = b""

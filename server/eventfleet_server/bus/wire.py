@@ -335,6 +335,30 @@ def parse_syncstart(frames: list[bytes]) -> SyncStart:
     return SyncStart(frames[1], parse_subtrees(frames[1]), decode_int(frames[2]))
 
 
+_TIMESTAMPS: dict[bytes, tuple[Timestamp | None, bytes]] = {}
+_TIMESTAMPS_MAX = 4096
+
+
+def _parse_timestamp(frame: bytes) -> tuple[Timestamp | None, bytes]:
+    """A PUB's producer timestamp frame -> ``(timestamp or None, the frame a BROADCAST
+    carries)``; `WireError` if it is not ISO-8601 or out of range. Cached: a publisher
+    sends many PUBs within one clock tick (JavaScript's clock has milliseconds), and a
+    hit is one dict lookup where parsing and formatting cost ~1.5 µs per PUB."""
+    source_timestamp = timestamp_from_iso(frame)
+    if source_timestamp is None:
+        out = b""
+    else:
+        if not SOURCE_TS_MIN_S <= source_timestamp.s <= SOURCE_TS_MAX_S:
+            raise WireError(
+                "bad_message", f"timestamp {_show(frame)} is out of range (years 1..9999)"
+            )
+        out = timestamp_frame(frame, source_timestamp)
+    if len(_TIMESTAMPS) >= _TIMESTAMPS_MAX:
+        _TIMESTAMPS.clear()  # a new tick every PUB: start over rather than grow
+    hit = _TIMESTAMPS[frame] = (source_timestamp, out)
+    return hit
+
+
 def parse_pub(frames: list[bytes]) -> Publish:
     """``[topic, sequence, producer, timestamp, uuid, data]`` (identity removed).
 
@@ -355,15 +379,10 @@ def parse_pub(frames: list[bytes]) -> Publish:
         producer = producer_frame.decode()
     except UnicodeDecodeError as e:
         raise WireError("bad_message", f"producer {_show(producer_frame)} is not UTF-8") from e
-    source_timestamp = timestamp_from_iso(ts_frame)
-    if source_timestamp is None:
-        out_ts = b""
-    else:
-        if not SOURCE_TS_MIN_S <= source_timestamp.s <= SOURCE_TS_MAX_S:
-            raise WireError(
-                "bad_message", f"timestamp {_show(ts_frame)} is out of range (years 1..9999)"
-            )
-        out_ts = timestamp_frame(ts_frame, source_timestamp)
+    hit = _TIMESTAMPS.get(ts_frame)
+    if hit is None:
+        hit = _parse_timestamp(ts_frame)
+    source_timestamp, out_ts = hit
     if _CANONICAL_UUID.fullmatch(uuid_frame):
         uuid = uuid_frame.decode()  # already canonical: skip the costly uuid.UUID parse
     else:
