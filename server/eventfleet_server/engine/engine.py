@@ -24,6 +24,7 @@ from eventfleet_server.common.model import (
 )
 from eventfleet_server.listener import Tasks
 from eventfleet_server.storage import SbsResult, Storage, StorageError, StorageFaultError
+from eventfleet_server.storage.merge_rows import sessions as row_sessions
 
 log = logging.getLogger(__name__)
 
@@ -382,6 +383,30 @@ class Engine:
             self._fan_out(group, group_sbs, True)
         self._fan_out_sequenced(pairs)
         return inserted
+
+    async def merge_rows(self, rows: list[list]) -> list[Event]:
+        """`merge` of events received as merge rows (`storage.merge_rows`, what the
+        Syncer decodes a ``MsgEvents`` into): stored without a model object per event;
+        the listeners get events built from the committed rows, one session at a time,
+        after the commit. Returns the events that were new.
+        """
+        try:
+            inserted = await self._storage.write_rows(rows)
+        except StorageFaultError as e:
+            self._commit_failed(e, "merge of replicated events failed")
+            self._wakeup.set()
+            raise
+        if not inserted:
+            return []
+        events = self._storage.merged_events(inserted)
+        sbs = [r[10] for r in inserted]
+        for start, end in row_sessions(inserted):
+            group, group_sbs = events[start:end], sbs[start:end]
+            self._fan_out(group, group_sbs, False)
+            self._fan_out(group, group_sbs, True)
+        if self._sequence_listeners:
+            self._fan_out_sequenced([(r[0], e) for r, e in zip(inserted, events, strict=True)])
+        return events
 
     async def _writer_loop(self) -> None:
         while True:
