@@ -235,3 +235,14 @@ def test_sessions_are_consecutive_runs():
     rows = [[None, s, ss, i] for i, (s, ss) in enumerate([(1, 1), (1, 1), (1, 2), (2, 2), (1, 1)])]
     assert sessions(rows) == [(0, 2), (2, 3), (3, 4), (4, 5)]
     assert sessions([]) == []
+
+
+async def test_row_events_are_built_on_first_use(storage):
+    events = varied(30, session=3)
+    inserted = await storage.write_rows(rows_of(events))
+    lazy = storage.merged_events(inserted)
+    assert len(lazy) == 30 and lazy[0] == events[0] and lazy[-1] == events[-1]
+    assert lazy._events is None  # the first and the last alone build nothing else
+    assert lazy.server_ids() == {1}
+    assert lazy.of_types(lambda t: t == ("x", "y")) == [e for e in events if e.type == ("x", "y")]
+    assert lazy[3:5] == events[3:5] and list(lazy) == events and lazy == events

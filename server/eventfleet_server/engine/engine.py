@@ -387,8 +387,9 @@ class Engine:
     async def merge_rows(self, rows: list[list]) -> list[Event]:
         """`merge` of events received as merge rows (`storage.merge_rows`, what the
         Syncer decodes a ``MsgEvents`` into): stored without a model object per event;
-        the listeners get events built from the committed rows, one session at a time,
-        after the commit. Returns the events that were new.
+        the listeners get the events of the committed rows, one session at a time, after
+        the commit, as `merge_rows.RowEvents` (a sequence built on first use). Returns
+        the new events (a `RowEvents` too).
         """
         try:
             inserted = await self._storage.write_rows(rows)
@@ -398,15 +399,23 @@ class Engine:
             raise
         if not inserted:
             return []
-        events = self._storage.merged_events(inserted)
+        events: Sequence[Event] = self._storage.merged_events(inserted)
+        built = list(events) if self._sequence_listeners else None  # they take every event
         sbs = [r[10] for r in inserted]
         for start, end in row_sessions(inserted):
-            group, group_sbs = events[start:end], sbs[start:end]
-            self._fan_out(group, group_sbs, False)
-            self._fan_out(group, group_sbs, True)
-        if self._sequence_listeners:
-            self._fan_out_sequenced([(r[0], e) for r, e in zip(inserted, events, strict=True)])
-        return events
+            # Otherwise built only if a listener looks past the first event (RowEvents).
+            group = (
+                built[start:end]
+                if built is not None
+                else self._storage.merged_events(inserted[start:end])
+            )
+            group_sbs = sbs[start:end]
+            self._fan_out(group, group_sbs, False)  # type: ignore[arg-type]
+            self._fan_out(group, group_sbs, True)  # type: ignore[arg-type]
+        if built is not None:
+            self._fan_out_sequenced([(r[0], e) for r, e in zip(inserted, built, strict=True)])
+            return built
+        return events  # type: ignore[return-value]
 
     async def _writer_loop(self) -> None:
         while True:

@@ -446,9 +446,10 @@ class Storage:
                 self._failed_write_bytes = max(self._failed_write_bytes, size)
                 raise
 
-    def merged_events(self, rows: list[list]) -> list[Event]:
-        """The model events of rows `write_rows` returned."""
-        return merge_rows.to_events(rows, self._cache.types)
+    def merged_events(self, rows: list[list]) -> merge_rows.RowEvents:
+        """The model events of rows `write_rows` returned (a sequence, built on first
+        use)."""
+        return merge_rows.RowEvents(rows, self._cache.types)
 
     async def room_problem(self) -> str | None:
         """None when `PROBE_MIN_BYTES` can be written and synced next to the store, else

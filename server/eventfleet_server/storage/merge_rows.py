@@ -18,6 +18,9 @@ be written again. The producer (the Syncer's decoder) has checked every value: i
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
+from typing import overload
+
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -90,3 +93,66 @@ def sessions(rows: list[list]) -> list[tuple[int, int]]:
             server, session = r[1], r[2]
     runs.append((start, len(rows)))
     return runs
+
+
+class RowEvents(Sequence[Event]):
+    """The events of written merge rows, built on first use: what the engine hands its
+    listeners after a merge. Building them is as much CPU as decoding the received
+    events, and during a catch-up most listeners look at the first event only (whose
+    server id a protocol has no subscriber for) or at nothing; those never build the rest.
+    Indexing and iterating behave as on a list (slices are lists).
+    """
+
+    __slots__ = ("_events", "_rows", "_types")
+
+    def __init__(self, rows: list[list], types: list[EventType | None]):
+        self._rows = rows
+        self._types = types
+        self._events: list[Event] | None = None
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    @overload
+    def __getitem__(self, index: int) -> Event: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Event]: ...
+
+    def __getitem__(self, index):
+        events = self._events
+        if events is None:
+            if type(index) is int and index in (0, -1):
+                return to_events([self._rows[index]], self._types)[0]
+            events = self._built()
+        return events[index]
+
+    def __iter__(self) -> Iterator[Event]:
+        return iter(self._built())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RowEvents | list | tuple):
+            return self._built() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"RowEvents({self._built()!r})"
+
+    def _built(self) -> list[Event]:
+        if self._events is None:
+            self._events = to_events(self._rows, self._types)
+        return self._events
+
+    def server_ids(self) -> set[int]:
+        """The server ids of the events (without building them)."""
+        return {r[SERVER] for r in self._rows}
+
+    def of_types(self, wanted: Callable[[EventType], bool]) -> list[Event]:
+        """The events whose type is `wanted` (building only those)."""
+        types = self._types
+        ids = {t for t in {r[TYPE] for r in self._rows} if wanted(types[t])}  # type: ignore[arg-type]
+        if not ids:
+            return []
+        return [self[i] for i, r in enumerate(self._rows) if r[TYPE] in ids]

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from eventfleet_server.common.model import Event
 from eventfleet_server.engine import Engine
@@ -58,7 +58,7 @@ class Merger:
         *,
         max_queued_events: int = 100_000,
         max_batch_events: int = 20_000,
-        committed_cb: Callable[[list[Event]], None] | None = None,
+        committed_cb: Callable[[Sequence[Event]], None] | None = None,
     ):
         self._engine = engine
         self._max_queued = max_queued_events
@@ -143,19 +143,20 @@ class Merger:
         rows = [r for i in items for r in i.rows]  # type: ignore[union-attr]
         try:
             try:
-                inserted = await self._engine.merge_rows(rows) if rows else []
+                inserted: Sequence[Event] = await self._engine.merge_rows(rows) if rows else []
                 for item in items:
                     item.owner.committed += len(item.rows)  # type: ignore[arg-type] # dupes too
             except StorageError as e:
                 # One stream's bad event must not fail the others: retry item by item (a
                 # failed write leaves the rows as they were given).
                 log.warning("merge of %d events failed (%s); retrying per stream", len(rows), e)
-                inserted = []
+                retried: list[Event] = []
                 for item in items:
                     try:
-                        inserted += await self._engine.merge_rows(item.rows)  # type: ignore[arg-type]
+                        retried += await self._engine.merge_rows(item.rows)  # type: ignore[arg-type]
                     except StorageError as err:
                         item.owner.fail(err)
+                inserted = retried
             if inserted and self._committed_cb:
                 self._committed_cb(inserted)
         except Exception as e:
