@@ -16,6 +16,7 @@ from eventfleet_server.common.model import (
     Timestamp,
     split_sessions,
 )
+from eventfleet_server.common.sbsint import encode_int
 from eventfleet_server.storage import Storage, StorageError
 from eventfleet_server.storage import events as events_table
 from eventfleet_server.storage.merge_rows import sessions
@@ -72,6 +73,25 @@ def test_rows_are_the_object_paths_rows():
     assert types  # the distinct types, kept for the next message
     # The second message of a stream meets its types in the cache: the same rows.
     assert decode_rows(data, 1, types) == expected_rows(events)
+
+
+@pytest.mark.parametrize(
+    "instance", [0, 1, 63, 64, 127, 128, 8191, 8192, (1 << 62) - 1, 1 << 62, (1 << 63) - 1]
+)
+def test_instances_up_to_the_largest_id(instance):
+    events = [ev(instance=instance)]
+    assert decode_rows(protocol.encode_events(events), 1, {}) == expected_rows(events)
+
+
+def test_an_instance_too_large_or_too_long_is_refused():
+    element = codec.encode_event(ev(instance=5))
+    assert element[2] == 0x85  # server, session, then the instance's one byte
+    too_large = element[:2] + encode_int(1 << 63) + element[3:]
+    with pytest.raises(ProtocolError, match=r"outside 0\.\.2"):
+        decode_rows(codec.events_array([too_large]), 1, {})
+    too_long = element[:2] + b"\x00" * 10 + element[2:]
+    with pytest.raises(ProtocolError, match="longer than 64 bits"):
+        decode_rows(codec.events_array([too_long]), 1, {})
 
 
 def test_a_full_type_cache_starts_over():
