@@ -50,7 +50,8 @@ from eventfleet_server.common.model import (
 from e2e.bench.servers import read_proc
 from e2e.fleet_helpers import ReplicaProc, free_block, mesh_peers
 
-TARGETS = {"lag_p50_ms": 5.0, "lag_p99_ms": 50.0, "catchup_events_per_s": 50_000}
+# Catch-up: issue 22 (round 3) raised it from 50,000 (issue 3).
+TARGETS = {"lag_p50_ms": 5.0, "lag_p99_ms": 50.0, "catchup_events_per_s": 100_000}
 
 
 def log(msg: str) -> None:

@@ -76,7 +76,7 @@ class Node:
     def _http_bound(self) -> bool:
         try:
             return self.replica.http is not None and self.replica.http.port > 0
-        except (IndexError, RuntimeError):  # created, not listening yet
+        except (IndexError, RuntimeError):  # created, not started / not listening yet
             return False
 
     async def stop(self):

@@ -25,6 +25,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.storage import SbsResult, Storage, StorageError, StorageFaultError
+from eventfleet_server.storage.merge_rows import sessions as row_sessions
 
 log = logging.getLogger(__name__)
 
@@ -398,6 +399,39 @@ class Engine:
             self._fan_out(group, group_sbs, True)
         self._fan_out_sequenced(pairs)
         return inserted
+
+    async def merge_rows(self, rows: list[list]) -> list[Event]:
+        """`merge` of events received as merge rows (`storage.merge_rows`, what the
+        Syncer decodes a ``MsgEvents`` into): stored without a model object per event;
+        the listeners get the events of the committed rows, one session at a time, after
+        the commit, as `merge_rows.RowEvents` (a sequence built on first use). Returns
+        the new events (a `RowEvents` too).
+        """
+        try:
+            inserted = await self._storage.write_rows(rows)
+        except StorageFaultError as e:
+            self._commit_failed(e, "merge of replicated events failed")
+            self._wakeup.set()
+            raise
+        if not inserted:
+            return []
+        events: Sequence[Event] = self._storage.merged_events(inserted)
+        built = list(events) if self._sequence_listeners else None  # they take every event
+        sbs = [r[10] for r in inserted]
+        for start, end in row_sessions(inserted):
+            # Otherwise built only if a listener looks past the first event (RowEvents).
+            group = (
+                built[start:end]
+                if built is not None
+                else self._storage.merged_events(inserted[start:end])
+            )
+            group_sbs = sbs[start:end]
+            self._fan_out(group, group_sbs, False)  # type: ignore[arg-type]
+            self._fan_out(group, group_sbs, True)  # type: ignore[arg-type]
+        if built is not None:
+            self._fan_out_sequenced([(r[0], e) for r, e in zip(inserted, built, strict=True)])
+            return built
+        return events  # type: ignore[return-value]
 
     async def _writer_loop(self) -> None:
         while True:

@@ -36,6 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import pathlib
 import sqlite3
@@ -62,6 +63,7 @@ from eventfleet_server.storage import (
     faults,
     last_ids,
     latest,
+    merge_rows,
     queries,
     schema,
     state,
@@ -419,6 +421,36 @@ class Storage:
                 self._failed_write_bytes = max(self._failed_write_bytes, size)
                 raise
 
+    async def write_rows(self, rows: list[list]) -> list[list]:
+        """`write` for events received from peers as merge rows (`merge_rows`): the
+        Syncer's catch-up path, which never builds a model object per event.
+
+        Same contract as `write`: events already held are skipped, each inserted event
+        gets the next sequence number, all or nothing, committed on return. Returns the
+        inserted rows in order, their sequence number and type id filled in (read them
+        back as events with `merged_events`). On error nothing is stored, the rows are as
+        they were given, and `StorageError` says why.
+        """
+        if not rows:
+            return []
+        self._check_open()
+        async with self._write_lock:
+            try:
+                if self._inline and len(rows) <= INLINE_MAX_EVENTS:
+                    inserted = self._write_rows(rows)
+                    self._commits_since_checkpoint += 1
+                    return inserted
+                return await _run(self._writer, self._write_rows, rows)
+            except StorageError:
+                size = sum(len(r[merge_rows.SBS]) for r in rows)
+                self._failed_write_bytes = max(self._failed_write_bytes, size)
+                raise
+
+    def merged_events(self, rows: list[list]) -> merge_rows.RowEvents:
+        """The model events of rows `write_rows` returned (a sequence, built on first
+        use)."""
+        return merge_rows.RowEvents(rows, self._cache.types)
+
     async def room_problem(self) -> str | None:
         """None when `PROBE_MIN_BYTES` can be written and synced next to the store, else
         one line naming the cause (ENOSPC, EROFS, EIO) and the path."""
@@ -515,6 +547,82 @@ class Storage:
         for key, value in meta_items:
             self._meta[key] = value
         return inserted
+
+    def _write_rows(self, rows: list[list]) -> list[list]:
+        # `_write` for merge rows; the loop is the same, over list items.
+        cache = self._cache
+        type_ids = cache.ids
+        last = self._last_ids
+        new_types: list[int] = []
+        out: list[list] = []
+        tops: dict[int, float] = {}  # highest instance per server seen in this batch
+        seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
+        seq = self._last_seq
+        conn = self._writer._conn
+        lids: list[tuple[int, int, int]] = []
+        try:
+            server = None
+            top = -math.inf
+            for r in rows:
+                if r[1] != server:
+                    if server is not None:
+                        tops[server] = top
+                    server = r[1]
+                    top = tops.get(server)
+                    if top is None:
+                        top = events.top_instance(last, server)
+                instance = r[3]
+                if instance > top:
+                    # Above everything held for this server: new, no lookup needed.
+                    top = instance
+                    if seen is not None:
+                        seen.add((server, instance))
+                else:
+                    if seen is None:
+                        seen = {(o[1], o[3]) for o in out}
+                    if (server, instance) in seen or events.is_held(conn, server, instance):
+                        continue
+                    seen.add((server, instance))
+                type_id = type_ids.get(r[4])
+                if type_id is None:
+                    try:
+                        type_id = cache.add(r[4], new_types)
+                    except TypeError as e:
+                        raise StorageError(f"event {tuple(r[1:4])}: {e}") from e
+                seq += 1
+                r[0] = seq
+                r[4] = type_id
+                out.append(r)
+
+            with self._transaction("merge") as tx:
+                cache.insert(tx, new_types)
+                if out:
+                    try:
+                        tx.executemany(events.INSERT, out)
+                    except sqlite3.Error as e:
+                        cause = faults.describe(self._path, e)
+                        if cause is not None:
+                            raise StorageFaultError(cause) from e
+                        raise StorageError(f"merge of {len(out)} events failed: {e}") from e
+                    first = out[0][0]
+                    latest.update(tx, first)
+                    lids = last_ids.update(tx, first)
+                    tx.execute(state.UPDATE, (seq, len(out)))
+        except BaseException:
+            # The rows go back as given (a retry writes them again), then the new ids go.
+            types = cache.types
+            for r in out:
+                r[0] = None
+                if type(r[4]) is int:
+                    r[4] = types[r[4]]
+            cache.burn(new_types)
+            raise
+
+        self._last_seq = seq
+        self._event_count += len(out)
+        for server_id, session, instance in lids:
+            last[server_id] = EventId(server_id, session, instance)
+        return out
 
     # -- reading ---------------------------------------------------------------------
 

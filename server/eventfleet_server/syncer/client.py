@@ -15,10 +15,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from eventfleet_server import chatter
-from eventfleet_server.common.model import EventId, EventType, timestamp_to_us
+from eventfleet_server.common.model import EventId, EventType
 from eventfleet_server.storage import Storage
 from eventfleet_server.syncer import wire as protocol
 from eventfleet_server.syncer.merger import MergeOwner, Merger
+from eventfleet_server.syncer.rows import decode_rows
 from eventfleet_server.syncer.wire import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,7 @@ class SyncStream:
     async def _receive_loop(self, conn, owner: MergeOwner, until_synced: bool) -> None:
         stats = self.stats
         merger = self._merger
+        types: dict[bytes, tuple] = {}  # encoded type -> checked type (`decode_rows`)
         while True:
             try:
                 msg = await conn.receive()
@@ -211,18 +213,19 @@ class SyncStream:
                 raise
             t = msg.type
             if t == protocol.EVENTS:
-                events, elements = protocol.decode_events_sbs(msg.data, self.server_id)
+                # Straight to merge rows: no model object per event on this path.
+                rows = decode_rows(msg.data, self.server_id, types)
                 now = time.time()
-                stats.received_events += len(events)
+                stats.received_events += len(rows)
                 if not stats.synced:
-                    stats.history_events += len(events)
-                    if stats.history_events == len(events):
+                    stats.history_events += len(rows)
+                    if stats.history_events == len(rows):
                         self._changed()  # the first history event: syncing
-                last = events[-1]
-                stats.last_event_id = last.id
+                last = rows[-1]
+                stats.last_event_id = EventId(last[1], last[2], last[3])
                 stats.last_received_at = now
-                stats.last_event_age = max(0.0, now - timestamp_to_us(last.timestamp) / 1e6)
-                await merger.put(owner, events, elements)
+                stats.last_event_age = max(0.0, now - last[5] / 1e6)
+                await merger.put(owner, rows)
             elif t == protocol.SYNCED:
                 if stats.synced:
                     raise ProtocolError("second MsgSynced")

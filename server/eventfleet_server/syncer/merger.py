@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event
@@ -41,23 +41,16 @@ class MergeOwner:
 
 
 class _Item:
-    __slots__ = ("events", "future", "owner", "sbs")
+    __slots__ = ("future", "owner", "rows")
 
-    def __init__(
-        self,
-        owner: MergeOwner,
-        events: list[Event] | None,
-        future=None,
-        sbs: list[bytes] | None = None,
-    ):
+    def __init__(self, owner: MergeOwner, rows: list[list] | None, future=None):
         self.owner = owner
-        self.events = events
-        self.sbs = sbs  # the events' SBS bytes as received, or None (encoded on merge)
+        self.rows = rows  # merge rows (`storage.merge_rows`) of one MsgEvents; None: a barrier
         self.future = future
 
 
 class Merger:
-    """Serial, batched `Engine.merge` of what the Syncer clients receive."""
+    """Serial, batched `Engine.merge_rows` of what the Syncer clients receive."""
 
     def __init__(
         self,
@@ -65,7 +58,7 @@ class Merger:
         *,
         max_queued_events: int = 100_000,
         max_batch_events: int = 20_000,
-        committed_cb: Callable[[list[Event]], None] | None = None,
+        committed_cb: Callable[[Sequence[Event]], None] | None = None,
     ):
         self._engine = engine
         self._max_queued = max_queued_events
@@ -102,19 +95,17 @@ class Merger:
                 item.future.set_exception(ConnectionError("merger stopped"))
         self._queue.clear()
 
-    async def put(
-        self, owner: MergeOwner, events: list[Event], sbs: list[bytes] | None = None
-    ) -> None:
-        """Queue `events` (one session) for merging; waits while the queue is full.
-        `sbs`: their SBS bytes as received (stored as they are).
+    async def put(self, owner: MergeOwner, rows: list[list]) -> None:
+        """Queue the merge rows of one received session (`rows.decode_rows`) for
+        merging; waits while the queue is full.
 
         Waiting here stops the stream from reading, so TCP pushes back on the peer.
         """
         while not self._room.is_set():
             await self._room.wait()
-        self._queue.append(_Item(owner, events, sbs=sbs))
-        self._queued_events += len(events)
-        owner.pending += len(events)
+        self._queue.append(_Item(owner, rows))
+        self._queued_events += len(rows)
+        owner.pending += len(rows)
         if self._queued_events >= self._max_queued:
             self._room.clear()
         self._wakeup.set()
@@ -143,30 +134,29 @@ class Merger:
         while self._queue and count < self._max_batch:
             item = self._queue.popleft()
             batch.append(item)
-            if item.events:
-                count += len(item.events)
+            if item.rows:
+                count += len(item.rows)
         return batch
 
     async def _merge(self, batch: list[_Item]) -> None:
-        items = [i for i in batch if i.events and i.owner.error is None]
-        events = [e for i in items for e in i.events]
-        sbs: list[bytes] | None = None
-        if all(i.sbs is not None for i in items):
-            sbs = [b for i in items for b in i.sbs]  # type: ignore[union-attr]
+        items = [i for i in batch if i.rows and i.owner.error is None]
+        rows = [r for i in items for r in i.rows]  # type: ignore[union-attr]
         try:
             try:
-                inserted = await self._engine.merge(events, sbs) if events else []
+                inserted: Sequence[Event] = await self._engine.merge_rows(rows) if rows else []
                 for item in items:
-                    item.owner.committed += len(item.events)  # upper bound: dupes count too
+                    item.owner.committed += len(item.rows)  # type: ignore[arg-type] # dupes too
             except StorageError as e:
-                # One stream's bad event must not fail the others: retry item by item.
-                log.warning("merge of %d events failed (%s); retrying per stream", len(events), e)
-                inserted = []
+                # One stream's bad event must not fail the others: retry item by item (a
+                # failed write leaves the rows as they were given).
+                log.warning("merge of %d events failed (%s); retrying per stream", len(rows), e)
+                retried: list[Event] = []
                 for item in items:
                     try:
-                        inserted += await self._engine.merge(item.events, item.sbs)
+                        retried += await self._engine.merge_rows(item.rows)  # type: ignore[arg-type]
                     except StorageError as err:
                         item.owner.fail(err)
+                inserted = retried
             if inserted and self._committed_cb:
                 self._committed_cb(inserted)
         except Exception as e:
@@ -175,9 +165,9 @@ class Merger:
                 item.owner.fail(e)
         finally:
             for item in batch:
-                if item.events:
-                    item.owner.pending -= len(item.events)
-                    self._queued_events -= len(item.events)
+                if item.rows:
+                    item.owner.pending -= len(item.rows)
+                    self._queued_events -= len(item.rows)
                 elif item.future is not None and not item.future.done():
                     if item.owner.error is not None:
                         item.future.set_exception(item.owner.error)

@@ -24,12 +24,13 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, EventType, QueryLatestParams
 from eventfleet_server.engine import Engine
 from eventfleet_server.storage import StorageFaultError
+from eventfleet_server.storage.merge_rows import RowEvents
 from eventfleet_server.syncer.client import (
     InitRefusedError,
     Peer,
@@ -71,6 +72,10 @@ def ids_from_sync_event(event: Event) -> tuple[int, ...]:
     if ids and int(event.type[1]) != event.id.server:
         return ()
     return ids
+
+
+def _is_sync_type(event_type: EventType) -> bool:
+    return bool(event_type) and event_type[0] == SYNC_TYPE_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,14 +410,20 @@ class Mesh:
         ids.update(p.server_id for p in self.peers)
         return ids
 
-    def on_committed(self, events: list[Event]) -> None:
+    def on_committed(self, events: Sequence[Event]) -> None:
         """Merger callback: start relays for server ids seen for the first time."""
         new: set[int] = set()
-        for e in events:
-            if e.id.server not in self._seen:
-                new.add(e.id.server)
-            if e.type and e.type[0] == SYNC_TYPE_PREFIX:
+        if isinstance(events, RowEvents):
+            # Merged rows: their server ids and types without building every event.
+            new.update(events.server_ids())
+            for e in events.of_types(_is_sync_type):
                 new.update(ids_from_sync_event(e))
+        else:
+            for e in events:
+                if e.id.server not in self._seen:
+                    new.add(e.id.server)
+                if _is_sync_type(e.type):
+                    new.update(ids_from_sync_event(e))
         new -= self._seen
         if not new or not self._add_seen(new):
             return
