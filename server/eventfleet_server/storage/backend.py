@@ -450,6 +450,7 @@ class Storage:
         rows: list[tuple] = []
         inserted: list[tuple[int, Event]] = []
         tops: dict[int, float] = {}  # highest instance per server seen in this batch
+        top_sessions: dict[int, int] = {}  # the session of that event
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
         conn = self._writer._conn
@@ -466,6 +467,7 @@ class Storage:
                     if instance > top:
                         # Above everything held for this server: new, no lookup needed.
                         tops[server] = instance
+                        top_sessions[server] = event_id.session
                         if seen is not None:
                             seen.add((server, instance))
                     else:
@@ -500,7 +502,11 @@ class Storage:
                         raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     first = rows[0][0]
                     latest.update(tx, first)
-                    lids = last_ids.update(tx, first)
+                    # The servers whose highest id this batch raised, known from the
+                    # walk above: no GROUP BY over the batch's rows (18 µs of a 140 µs
+                    # batch-1 commit).
+                    lids = [(srv, top_sessions[srv], int(top)) for srv, top in tops.items()]
+                    last_ids.update(tx, lids)
                     tx.execute(state.UPDATE, (seq, len(rows)))
                 if meta_items:
                     state.set_meta(tx, meta_items)
