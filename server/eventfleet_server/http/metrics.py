@@ -5,6 +5,8 @@ Two kinds of metrics, on purpose:
 * **Hot-path instruments** (counters and histograms) are updated from engine hooks. Each
   hook does O(1) work per call (one call per session, per commit or per query), using
   label children bound once, so registration throughput does not depend on metrics.
+  Those of the register path are plain numbers rendered at scrape time (`hot`): no
+  mutex per update.
 * **Scrape-time figures** (connections, rejections, Syncer peer state, storage size, last
   ids, status) are read from the replica's objects by `ReplicaCollector` only when
   Prometheus scrapes; nothing on the hot path maintains them.
@@ -22,7 +24,6 @@ from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -40,6 +41,7 @@ from eventfleet_server.common.model import (
     Status,
     timestamp_to_us,
 )
+from eventfleet_server.http.hot import HotCollector
 
 # Syncer peer states (the syncer's `state()` contract) that mean "a connection is up".
 _CONNECTED_STATES = frozenset({"connected", "syncing", "synced"})
@@ -81,47 +83,46 @@ class Metrics:
         PlatformCollector(registry=reg)
         GCCollector(registry=reg)
 
-        registered = Counter(
-            "eventfleet_events_registered_total",
+        # The engine hooks' instruments: plain numbers rendered at scrape time (`hot`).
+        hot = HotCollector()
+        registered = hot.counter(
+            "eventfleet_events_registered",
             "Events this replica registered: created here for a client (origin=client) "
             "or received from a peer through the Syncer (origin=peer).",
             ["origin"],
-            registry=reg,
+            [("client",), ("peer",)],
         )
-        self._registered_client = registered.labels(origin="client")
-        self._registered_peer = registered.labels(origin="peer")
-        self._persisted = Counter(
-            "eventfleet_events_persisted_total",
+        self._registered_client = registered[("client",)]
+        self._registered_peer = registered[("peer",)]
+        (self._persisted,) = hot.counter(
+            "eventfleet_events_persisted",
             "Events committed to this replica's SQLite store (both origins).",
-            registry=reg,
-        )
-        self._batch_size = Histogram(
+        ).values()
+        (self._batch_size,) = hot.histogram(
             "eventfleet_register_batch_size",
             "Events per client register request (one request is one session).",
-            buckets=_SIZE_BUCKETS,
-            registry=reg,
-        )
-        self._commit_duration = Histogram(
+            _SIZE_BUCKETS,
+        ).values()
+        (self._commit_duration,) = hot.histogram(
             "eventfleet_commit_duration_seconds",
             "Duration of one group commit of locally created events to SQLite.",
-            buckets=_COMMIT_BUCKETS,
-            registry=reg,
-        )
-        self._commit_events = Histogram(
+            _COMMIT_BUCKETS,
+        ).values()
+        (self._commit_events,) = hot.histogram(
             "eventfleet_commit_events",
             "Events per group commit (how much the group commit batches).",
-            buckets=_SIZE_BUCKETS,
-            registry=reg,
-        )
-        notify = Histogram(
+            _SIZE_BUCKETS,
+        ).values()
+        notify = hot.histogram(
             "eventfleet_notify_latency_seconds",
             "From an event's server timestamp until the engine hands it to subscribers; "
             "persisted=true includes waiting for the commit. Locally created events only.",
+            _LATENCY_BUCKETS,
             ["persisted"],
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
+            [("false",), ("true",)],
         )
-        self._notify = {p: notify.labels(persisted=str(p).lower()) for p in (False, True)}
+        self._notify = {p: notify[(str(p).lower(),)] for p in (False, True)}
+        reg.register(hot)
         query = Histogram(
             "eventfleet_query_duration_seconds",
             "Duration of one query by query type (latest, timeseries, server).",
