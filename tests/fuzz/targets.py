@@ -88,9 +88,9 @@ def chatter_frames(data: bytes) -> None:
 
 
 def chatter_large_msg(data: bytes) -> None:
-    """The hand parser of large HatChatter.Msg bodies."""
+    """The hand parser of HatChatter.Msg bodies."""
     try:
-        chatter_connection._parse_large(data)
+        chatter_connection.parse_msg(data)
     except (ValueError, UnicodeDecodeError):
         pass
 

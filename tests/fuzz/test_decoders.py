@@ -18,7 +18,7 @@ import os
 import pytest
 import yaml
 from eventfleet_server.bus import wire as bus_wire
-from eventfleet_server.chatter.connection import _parse_large
+from eventfleet_server.chatter.connection import _frame_head, parse_msg
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
@@ -307,12 +307,17 @@ def test_a_large_register_response_is_spliced_in_slices_identically():
     type_=st.text(max_size=20),
     msg_id=st.integers(1, 2**40),
 )
-def test_large_frame_parser_agrees_with_the_codec(body, type_, msg_id):
+def test_frame_parser_and_builder_agree_with_the_codec(body, type_, msg_id):
     encoded = chatter_msg(type_, body, msg_id)
-    parsed = _parse_large(encoded)
+    parsed = parse_msg(encoded)
     expected = codec.repo.decode("HatChatter.Msg", encoded)
-    assert parsed["data"]["data"] == bytes(expected["data"]["data"])
-    assert parsed["data"]["type"] == expected["data"]["type"] and parsed["id"] == msg_id
+    assert parsed.data == bytes(expected["data"]["data"])
+    assert parsed.type == expected["data"]["type"] and parsed.first
+    assert parsed.conv == (False, msg_id) and parsed.last and parsed.token
+    # The frame the sender builds by hand is the codec's, behind the length prefix.
+    head = _frame_head(msg_id, msg_id, True, True, True, type_, len(body))
+    assert head.endswith(encoded[: len(encoded) - len(body)])
+    assert int.from_bytes(head[1 : 1 + head[0]], "big") == len(encoded)
 
 
 @FUZZ

@@ -64,3 +64,40 @@ async def test_listener_port_is_known_after_stop():
     assert port > 0
     await listener.stop()
     assert listener.port == port
+
+
+def test_hand_built_frames_are_the_codecs_and_parse_back():
+    """`send` builds frames without the C codec and `_read` parses them by hand: both
+    must be byte for byte what hat's chatter (the C codec) writes and reads."""
+    from eventfleet_server.chatter.connection import _frame_head, parse_msg
+    from eventfleet_server.common.codec import repo
+
+    for msg_id in (1, 63, 64, 127, 128, 8191, 8192, 2**40 + 3):
+        for first in (1, 64, msg_id):
+            for flags in ((True, True, True), (False, True, False), (True, False, False)):
+                for msg_type in ("HatEventer.MsgRegisterRes", "", "é" * 70):
+                    for data in (b"", b"\x00x", bytes(range(256)) * 300):
+                        owner, token, last = flags
+                        body = repo.encode(
+                            "HatChatter.Msg",
+                            {
+                                "id": msg_id,
+                                "first": first,
+                                "owner": owner,
+                                "token": token,
+                                "last": last,
+                                "data": {"type": msg_type, "data": data},
+                            },
+                        )
+                        size = len(body).to_bytes((len(body).bit_length() + 7) // 8, "big")
+                        head = _frame_head(msg_id, first, owner, token, last, msg_type, len(data))
+                        assert head + data == bytes((len(size),)) + size + body
+                        msg = parse_msg(body)
+                        assert (msg.type, msg.data, msg.last, msg.token) == (
+                            msg_type,
+                            data,
+                            last,
+                            token,
+                        )
+                        assert msg.conv == chatter.Conversation(not owner, first)
+                        assert msg.first == (owner and first == msg_id)

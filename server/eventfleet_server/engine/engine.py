@@ -108,8 +108,15 @@ class Engine:
         self._pending_sbs: list[bytes] = []  # aligned with _pending
         self._pending_sessions: list[tuple[int, int]] = []  # (start index, end index) per session
         self._pending_futures: list[asyncio.Future] = []
+        # Called right after the commit (True) or its failure (False), in the commit's
+        # own loop iteration: a protocol's reply leaves without a future callback's turn.
+        self._pending_done: list[Callable[[bool], None]] = []
         self._uncommitted = 0
         self._wakeup = asyncio.Event()
+        # A commit on the loop's thread is scheduled (`_commit_now`), or the writer task
+        # is inside a write: at most one commit runs at a time, in registration order.
+        self._commit_scheduled = False
+        self._writer_busy = False
         # Set (to the error text) when a commit failed, cleared by the next successful
         # write; while set the replica is not ready and registrations are refused.
         self._commit_failure: str | None = None  # the first failure's cause, kept
@@ -124,7 +131,7 @@ class Engine:
         self._last_future: asyncio.Future | None = None
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
-        # Callbacks that raised, by kind (commit, query, status, sequence, event): a failing
+        # Callbacks that raised, by kind (commit, done, query, status, sequence, event): a failing
         # callback (a metrics hook, a protocol's listener) is logged and counted here
         # (``eventfleet_engine_callback_failures_total``), never lets the exception into
         # the writer task or the query.
@@ -283,6 +290,7 @@ class Engine:
         *,
         validated: bool = False,
         encode: Encoder | None = None,
+        done: Callable[[bool], None] | None = None,
     ) -> tuple[list[Event], asyncio.Future]:
         """Create one session from `events`; returns the events and a commit future.
 
@@ -293,6 +301,9 @@ class Engine:
         `check_register_event` on every event (in chunks, off the hot loop turn).
         `encode`: builds the events' SBS bytes (see `Encoder`); each event is encoded
         once here otherwise. Those bytes are what is stored, notified and answered.
+        `done`: called with True right after the commit that holds the events (after
+        the ``persisted=true`` listeners), with False if it failed — in the commit's own
+        loop iteration, where a callback on the future runs one iteration later.
 
         Refused as a whole (`RegisterError`) when the batch would take the ids handed
         out but not committed beyond `max_uncommitted` (the restart id gap relies on
@@ -342,11 +353,47 @@ class Engine:
         self._pending_sessions.append((start, len(self._pending)))
         fut = asyncio.get_running_loop().create_future()
         self._pending_futures.append(fut)
+        if done is not None:
+            self._pending_done.append(done)
         self._last_future = fut
         self._uncommitted += len(created)
-        self._wakeup.set()
+        self._schedule_commit()
         self._fan_out(created, sbs, False)
         return created, fut
+
+    def _schedule_commit(self) -> None:
+        """Commit what is pending soon. When the store commits on the loop's thread
+        (`Storage.can_write_now`) the commit is a plain callback of the next loop
+        iteration: everything registered in this iteration (other connections' requests
+        included) goes into it, as with the writer task, but without the task's wake-up
+        and without a further iteration for each reply. Otherwise the writer task."""
+        if self._commit_scheduled:
+            return
+        if not self._writer_busy and self._storage.can_write_now(len(self._pending)):
+            self._commit_scheduled = True
+            asyncio.get_running_loop().call_soon(self._commit_now)
+        else:
+            self._wakeup.set()
+
+    def _commit_now(self) -> None:
+        self._commit_scheduled = False
+        if not self._pending:
+            return
+        if (
+            self._writer_busy
+            or self._commit_failure is not None
+            or not self._storage.can_write_now(len(self._pending))
+        ):
+            self._wakeup.set()  # the writer task takes it (and probes a failing store)
+            return
+        batch, batch_sbs, sessions, futures, dones, meta = self._take_pending()
+        started = time.perf_counter()
+        try:
+            pairs = self._storage.write_now(batch, meta, encoded=batch_sbs)
+        except Exception as e:
+            self._write_failed(batch, futures, dones, e)
+            return
+        self._write_done(batch, batch_sbs, sessions, futures, dones, pairs, started)
 
     async def register_wait(self, events: Sequence[RegisterEvent]) -> list[Event]:
         """Register and wait until committed."""
@@ -452,33 +499,64 @@ class Engine:
             self._wakeup.clear()
             if not self._pending:
                 continue
-            batch, self._pending = self._pending, []
-            batch_sbs, self._pending_sbs = self._pending_sbs, []
-            sessions, self._pending_sessions = self._pending_sessions, []
-            futures, self._pending_futures = self._pending_futures, []
-            last = batch[-1]
-            meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
+            batch, batch_sbs, sessions, futures, dones, meta = self._take_pending()
             started = time.perf_counter()
+            self._writer_busy = True
             try:
                 pairs = await self._storage.write(batch, meta, encoded=batch_sbs)
             except Exception as e:
-                log.error("commit of %d events failed: %s", len(batch), e)
-                self._commit_failed(e)
-                for fut in futures:
-                    if not fut.done():
-                        fut.set_exception(EngineError(f"commit failed: {e}"))
-                self._release(len(batch))
+                self._write_failed(batch, futures, dones, e)
                 continue
-            elapsed = time.perf_counter() - started
-            self._commit_succeeded()
-            self._release(len(batch))
-            for fut in futures:
-                if not fut.done():
-                    fut.set_result(None)
-            for start, end in sessions:
-                self._fan_out(batch[start:end], batch_sbs[start:end], True)
-            self._fan_out_sequenced(pairs)
-            self._notify("commit", self._commit_listeners, len(batch), elapsed)
+            finally:
+                self._writer_busy = False
+            self._write_done(batch, batch_sbs, sessions, futures, dones, pairs, started)
+
+    def _take_pending(self) -> tuple:
+        """Everything registered and not yet committed, and the own-id meta of its
+        last event (stored in the same transaction)."""
+        batch, self._pending = self._pending, []
+        batch_sbs, self._pending_sbs = self._pending_sbs, []
+        sessions, self._pending_sessions = self._pending_sessions, []
+        futures, self._pending_futures = self._pending_futures, []
+        dones, self._pending_done = self._pending_done, []
+        last = batch[-1]
+        meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
+        return batch, batch_sbs, sessions, futures, dones, meta
+
+    def _write_failed(self, batch: list[Event], futures: list, dones: list, e: Exception) -> None:
+        log.error("commit of %d events failed: %s", len(batch), e)
+        self._commit_failed(e)
+        for fut in futures:
+            if not fut.done():
+                fut.set_exception(EngineError(f"commit failed: {e}"))
+        self._release(len(batch))
+        self._call_done(dones, False)
+
+    def _write_done(
+        self,
+        batch: list[Event],
+        batch_sbs: list[bytes],
+        sessions: list[tuple[int, int]],
+        futures: list[asyncio.Future],
+        dones: list[Callable[[bool], None]],
+        pairs: list[tuple[int, Event]],
+        started: float,
+    ) -> None:
+        elapsed = time.perf_counter() - started
+        self._commit_succeeded()
+        self._release(len(batch))
+        for fut in futures:
+            if not fut.done():
+                fut.set_result(None)
+        for start, end in sessions:
+            self._fan_out(batch[start:end], batch_sbs[start:end], True)
+        # After the persisted=true listeners, as the future's callbacks ran before.
+        self._call_done(dones, True)
+        self._fan_out_sequenced(pairs)
+        self._notify("commit", self._commit_listeners, len(batch), elapsed)
+
+    def _call_done(self, dones: list[Callable[[bool], None]], ok: bool) -> None:
+        self._notify("done", dones, ok)
 
     def _release(self, count: int) -> None:
         self._uncommitted -= count

@@ -384,8 +384,15 @@ class _Session:
             )
             return elements
 
+        done = None
+        if wants_response:
+            # Answered right after the commit, in the commit's loop iteration: a
+            # MsgRegisterRes means the events are durable.
+            def done(ok: bool) -> None:
+                self._respond_register(msg, elements if ok else None)
+
         try:
-            _, fut = self._engine.register(events, validated=True, encode=encode)
+            _, fut = self._engine.register(events, validated=True, encode=encode, done=done)
         except EngineError as e:
             self.server.rejections.reject(
                 RejectReason.REGISTER_FAILED,
@@ -395,12 +402,7 @@ class _Session:
             if wants_response:
                 self._respond_register(msg, None)
             return
-        if wants_response:
-            # Answer once committed: a MsgRegisterRes means the events are durable.
-            fut.add_done_callback(
-                lambda f: self._respond_register(msg, None if f.exception() else elements)
-            )
-        elif len(events) > CHUNK_EVENTS:
+        if not wants_response and len(events) > CHUNK_EVENTS:
             # No answer to wait for: still, the next request waits for this commit, so
             # a client cannot queue uncommitted batches faster than the disk takes them.
             with contextlib.suppress(Exception):

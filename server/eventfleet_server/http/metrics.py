@@ -5,6 +5,8 @@ Two kinds of metrics, on purpose:
 * **Hot-path instruments** (counters and histograms) are updated from engine hooks. Each
   hook does O(1) work per call (one call per session, per commit or per query), using
   label children bound once, so registration throughput does not depend on metrics.
+  Those of the register path are plain numbers rendered at scrape time (`hot`): no
+  mutex per update.
 * **Scrape-time figures** (connections, rejections, storage size, last ids, status) are
   read from the replica's objects by `ReplicaCollector` only when Prometheus scrapes;
   nothing on the hot path maintains them. Protocols add their own (the Syncer's per-peer
@@ -23,7 +25,6 @@ from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
-    Counter,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -42,6 +43,7 @@ from eventfleet_server.common.model import (
     timestamp_to_us,
 )
 from eventfleet_server.http.health import initial_sync_done
+from eventfleet_server.http.hot import HotCollector
 
 _SIZE_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 50000)
 # Group commit on SQLite: sub-millisecond when idle, up to seconds on a slow disk.
@@ -80,47 +82,46 @@ class Metrics:
         PlatformCollector(registry=reg)
         GCCollector(registry=reg)
 
-        registered = Counter(
-            "eventfleet_events_registered_total",
+        # The engine hooks' instruments: plain numbers rendered at scrape time (`hot`).
+        hot = HotCollector()
+        registered = hot.counter(
+            "eventfleet_events_registered",
             "Events this replica registered: created here for a client (origin=client) "
             "or received from a peer through the Syncer (origin=peer).",
             ["origin"],
-            registry=reg,
+            [("client",), ("peer",)],
         )
-        self._registered_client = registered.labels(origin="client")
-        self._registered_peer = registered.labels(origin="peer")
-        self._persisted = Counter(
-            "eventfleet_events_persisted_total",
+        self._registered_client = registered[("client",)]
+        self._registered_peer = registered[("peer",)]
+        (self._persisted,) = hot.counter(
+            "eventfleet_events_persisted",
             "Events committed to this replica's SQLite store (both origins).",
-            registry=reg,
-        )
-        self._batch_size = Histogram(
+        ).values()
+        (self._batch_size,) = hot.histogram(
             "eventfleet_register_batch_size",
             "Events per client register request (one request is one session).",
-            buckets=_SIZE_BUCKETS,
-            registry=reg,
-        )
-        self._commit_duration = Histogram(
+            _SIZE_BUCKETS,
+        ).values()
+        (self._commit_duration,) = hot.histogram(
             "eventfleet_commit_duration_seconds",
             "Duration of one group commit of locally created events to SQLite.",
-            buckets=_COMMIT_BUCKETS,
-            registry=reg,
-        )
-        self._commit_events = Histogram(
+            _COMMIT_BUCKETS,
+        ).values()
+        (self._commit_events,) = hot.histogram(
             "eventfleet_commit_events",
             "Events per group commit (how much the group commit batches).",
-            buckets=_SIZE_BUCKETS,
-            registry=reg,
-        )
-        notify = Histogram(
+            _SIZE_BUCKETS,
+        ).values()
+        notify = hot.histogram(
             "eventfleet_notify_latency_seconds",
             "From an event's server timestamp until the engine hands it to subscribers; "
             "persisted=true includes waiting for the commit. Locally created events only.",
+            _LATENCY_BUCKETS,
             ["persisted"],
-            buckets=_LATENCY_BUCKETS,
-            registry=reg,
+            [("false",), ("true",)],
         )
-        self._notify = {p: notify.labels(persisted=str(p).lower()) for p in (False, True)}
+        self._notify = {p: notify[(str(p).lower(),)] for p in (False, True)}
+        reg.register(hot)
         query = Histogram(
             "eventfleet_query_duration_seconds",
             "Duration of one query by query type (latest, timeseries, server).",

@@ -395,6 +395,44 @@ class Storage:
         `encoded`: the SBS ``Event`` bytes of each event when the caller has them (the
         engine builds them once for notifications and the reply); encoded here if not.
         """
+        meta_items = self._meta_items(meta)
+        if not events and not meta_items:
+            return []
+        self._check_write(events, encoded)
+        async with self._write_lock:
+            if self._inline and len(events) <= INLINE_MAX_EVENTS:
+                return self._write_inline(events, meta_items, encoded)
+            try:
+                return await _run(self._writer, self._write, events, meta_items, encoded)
+            except StorageError:
+                self._note_failed_write(encoded)
+                raise
+
+    def can_write_now(self, count: int) -> bool:
+        """Whether `write_now` can commit `count` events at once on the loop's thread:
+        inline mode (synchronous OFF/NORMAL), a batch small enough, no write in flight."""
+        return self._inline and count <= INLINE_MAX_EVENTS and not self._write_lock.locked()
+
+    def write_now(
+        self,
+        events: Sequence[Event],
+        meta: Mapping[str, Any] | None = None,
+        *,
+        encoded: Sequence[bytes] | None = None,
+    ) -> list[tuple[int, Event]]:
+        """`write` without awaiting: committed on return, on the loop's thread. Only
+        when `can_write_now` (raises `StorageError` otherwise); the engine's commit of
+        small batches, which then needs no task switch."""
+        meta_items = self._meta_items(meta)
+        if not events and not meta_items:
+            return []
+        self._check_write(events, encoded)
+        if not self.can_write_now(len(events)):
+            raise StorageError(f"{self._path}: {len(events)} events cannot be written inline")
+        return self._write_inline(events, meta_items, encoded)
+
+    @staticmethod
+    def _meta_items(meta: Mapping[str, Any] | None) -> list[tuple[str, str]]:
         meta_items: list[tuple[str, str]] = []
         for key, value in (meta or {}).items():
             if not isinstance(key, str):
@@ -403,23 +441,31 @@ class Storage:
                 meta_items.append((key, json.dumps(value)))
             except (TypeError, ValueError) as e:
                 raise StorageError(f"meta key {key!r}: value is not JSON: {e}") from e
-        if not events and not meta_items:
-            return []
+        return meta_items
+
+    def _check_write(self, events: Sequence[Event], encoded: Sequence[bytes] | None) -> None:
         if encoded is not None and len(encoded) != len(events):
             raise ValueError(f"{len(encoded)} encoded events for {len(events)} events")
         self._check_open()
-        async with self._write_lock:
-            try:
-                if self._inline and len(events) <= INLINE_MAX_EVENTS:
-                    inserted = self._write(events, meta_items, encoded)
-                    self._commits_since_checkpoint += 1
-                    return inserted
-                return await _run(self._writer, self._write, events, meta_items, encoded)
-            except StorageError:
-                # What `probe_write` asks room for before calling the store healthy.
-                size = sum(map(len, encoded)) if encoded is not None else 0
-                self._failed_write_bytes = max(self._failed_write_bytes, size)
-                raise
+
+    def _write_inline(
+        self,
+        events: Sequence[Event],
+        meta_items: list[tuple[str, str]],
+        encoded: Sequence[bytes] | None,
+    ) -> list[tuple[int, Event]]:
+        try:
+            inserted = self._write(events, meta_items, encoded)
+        except StorageError:
+            self._note_failed_write(encoded)
+            raise
+        self._commits_since_checkpoint += 1
+        return inserted
+
+    def _note_failed_write(self, encoded: Sequence[bytes] | None) -> None:
+        # What `probe_write` asks room for before calling the store healthy.
+        size = sum(map(len, encoded)) if encoded is not None else 0
+        self._failed_write_bytes = max(self._failed_write_bytes, size)
 
     async def write_rows(self, rows: list[list]) -> list[list]:
         """`write` for events received from peers as merge rows (`merge_rows`): the
@@ -482,6 +528,7 @@ class Storage:
         rows: list[tuple] = []
         inserted: list[tuple[int, Event]] = []
         tops: dict[int, float] = {}  # highest instance per server seen in this batch
+        top_sessions: dict[int, int] = {}  # the session of that event
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
         conn = self._writer._conn
@@ -498,6 +545,7 @@ class Storage:
                     if instance > top:
                         # Above everything held for this server: new, no lookup needed.
                         tops[server] = instance
+                        top_sessions[server] = event_id.session
                         if seen is not None:
                             seen.add((server, instance))
                     else:
@@ -532,7 +580,11 @@ class Storage:
                         raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
                     first = rows[0][0]
                     latest.update(tx, first)
-                    lids = last_ids.update(tx, first)
+                    # The servers whose highest id this batch raised, known from the
+                    # walk above: no GROUP BY over the batch's rows (18 µs of a 140 µs
+                    # batch-1 commit).
+                    lids = [(srv, top_sessions[srv], int(top)) for srv, top in tops.items()]
+                    last_ids.update(tx, lids)
                     tx.execute(state.UPDATE, (seq, len(rows)))
                 if meta_items:
                     state.set_meta(tx, meta_items)

@@ -15,15 +15,12 @@ CREATE TABLE last_ids (
 ) STRICT;
 """
 
-# SQLite takes bare columns from the row holding max(), so `session` belongs to it.
-# NOT INDEXED: left alone, the planner serves GROUP BY from events_id, scanning the
-# whole index on every write; the rowid range of the batch is what we want.
+# Rows are the raised ids only (the writer knows them from its walk of the batch); the
+# WHERE keeps the table monotonic whatever it is given.
 UPSERT = """
-INSERT INTO last_ids (server, session, instance)
-SELECT server, session, max(instance) FROM events NOT INDEXED WHERE seq >= ? GROUP BY server
+INSERT INTO last_ids (server, session, instance) VALUES (?, ?, ?)
 ON CONFLICT (server) DO UPDATE SET session = excluded.session, instance = excluded.instance
 WHERE excluded.instance > last_ids.instance
-RETURNING server, session, instance
 """
 
 SELECT = "SELECT server, session, instance FROM last_ids"
@@ -36,6 +33,6 @@ def load(conn: sqlite3.Connection) -> dict[int, EventId]:
     }
 
 
-def update(conn: sqlite3.Connection, first_seq: int) -> list[tuple[int, int, int]]:
-    """Fold the batch from `first_seq` on in; returns the ids that went up."""
-    return conn.execute(UPSERT, (first_seq,)).fetchall()
+def update(conn: sqlite3.Connection, raised: list[tuple[int, int, int]]) -> None:
+    """Store ``(server, session, instance)`` of each server whose highest id went up."""
+    conn.executemany(UPSERT, raised)
