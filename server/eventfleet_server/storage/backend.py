@@ -608,6 +608,7 @@ class Storage:
         new_types: list[int] = []
         out: list[list] = []
         tops: dict[int, float] = {}  # highest instance per server seen in this batch
+        top_sessions: dict[int, int] = {}  # the session of that event, if it raised the top
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
         conn = self._writer._conn
@@ -627,6 +628,7 @@ class Storage:
                 if instance > top:
                     # Above everything held for this server: new, no lookup needed.
                     top = instance
+                    top_sessions[server] = r[2]
                     if seen is not None:
                         seen.add((server, instance))
                 else:
@@ -645,6 +647,8 @@ class Storage:
                 r[0] = seq
                 r[4] = type_id
                 out.append(r)
+            if server is not None:
+                tops[server] = top
 
             with self._transaction("merge") as tx:
                 cache.insert(tx, new_types)
@@ -658,7 +662,9 @@ class Storage:
                         raise StorageError(f"merge of {len(out)} events failed: {e}") from e
                     first = out[0][0]
                     latest.update(tx, first)
-                    lids = last_ids.update(tx, first)
+                    # The servers whose highest id this batch raised, from the walk above.
+                    lids = [(srv, ses, int(tops[srv])) for srv, ses in top_sessions.items()]
+                    last_ids.update(tx, lids)
                     tx.execute(state.UPDATE, (seq, len(out)))
         except BaseException:
             # The rows go back as given (a retry writes them again), then the new ids go.
