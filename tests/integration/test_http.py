@@ -365,6 +365,8 @@ async def test_flush_without_a_syncer_is_not_implemented(replica, use_syncer):
     use_syncer(None)
     status, body = await post_json(replica, "/flush?peer=r2")
     assert status == 501 and body["flushed"] is False
+    status, _, _ = await get(replica, "/flush?peer=r2")
+    assert status == 405  # as with a Syncer: a GET never flushes
 
 
 async def test_flush_contract(replica, use_syncer):

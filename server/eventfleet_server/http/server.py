@@ -40,9 +40,11 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 BUILTIN_PATHS = frozenset({"/metrics", "/healthz", "/readyz", "/status"})
 
 # Routes a protocol mounts, answered 501 (not implemented by this replica) rather than 404
-# when that protocol is disabled: a caller such as the operator's scale-down tells "this
-# replica runs no Syncer" from a wrong address.
-PROTOCOL_ROUTES = {"/flush": ("flushed", "this replica runs no Syncer")}
+# when that protocol is disabled, so a caller such as the operator's scale-down tells "this
+# replica runs no Syncer" from a wrong address; other methods get 405 as when mounted.
+# (method, path) -> (the route's result key, the reason).
+PROTOCOL_ROUTES = {("POST", "/flush"): ("flushed", "this replica runs no Syncer")}
+
 # The HTTP port has no admission section: the same bound as the chatter protocols'
 # default init_timeout (a client that opens a connection and never sends a ClientHello).
 TLS_HANDSHAKE_TIMEOUT = 10.0
@@ -164,9 +166,12 @@ class HttpServer:
             return _json({"error": f"{request.method} not allowed on {request.path}"}, 405)
         methods = self._mounts.get(request.path)
         if not methods:
-            if request.path in PROTOCOL_ROUTES:
-                key, error = PROTOCOL_ROUTES[request.path]
+            unserved = PROTOCOL_ROUTES.get((request.method, request.path))
+            if unserved is not None:
+                key, error = unserved
                 return _json({key: False, "error": error}, 501)
+            if any(path == request.path for _, path in PROTOCOL_ROUTES):
+                return _json({"error": f"{request.method} not allowed on {request.path}"}, 405)
             return _json({"error": f"no such endpoint: {request.path}"}, 404)
         handler = methods.get(request.method)
         if handler is None and request.method == "HEAD":
