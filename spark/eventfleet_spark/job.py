@@ -322,7 +322,8 @@ def run_args(args: argparse.Namespace) -> int:
         return 2
     progress = RunProgress()
     try:
-        run(opts, progress=progress)
+        # sys.stdout as it is now (not as it was at import): redirections are honoured.
+        run(opts, progress=progress, out=sys.stdout)
     except Exception as e:  # Spark wraps executor errors; show the cause, not a JVM trace
         lines = str(e).strip().splitlines()
         print(f"eventfleet aggregate: failed: {type(e).__name__}", file=sys.stderr)
