@@ -65,12 +65,16 @@ async def _aggregate_events(port: int) -> list:
     return result.events
 
 
-def operator_arguments(aggregation: dict, *, eventer: str, http: str) -> list[str]:
+def operator_arguments(
+    aggregation: dict, *, eventer: str, http: str, result_file: pathlib.Path
+) -> list[str]:
     """The job's arguments from the operator's own builder, with the in-cluster Service
-    addresses swapped for the test replica's loopback endpoints."""
+    addresses swapped for the test replica's loopback endpoints and the driver's
+    termination message (/dev/termination-log) for a file of the test's."""
     spec = model.parse("demo", "ns", {"aggregation": aggregation}, uid="u1")
     args = list(builders.scheduled_spark_application(spec)["spec"]["template"]["arguments"])
-    for flag, value in (("--eventer", eventer), ("--http", http)):
+    swaps = (("--eventer", eventer), ("--http", http), ("--result-file", str(result_file)))
+    for flag, value in swaps:
         args[args.index(flag) + 1] = value
     return args
 
@@ -87,6 +91,7 @@ def test_spark_submit_with_the_operator_arguments(tmp_path):
             {"enabled": True, "bucketSeconds": 1, "windowSeconds": 120, "output": str(output)},
             eventer=f"127.0.0.1:{server.port}",
             http=f"127.0.0.1:{ports_of(server.port, 1)['http']}",
+            result_file=tmp_path / "termination-log",
         )
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
         env.pop("EVENTFLEET_TOKEN", None)
@@ -113,6 +118,10 @@ def test_spark_submit_with_the_operator_arguments(tmp_path):
         registered = asyncio.run(_aggregate_events(server.port))
         assert len(registered) == len(rows)
         assert all(e.type[:3] == ("eventfleet", "aggregate", "1") for e in registered)
+        # What the operator reads into status.aggregation.lastResult.
+        result = json.loads((tmp_path / "termination-log").read_text())
+        assert result["result"] == "Succeeded" and result["events"] == 30, result
+        assert result["parquetRows"] == len(rows) and result["registered"] == len(registered)
     finally:
         server.stop()
 

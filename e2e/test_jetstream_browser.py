@@ -4,7 +4,11 @@ of an ``eventfleet fleet`` see each other's edits live.
 Chromium is Debian's (scripts/tools/chromium.sh), driven by playwright-core from npm
 (scripts/tools/jetstream.sh); the page uses the bundled reference client (jetstream-js).
 The screenshots of both pages are kept in $EVENTFLEET_ARTIFACTS/jetstream (default
-<repo>/.artifacts/jetstream).
+<repo>/.artifacts/jetstream), with the two side by side (``picture.png``). That picture
+is the one docs/jetstream.md shows: ``EVENTFLEET_UPDATE_SCREENSHOTS=1`` writes it to
+docs/img/jetstream-demo.png (review it, then commit it); otherwise the run checks that
+the committed picture is there, is referenced by the page and shows what the browsers
+were checked to show (both lists with their items, one ticked).
 """
 
 from __future__ import annotations
@@ -24,6 +28,15 @@ from e2e.jetstream.refclient import ROOT, ensure_tools, node_env
 pytestmark = pytest.mark.slow
 
 BROWSER_JS = pathlib.Path(__file__).parent / "jetstream" / "browser.js"
+DOC_PICTURE = ROOT / "docs" / "img" / "jetstream-demo.png"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def png_size(path: pathlib.Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == PNG_MAGIC, f"{path} is not a PNG"
+    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
 
 
 def chromium() -> str:
@@ -46,14 +59,20 @@ async def test_two_browsers_on_two_replicas_see_each_others_edits(tmp_path):
     try:
         up = await fleet.wait_up()
         token = (tmp_path / "fleet" / "token").read_text().strip()
-        pages = [f"{up[name]['jetstream_demo']}?token={token}&scope=browser" for name in sorted(up)]
+        names = sorted(up)
+        pages = [f"{up[name]['jetstream_demo']}?token={token}&scope=browser" for name in names]
         env = node_env()
         env["CHROMIUM"] = browser
+        env["PICTURE_CAPTIONS"] = json.dumps([f"browser {i + 1}: {n}" for i, n in enumerate(names)])
+        update = os.environ.get("EVENTFLEET_UPDATE_SCREENSHOTS") == "1"
+        picture = DOC_PICTURE if update else artifacts / "picture.png"
+        picture.parent.mkdir(parents=True, exist_ok=True)
         proc = await asyncio.create_subprocess_exec(
             "node",
             str(BROWSER_JS),
             *pages,
             str(artifacts),
+            str(picture),
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
             env=env,
@@ -73,5 +92,12 @@ async def test_two_browsers_on_two_replicas_see_each_others_edits(tmp_path):
         assert sorted(result["page1"]) == sorted(result["page2"]) and len(result["page1"]) == 2
         for shot in result["screenshots"]:
             assert os.path.getsize(shot) > 1000  # noqa: ASYNC240 - a stat after the run
+        # What the picture shows was checked above in both browsers: the two items, the
+        # first ticked. The committed one must be such a picture, and the one the page shows.
+        assert result["page1"] == ["added on page one", "added on page two"], result
+        assert png_size(picture)[0] > 1600, png_size(picture)  # two 800 px pages
+        assert png_size(DOC_PICTURE)[0] > 1600, "docs/img/jetstream-demo.png: rerun with update"
+        page = (ROOT / "docs" / "jetstream.md").read_text()
+        assert "](img/jetstream-demo.png)" in page, "docs/jetstream.md does not show the picture"
     finally:
         fleet.stop()

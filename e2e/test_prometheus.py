@@ -37,17 +37,23 @@ def free_port() -> int:
 
 
 @contextlib.asynccontextmanager
-async def running_prometheus(tmp_path: pathlib.Path, targets: list[str]):
-    """Start `prometheus` scraping `targets`; yields its base URL; always stops it."""
+async def running_prometheus(
+    tmp_path: pathlib.Path, targets: list[str], labels: dict[str, dict[str, str]] | None = None
+):
+    """Start `prometheus` scraping `targets`; yields its base URL; always stops it.
+
+    `labels` adds labels to a target's series (e.g. the ``pod`` and ``namespace`` a
+    ServiceMonitor would add)."""
     binary = prometheus_tool("prometheus")
     config = tmp_path / "prometheus.yml"
+    groups = [{"targets": [t], "labels": (labels or {})[t]} for t in targets if t in (labels or {})]
+    rest = [t for t in targets if t not in (labels or {})]
+    groups += [{"targets": rest}] if rest else []
     config.write_text(
         yaml.safe_dump(
             {
                 "global": {"scrape_interval": "1s", "scrape_timeout": "1s"},
-                "scrape_configs": [
-                    {"job_name": "eventfleet", "static_configs": [{"targets": targets}]}
-                ],
+                "scrape_configs": [{"job_name": "eventfleet", "static_configs": groups}],
             }
         )
     )

@@ -791,6 +791,10 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
         agg.output,
         "--window",
         str(agg.window_seconds),
+        # The run's result and counts become the driver's termination message, which
+        # the operator reads into status.aggregation.lastResult (no log scraping).
+        "--result-file",
+        naming.TERMINATION_LOG,
     ]
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []

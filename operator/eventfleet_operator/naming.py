@@ -63,6 +63,21 @@ SPARK_TLS_CA_DIR = "/var/run/secrets/eventfleet-ca"
 MAX_SPARK_APP_NAME = 30
 
 
+# Kubernetes' default terminationMessagePath: what a container writes there is kept in
+# its status (at most 4096 bytes) after it ends.
+TERMINATION_LOG = "/dev/termination-log"
+# Labels Spark and spark-operator put on the driver pod of a run.
+SPARK_ROLE_LABEL = "spark-role"
+SPARK_APP_NAME_LABEL = "sparkoperator.k8s.io/app-name"
+
+
+def aggregation_driver_selector(name: str) -> str:
+    """Label selector of the aggregation runs' driver pods of fleet ``name``."""
+    own = labels(name, "aggregation")
+    keys = ("app.kubernetes.io/instance", "app.kubernetes.io/component")
+    return ",".join([*(f"{k}={own[k]}" for k in keys), f"{SPARK_ROLE_LABEL}=driver"])
+
+
 def statefulset(name: str) -> str:
     return name
 

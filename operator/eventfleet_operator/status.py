@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -71,6 +72,64 @@ def aggregation_report(live: Mapping[str, Any] | None, output: str) -> dict[str,
         if value not in (None, "", []):
             report[ours] = list(value) if isinstance(value, list) else str(value)
     return report
+
+
+# The job's --result-file object (spark/eventfleet_spark/job.py run_result): its keys
+# and the types status.aggregation.lastResult keeps of them.
+_RESULT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "result": str,
+    "window": list,
+    "windows": int,
+    "events": int,
+    "aggregates": int,
+    "parquetRows": int,
+    "registered": int,
+    "seconds": (int, float),
+    "error": str,
+}
+
+
+def _terminated_driver(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The ``terminated`` state of the pod's driver container, if it has ended."""
+    for container in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated")
+        if terminated:
+            return terminated
+    return None
+
+
+def aggregation_result(driver_pods: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``status.aggregation.lastResult``: the outcome of the last finished run, from its
+    driver pod's termination message (the job's ``--result-file``).
+
+    The run is the driver that finished last (a run still going is not the last result).
+    A message that is not the job's JSON (the driver died before writing it) still gives
+    the run, its end and ``Failed`` or ``Succeeded`` from the exit code.
+    """
+    ended = [(p, t) for p in driver_pods if (t := _terminated_driver(p)) is not None]
+    if not ended:
+        return None
+    pod, terminated = max(ended, key=lambda pt: str(pt[1].get("finishedAt") or ""))
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    exit_code = terminated.get("exitCode")
+    result: dict[str, Any] = {
+        "run": labels.get(naming.SPARK_APP_NAME_LABEL) or pod["metadata"].get("name"),
+        "result": "Succeeded" if exit_code == 0 else "Failed",
+    }
+    if terminated.get("finishedAt"):
+        result["finishedAt"] = str(terminated["finishedAt"])
+    if exit_code is not None:
+        result["exitCode"] = int(exit_code)
+    try:
+        message = json.loads(terminated.get("message") or "")
+    except ValueError:
+        message = None
+    if isinstance(message, dict):
+        for key, kind in _RESULT_FIELDS.items():
+            value = message.get(key)
+            if isinstance(value, kind) and not isinstance(value, bool):
+                result[key] = [str(v) for v in value] if key == "window" else value
+    return result
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import pathlib
 import sys
 import time
 from collections.abc import Sequence
@@ -91,6 +92,44 @@ def _iso(us: int) -> str:
     return timestamp_to_iso(timestamp_from_us(us))
 
 
+# Kubernetes keeps at most 4096 bytes of a termination message; the result stays below.
+RESULT_LIMIT = 4096
+
+
+@dataclasses.dataclass
+class RunProgress:
+    """What a run planned and what it finished so far (kept when a window fails)."""
+
+    planned: list[timeplan.Span] = dataclasses.field(default_factory=list)
+    done: list[WindowSummary] = dataclasses.field(default_factory=list)
+
+
+def run_result(progress: RunProgress, error: str | None = None) -> dict:
+    """The run's outcome as one JSON object (``--result-file``): the result, the whole
+    window planned, how many windows finished and their counts summed."""
+    done = progress.done
+    result: dict = {"result": "Failed" if error is not None else "Succeeded"}
+    if progress.planned:
+        result["window"] = [_iso(progress.planned[0].start), _iso(progress.planned[-1].end)]
+    result.update(
+        windows=len(done),
+        events=sum(s.events for s in done),
+        aggregates=sum(s.aggregates for s in done),
+        parquetRows=sum(s.parquet.rows for s in done),
+        registered=sum(s.write_back.registered for s in done if s.write_back),
+        seconds=round(sum(s.seconds for s in done), 3),
+    )
+    if error is not None:
+        # Bounded: the whole object must fit a termination message.
+        result["error"] = error[:1000]
+    return result
+
+
+def write_result(path: pathlib.Path, result: dict) -> None:
+    """``result`` as compact JSON into ``path`` (a termination message: small, one write)."""
+    path.write_text(json.dumps(result, separators=(",", ":")))
+
+
 def plan_windows(opts: JobOptions, now_us: int) -> list[timeplan.Span]:
     """The windows of this invocation (see `timeplan`)."""
     bucket_us = opts.bucket_seconds * timeplan.US
@@ -124,8 +163,13 @@ def run(
     *,
     now_us: int | None = None,
     out: TextIO | None = sys.stdout,
+    progress: RunProgress | None = None,
 ) -> list[WindowSummary]:
-    """Process every window of `opts`; returns their summaries (also printed to `out`)."""
+    """Process every window of `opts`; returns their summaries (also printed to `out`).
+
+    `progress`, when given, records the planned windows and each finished one as it
+    goes, so that a failed run can still say how far it got.
+    """
     from eventfleet_spark.source import EventerDataSource
 
     if spark is None:
@@ -135,8 +179,10 @@ def run(
     spark.dataSource.register(EventerDataSource)
     if now_us is None:
         now_us = time.time_ns() // 1000
-    summaries = []
-    for span in plan_windows(opts, now_us):
+    progress = progress if progress is not None else RunProgress()
+    progress.planned = plan_windows(opts, now_us)
+    summaries = progress.done
+    for span in progress.planned:
         summary = run_window(spark, opts, span)
         summaries.append(summary)
         if out is not None:
@@ -271,13 +317,22 @@ def run_args(args: argparse.Namespace) -> int:
         opts = job_options.from_args(args)
     except (ValueError, OSError) as e:
         print(f"eventfleet aggregate: {e}", file=sys.stderr)
+        if args.result_file:
+            write_result(args.result_file, run_result(RunProgress(), f"bad options: {e}"))
         return 2
+    progress = RunProgress()
     try:
-        run(opts)
+        # sys.stdout as it is now (not as it was at import): redirections are honoured.
+        run(opts, progress=progress, out=sys.stdout)
     except Exception as e:  # Spark wraps executor errors; show the cause, not a JVM trace
         lines = str(e).strip().splitlines()
         print(f"eventfleet aggregate: failed: {type(e).__name__}", file=sys.stderr)
         for line in lines[:20]:
             print(f"  {line}", file=sys.stderr)
+        if args.result_file:
+            first = lines[0] if lines else ""
+            write_result(args.result_file, run_result(progress, f"{type(e).__name__}: {first}"))
         return 1
+    if args.result_file:
+        write_result(args.result_file, run_result(progress))
     return 0

@@ -199,6 +199,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         " to (endpoints given as IPs, certificates carrying DNS names)",
     )
     p.add_argument("--json", action="store_true", help="summary lines as JSON")
+    p.add_argument(
+        "--result-file",
+        metavar="FILE",
+        type=pathlib.Path,
+        help="when the run ends, write its result (Succeeded or Failed, the window, the"
+        " events read, aggregates, Parquet rows and write-back counts) there as one JSON"
+        " object; on Kubernetes the driver's termination message, which the operator"
+        " copies into status.aggregation.lastResult",
+    )
 
 
 def from_args(args: argparse.Namespace) -> JobOptions:

@@ -554,3 +554,42 @@ def test_token_reaches_executors_and_write_back(spark, tmp_path):
         assert again.events == summary.events
     finally:
         secured.close()
+
+
+def test_result_file_says_what_the_run_did(spark, fleet, seeded, tmp_path, capsys):
+    """``--result-file`` (the driver's termination message on Kubernetes): the window, the
+    events read, aggregates and Parquet rows of the run (the windows' own ``--json``
+    summary lines summed), through the CLI entry point."""
+    output, result_file = tmp_path / "out", tmp_path / "result.json"
+    argv = ["--eventer", fleet.eventer, "--bucket", str(BUCKET), "--output", str(output)]
+    argv += ["--start", "2024-03-01T23:57:00Z", "--end", "2024-03-02T00:03:00Z"]
+    argv += ["--window", "180", "--partitions", "3", "--no-write-back", "--json"]
+    assert job.main([*argv, "--result-file", str(result_file)]) == 0
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines() if ln[:1] == "{"]
+    result = json.loads(result_file.read_text())
+    assert len(lines) == 2
+    assert result == {
+        "result": "Succeeded",
+        "window": ["2024-03-01T23:57:00Z", "2024-03-02T00:03:00Z"],
+        "windows": 2,
+        "events": sum(w["events"] for w in lines),
+        "aggregates": sum(w["aggregates"] for w in lines),
+        "parquetRows": sum(w["parquet"]["rows"] for w in lines),
+        "registered": 0,
+        "seconds": result["seconds"],
+    }
+    assert 0 < result["events"] <= len(seeded) and result["parquetRows"] > 0
+    assert result["parquetRows"] == len(
+        pa_parquet.read_table(output, partitioning="hive").to_pylist()
+    )
+
+
+def test_result_file_of_a_failed_run_names_the_error(tmp_path):
+    result_file = tmp_path / "result.json"
+    argv = ["--eventer", "127.0.0.1:1", "--bucket", "60", "--output", str(tmp_path / "out")]
+    argv += ["--token-file", str(tmp_path / "missing"), "--result-file", str(result_file)]
+    assert job.main(argv) == 2
+    result = json.loads(result_file.read_text())
+    assert result["result"] == "Failed" and result["error"].startswith("bad options:"), result
+    assert result["events"] == 0 and result["windows"] == 0
+    assert len(result_file.read_bytes()) < job.RESULT_LIMIT  # a termination message's bound

@@ -8,6 +8,7 @@ pass: a missing CRD or a refused write is the condition's reason, not an error.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -90,8 +91,9 @@ async def monitoring(
 async def aggregation(
     ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
 ) -> status_mod.OptionalChild:
-    """The ScheduledSparkApplication of ``spec.aggregation``, with its last runs."""
-    return await optional_child(
+    """The ScheduledSparkApplication of ``spec.aggregation``, with its last runs and the
+    result of the last finished one (``lastResult``, from its driver pod)."""
+    child = await optional_child(
         ctx,
         spec.aggregation.enabled,
         kube.SPARKAPPS,
@@ -103,3 +105,17 @@ async def aggregation(
         note=aggregation_note(spec.aggregation),
         report=lambda live: status_mod.aggregation_report(live, spec.aggregation.output),
     )
+    if child.report is None:
+        return child
+    try:
+        drivers = await ctx.kube.list(
+            kube.PODS, spec.namespace, label_selector=naming.aggregation_driver_selector(spec.name)
+        )
+    except kube.ApiError as e:
+        # The last result is a report, never a reason to fail the pass.
+        log.warning("cannot list the aggregation's driver pods: %s", e)
+        return child
+    result = status_mod.aggregation_result(drivers)
+    if result is None:
+        return child
+    return dataclasses.replace(child, report={**child.report, "lastResult": result})

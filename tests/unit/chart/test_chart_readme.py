@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -56,3 +57,14 @@ def test_every_value_has_a_row_with_its_default_and_type():
             value = value[part]
         assert json.loads(default.strip("`").replace("\\|", "|")) == value, key
         assert kind and description, key
+
+
+def test_the_readme_names_the_charts_own_version():
+    """The packaged chart's name and tags in the README follow Chart.yaml's version
+    (gen-chart-readme writes them; a bump without a regenerated README fails here)."""
+    readme = (CHART / "README.md").read_text()
+    version = str(yaml.safe_load((CHART / "Chart.yaml").read_text())["version"])
+    archives = re.findall(r"eventfleet-operator-(\d[^\s`]*?)\.tgz", readme)
+    tags = re.findall(r"oci:(\d[^\s`]*)", readme)
+    assert archives and tags, "the README no longer shows the packaged chart"
+    assert set(archives) == set(tags) == {version}, (archives, tags, version)

@@ -28,6 +28,7 @@ OWN_DOCS = [
         "runbook.md",
         "helm-chart.md",
         "images.md",
+        "hat.md",
     )
 ] + [CHART / "README.md"]
 

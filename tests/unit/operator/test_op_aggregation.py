@@ -321,3 +321,97 @@ def test_walkthrough_kubernetes_objects_are_valid_and_agree_with_the_fleet():
     )["spec"]["aggregation"]["env"]
     keys = {e["valueFrom"]["secretKeyRef"]["key"] for e in fleet_env}
     assert keys == set(docs["Secret"]["stringData"])
+
+
+# What the job writes with --result-file (spark/eventfleet_spark/job.py run_result).
+RUN_RESULT = {
+    "result": "Succeeded",
+    "window": ["2026-11-26T21:00:00Z", "2026-11-26T21:10:00Z"],
+    "windows": 1,
+    "events": 1176,
+    "aggregates": 30,
+    "parquetRows": 30,
+    "registered": 30,
+    "seconds": 37.4,
+}
+
+
+def driver_pod(run, finished=None, message="", exit_code=0, name=None):
+    """A run's driver pod as Spark and spark-operator label it, ended or still running."""
+    state = (
+        {"terminated": {"exitCode": exit_code, "finishedAt": finished, "message": message}}
+        if finished
+        else {"running": {"startedAt": "2026-11-26T21:20:01Z"}}
+    )
+    labels = {
+        **builders._aggregation_pod_labels(fleet({})),
+        "spark-role": "driver",
+        "sparkoperator.k8s.io/app-name": run,
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name or f"{run}-driver", "namespace": "ns", "labels": labels},
+        "status": {"containerStatuses": [{"name": "spark-kubernetes-driver", "state": state}]},
+    }
+
+
+def test_the_job_accepts_the_arguments_the_operator_gives_it():
+    from eventfleet_spark import job
+
+    spec = fleet({"enabled": True})
+    arguments = builders.scheduled_spark_application(spec)["spec"]["template"]["arguments"]
+    args = job.build_parser().parse_args(arguments)
+    assert str(args.result_file) == "/dev/termination-log"  # the driver's termination message
+
+
+def test_last_result_is_the_last_finished_drivers_termination_message():
+    import json
+
+    pods = [
+        driver_pod("demo-agg-1", "2026-11-26T21:00:40Z", json.dumps({**RUN_RESULT, "events": 5})),
+        driver_pod("demo-agg-2", "2026-11-26T21:10:37Z", json.dumps(RUN_RESULT)),
+        driver_pod("demo-agg-3"),  # still running: not a result yet
+    ]
+    assert status.aggregation_result(pods) == {
+        "run": "demo-agg-2",
+        "finishedAt": "2026-11-26T21:10:37Z",
+        "exitCode": 0,
+        **RUN_RESULT,
+    }
+    assert status.aggregation_result([driver_pod("demo-agg-3")]) is None
+    assert status.aggregation_result([]) is None
+
+
+def test_a_driver_that_died_without_a_result_still_reports_its_end():
+    died = driver_pod("demo-agg-4", "2026-11-26T21:30:02Z", "OOMKilled\n", exit_code=137)
+    assert status.aggregation_result([died]) == {
+        "run": "demo-agg-4",
+        "result": "Failed",
+        "finishedAt": "2026-11-26T21:30:02Z",
+        "exitCode": 137,
+    }
+    # Fields of the wrong type (not the job's object) are left out, never copied blindly.
+    odd = driver_pod("demo-agg-5", "2026-11-26T21:40:00Z", '{"events": "many", "windows": true}')
+    assert set(status.aggregation_result([odd])) == {"run", "result", "finishedAt", "exitCode"}
+
+
+async def test_status_reports_the_last_runs_result_and_counts():
+    import json
+
+    h = Harness({"aggregation": {"enabled": True}})
+    await h.run()
+    h.kube.obj("ScheduledSparkApplication", "demo-agg")["status"] = dict(SPARK_STATUS)
+    run = SPARK_STATUS["lastRunName"]
+    h.kube.put(driver_pod(run, "2026-11-26T21:10:37Z", json.dumps(RUN_RESULT)))
+    # Not ours: another fleet's driver, and one of our executors.
+    other = driver_pod("other-agg-1", "2026-11-26T21:59:00Z", json.dumps(RUN_RESULT))
+    other["metadata"]["labels"]["app.kubernetes.io/instance"] = "other"
+    h.kube.put(other)
+    executor = driver_pod(run, "2026-11-26T21:11:00Z", name=f"{run}-exec-1")
+    executor["metadata"]["labels"]["spark-role"] = "executor"
+    h.kube.put(executor)
+    status_now = await h.run()
+    last = status_now["aggregation"]["lastResult"]
+    assert last == {"run": run, "finishedAt": "2026-11-26T21:10:37Z", "exitCode": 0, **RUN_RESULT}
+    assert status_errors(status_now) == []  # valid for our CRD's status schema

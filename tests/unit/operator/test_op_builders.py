@@ -154,6 +154,8 @@ def test_spark_application_contract():
         "/tmp/eventfleet/aggregates",
         "--window",
         "900",
+        "--result-file",
+        "/dev/termination-log",
     ]
 
 
