@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from eventfleet_server.bus.adapter import EngineAdapter
 from eventfleet_server.bus.config import BusConfig
+from eventfleet_server.bus.curve import BusCurve
 from eventfleet_server.bus.server import BusServer
 from eventfleet_server.engine import Engine
 from eventfleet_server.listener import Tasks
+
+log = logging.getLogger(__name__)
 
 
 class BusProtocol:
@@ -24,11 +29,17 @@ class BusProtocol:
         token: str | None,
         tasks: Tasks,
         tokens: Callable[[], Sequence[str]] | None = None,
+        curve: BusCurve | None = None,
+        reload_interval: float = 5.0,
     ):
         self.config = config
         self._tasks = tasks
+        self.curve = curve
+        self._reload_interval = reload_interval
         self.adapter = EngineAdapter(engine, dedup_memory=config.dedup_memory, tasks=tasks)
-        self.server = BusServer(self.adapter, host, config, token=token, tokens=tokens, tasks=tasks)
+        self.server = BusServer(
+            self.adapter, host, config, token=token, tokens=tokens, tasks=tasks, curve=curve
+        )
         self.adapter.attach(self.server)
 
     async def start(self) -> None:
@@ -41,6 +52,24 @@ class BusProtocol:
             await self.adapter.stop()
             await self._tasks.close()
             raise
+        if self.curve is not None:
+            self._tasks.spawn("curve-watch", self._curve_watch_loop())
+
+    def reload(self, reason: str = "SIGHUP") -> None:
+        """Re-read the CURVE key files (the replica calls it on SIGHUP)."""
+        if self.curve is None:
+            return
+        try:
+            self.curve.reload(reason)
+        except Exception:
+            # The current keys still serve; the next change of the files may load.
+            log.exception("bus curve reload (%s) failed, keeping the current keys", reason)
+
+    async def _curve_watch_loop(self) -> None:
+        # Polling, not inotify: kubelet swaps Secret volumes through a symlink.
+        while True:
+            await asyncio.sleep(self._reload_interval)
+            self.reload("key file changed")
 
     async def stop(self) -> None:
         await self.adapter.stop()
@@ -62,4 +91,7 @@ class BusProtocol:
         return self.server.health()
 
     def describe(self) -> dict:
-        return self.server.describe()
+        out = self.server.describe()
+        if self.curve is not None:
+            out["curve"] = self.curve.describe()
+        return out
