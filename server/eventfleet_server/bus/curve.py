@@ -36,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import hashlib
+import hmac
 import ipaddress
 import logging
 import pathlib
@@ -190,6 +191,7 @@ def _steer_to(listener: int, index: int) -> None:
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:
+    host = "0.0.0.0" if host == "*" else host  # libzmq's "any" spelling
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
@@ -325,7 +327,7 @@ class BusCurve:
         if domain == PLAIN_DOMAIN and mechanism == b"PLAIN" and len(credentials) == 2:
             if self._networks and not self._on_allowed_network(address):
                 return None, f"PLAIN from {address} (not in bus.curve.plain_networks)"
-            if any(t and credentials[1] == t.encode() for t in self._tokens()):
+            if any(t and hmac.compare_digest(credentials[1], t.encode()) for t in self._tokens()):
                 return credentials[0], ""
             return None, f"PLAIN credentials refused (user {credentials[0][:64]!r})"
         return None, f"{mechanism.decode(errors='replace')} not accepted here"
