@@ -18,7 +18,7 @@ import zmq.asyncio
 from eventfleet_server.bus.curve import token_keypair
 
 from e2e.bus_client import BusClient, wait_live
-from e2e.fleet_helpers import ReplicaProc, free_block
+from e2e.fleet_helpers import ReplicaProc, free_block, stop_group
 from e2e.test_bus import rejected, wait_rejected
 
 
@@ -272,3 +272,40 @@ async def test_plain_only_where_configured_and_only_from_allowed_networks(tmp_pa
         finally:
             outsider.close()
     assert "not in bus.curve.plain_networks" in replica.log()
+
+
+async def test_a_bad_key_file_stops_the_start_with_one_line_naming_it(tmp_path):
+    write_keys(tmp_path)
+    allow(tmp_path, zmq.curve_keypair()[0])
+    bad = tmp_path / "clients" / "more"
+    bad.write_text("K!:kb?o5bN:kKmACJ%RQW@@?f={os4o+{o$x@E\n")  # 38 characters
+    replica = ReplicaProc(
+        tmp_path,
+        "r1",
+        1,
+        free_block(1),
+        extra={
+            "bus": {
+                "enabled": True,
+                "curve": {
+                    "enabled": True,
+                    "secret_key_file": str(tmp_path / "server.key"),
+                    "allowed_keys": str(tmp_path / "clients"),
+                },
+            }
+        },
+    )
+    replica.write_config()
+    replica.start()
+    try:
+        code = replica.proc.wait(timeout=60)
+    finally:
+        stop_group(replica.proc)
+    log = replica.log()
+    assert code == 1, log
+    assert (
+        f"cannot start: bus.curve.allowed_keys {bad}:1: public key "
+        "'K!:kb?o5bN:kKmACJ%RQW@@?f={os4o+{o$x@E' is not a Z85 CURVE key (40 characters, "
+        "got 38)" in log
+    ), log
+    assert "Traceback" not in log
