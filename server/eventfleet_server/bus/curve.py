@@ -384,7 +384,7 @@ class BusCurve:
         if secret != self._secret:
             try:
                 self._rotate(secret)
-            except OSError as e:
+            except (OSError, zmq.ZMQError) as e:
                 log.error(
                     "bus curve: new server key from %s not applied (%s), keeping the current "
                     "one: %s",
@@ -402,8 +402,8 @@ class BusCurve:
 
     def _rotate(self, secret: bytes) -> None:
         """New listeners with `secret` beside the current ones, then every new
-        connection steered to them. Raises OSError with nothing changed when a port or
-        the steering is not available."""
+        connection steered to them. Raises (OSError, ZMQError) with the current key
+        still serving every port when a port or the steering is not available."""
         # Pin the group to the current newest listener first: this fails where the
         # steering is unsupported, before a new listener could take connections at
         # random with a key the clients may not know yet.
@@ -417,11 +417,21 @@ class BusCurve:
             for listener in fresh:
                 listener.close()
             raise
+        old, before = self._secret, [len(e.listeners) for e in self._endpoints]
         self._secret = secret
-        for endpoint, listener in zip(self._endpoints, fresh, strict=True):
-            self.configure(endpoint.sock)
-            self._attach(endpoint, listener)
-            _steer_to(endpoint.listeners[-1], len(endpoint.listeners) - 1)
+        try:
+            for endpoint, listener in zip(self._endpoints, fresh, strict=True):
+                self.configure(endpoint.sock)
+                self._attach(endpoint, listener)
+                _steer_to(endpoint.listeners[-1], len(endpoint.listeners) - 1)
+        except BaseException:
+            # One key per port set, never a mix: every port back on its old listener
+            # (a new one already bound stays idle: libzmq cannot drop it alone).
+            self._secret = old
+            for endpoint, count in zip(self._endpoints, before, strict=True):
+                self.configure(endpoint.sock)
+                _steer_to(endpoint.listeners[-1], count - 1)
+            raise
         self.public_key = zmq.curve_public(zmq.utils.z85.encode(secret))
         self.rotations += 1
 
