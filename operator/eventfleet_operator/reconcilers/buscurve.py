@@ -19,14 +19,20 @@ from eventfleet_operator import builders, buskeys, kube, model, naming
 from eventfleet_operator.reconcilers.children import Context, Emit, apply_child, remove_child
 
 
-async def reconcile(ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit) -> None:
-    """The key pair Secret in place when CURVE is on; removed (if ours) when it is off."""
+async def reconcile(
+    ctx: Context, spec: model.FleetSpec, log: logging.Logger, emit: Emit
+) -> dict[str, str] | None:
+    """The key pair Secret in place when CURVE is on; removed (if ours) when it is off.
+
+    Returns ``status.busCurve`` (the Secret's name and the public key clients need, so
+    that they never need read access to the Secret holding the secret key), or None.
+    """
     name = naming.bus_curve_secret(spec.name)
     if not (spec.bus_curve.enabled and "bus" in spec.enabled_protocols):
         await remove_child(
             ctx, kube.SECRETS, spec, name, log, emit, "spec.protocols.bus.curve is off"
         )
-        return
+        return None
     live = await ctx.kube.get(kube.SECRETS, spec.namespace, name)
     version = str(((live or {}).get("metadata") or {}).get("resourceVersion") or "") or None
     pair, why = stored_pair(live)
@@ -36,6 +42,7 @@ async def reconcile(ctx: Context, spec: model.FleetSpec, log: logging.Logger, em
     await apply_child(
         ctx, builders.bus_curve_secret(spec, pair.secret_z85, pair.public_z85), log, emit, version
     )
+    return {"secretName": name, "publicKey": pair.public_z85}
 
 
 def stored_pair(live: dict | None) -> tuple[buskeys.KeyPair | None, str]:

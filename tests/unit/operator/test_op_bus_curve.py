@@ -115,6 +115,11 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     assert secret is not None and naming.owned_by(secret, h.uid)
     first = buskeys.from_secret(_data(secret, "server.key"))
     assert _data(secret, "server.pub").strip() == first.public_z85
+    # Clients learn the public key from the status, without access to the Secret.
+    assert h.body["status"]["busCurve"] == {
+        "secretName": "demo-bus-curve",
+        "publicKey": first.public_z85,
+    }
     version = secret["metadata"]["resourceVersion"]
     await h.run()  # kept: a new pair would lock every client out
     assert h.kube.obj("Secret", "demo-bus-curve")["metadata"]["resourceVersion"] == version
@@ -129,6 +134,7 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     secret = h.kube.obj("Secret", "demo-bus-curve")
     assert _data(secret, "server.key").strip() == new_secret.decode()
     assert _data(secret, "server.pub").strip() == public.decode()
+    assert h.body["status"]["busCurve"]["publicKey"] == public.decode()
 
     # A broken key (or a deleted Secret) gets a fresh pair.
     secret["data"]["server.key"] = base64.b64encode(b"broken").decode()
@@ -140,3 +146,4 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     h.set_spec({})
     await h.run()
     assert h.kube.obj("Secret", "demo-bus-curve") is None
+    assert "busCurve" not in h.body["status"]
