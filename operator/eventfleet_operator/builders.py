@@ -96,6 +96,8 @@ def replica_config(spec: FleetSpec, *, peer_count: int, allow_empty_start: bool)
     backup = backup_config(spec)
     if backup:
         config["backup"] = backup
+    if _bus_curve(spec):
+        config["bus"]["curve"] = bus_curve_config(spec)
     if spec.tls.enabled:
         config["tls"] = {
             "enabled": True,
@@ -231,6 +233,29 @@ def _secret(spec: FleetSpec, name: str, component: str, token: str) -> dict[str,
         # `data`, not `stringData`: the live object only ever has `data`, so the
         # drift check can compare like with like.
         "data": {"token": base64.b64encode(token.encode()).decode()},
+    }
+
+
+def bus_curve_config(spec: FleetSpec) -> dict[str, Any]:
+    """The replica's ``bus.curve`` section: the mounted server key, the mounted client
+    keys (a directory: every key of the allowed-keys Secret is a file of keys)."""
+    return {
+        "enabled": True,
+        "secret_key_file": naming.BUS_CURVE_KEY_PATH,
+        "allowed_keys": naming.BUS_CLIENT_KEYS_DIR if spec.bus_curve.allowed_keys_secret else None,
+        "tokens": spec.bus_curve.tokens,
+    }
+
+
+def bus_curve_secret(spec: FleetSpec, secret_z85: str, public_z85: str) -> dict[str, Any]:
+    """The Event BUS CURVE server key pair the operator issued: ``server.key`` (mounted
+    into the replicas) and ``server.pub`` (what clients configure as the server key)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(spec, naming.bus_curve_secret(spec.name), "bus-curve"),
+        "type": "Opaque",
+        "data": _b64({"server.key": secret_z85 + "\n", "server.pub": public_z85 + "\n"}),
     }
 
 
@@ -462,9 +487,22 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
         container["volumeMounts"].append(
             {"name": "tls", "mountPath": naming.TLS_DIR, "readOnly": True}
         )
+    if _bus_curve(spec):
+        container["volumeMounts"].append(
+            {"name": "bus-curve", "mountPath": naming.BUS_CURVE_DIR, "readOnly": True}
+        )
+        if spec.bus_curve.allowed_keys_secret:
+            container["volumeMounts"].append(
+                {"name": "bus-clients", "mountPath": naming.BUS_CLIENT_KEYS_DIR, "readOnly": True}
+            )
     if spec.resources:
         container["resources"] = {k: dict(v) for k, v in spec.resources.items()}
     return container
+
+
+def _bus_curve(spec: FleetSpec) -> bool:
+    """Is the Event BUS served, with CURVE?"""
+    return spec.bus_curve.enabled and "bus" in spec.enabled_protocols
 
 
 def _affinity(spec: FleetSpec) -> dict[str, Any]:
@@ -582,6 +620,29 @@ def statefulset(spec: FleetSpec, *, replicas: int, config_hash: str) -> dict[str
                 },
             }
         )
+    if _bus_curve(spec):
+        # A directory mount like TLS: a rotation rewrites the Secret, the kubelet swaps
+        # the files and the replica picks the new key up without a restart.
+        pod_spec["volumes"].append(
+            {
+                "name": "bus-curve",
+                "secret": {
+                    "secretName": naming.bus_curve_secret(spec.name),
+                    "items": [{"key": "server.key", "path": "server.key"}],
+                    "defaultMode": 0o440,
+                },
+            }
+        )
+        if spec.bus_curve.allowed_keys_secret:
+            pod_spec["volumes"].append(
+                {
+                    "name": "bus-clients",
+                    "secret": {
+                        "secretName": spec.bus_curve.allowed_keys_secret,
+                        "defaultMode": 0o440,
+                    },
+                }
+            )
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
     if spec.tolerations:

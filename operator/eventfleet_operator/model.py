@@ -143,6 +143,21 @@ TLS_PROVIDERS = ("Auto", "CertManager", "Operator")
 
 
 @dataclasses.dataclass(frozen=True)
+class BusCurveSpec:
+    """``spec.protocols.bus.curve`` (docs/security.md, "Event BUS CURVE").
+
+    On: the replicas serve CURVE on the BUS ports with the server key pair the operator
+    issues in the Secret ``<name>-bus-curve`` (``server.key``, ``server.pub``); clients
+    are admitted by the public keys of ``allowed_keys_secret`` (every key of that Secret
+    a file of keys) and/or, with ``tokens``, by the key pair derived from the fleet token.
+    """
+
+    enabled: bool = False
+    tokens: bool = True
+    allowed_keys_secret: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Retention:
     max_age_seconds: int | None = None
     max_events: int | None = None
@@ -332,6 +347,7 @@ class FleetSpec:
     not_implemented: tuple[str, ...] = ()
     replication: ReplicationSpec = ReplicationSpec()
     jetstream: JetstreamSpec = JetstreamSpec()
+    bus_curve: BusCurveSpec = BusCurveSpec()
     retention: Retention = Retention()
     subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
     service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
@@ -934,6 +950,29 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     )
 
 
+def _parse_bus_curve(protocols: Mapping[str, Any]) -> BusCurveSpec:
+    path = "spec.protocols.bus.curve"
+    section = _obj(_obj(protocols, "bus", "spec.protocols"), "curve", "spec.protocols.bus")
+    ref_path = f"{path}.allowedKeysSecretRef"
+    ref = _obj(section, "allowedKeysSecretRef", path)
+    secret = _str(ref, "name", ref_path) or None
+    if ref and not secret:
+        raise SpecError(f"{ref_path}.name", "is required")
+    if secret is not None and not _DNS1123_SUBDOMAIN.match(secret):
+        raise SpecError(f"{ref_path}.name", f"must be a Secret name, got {secret!r}")
+    parsed = BusCurveSpec(
+        enabled=_bool(section, "enabled", path, False),
+        tokens=_bool(section, "tokens", path, True),
+        allowed_keys_secret=secret,
+    )
+    if parsed.enabled and not parsed.tokens and parsed.allowed_keys_secret is None:
+        raise SpecError(
+            path, "no client could connect: set allowedKeysSecretRef or leave tokens true"
+        )
+    return parsed
+
+
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _JETSTREAM_PATH = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
 
 
@@ -1095,6 +1134,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),
         jetstream=_parse_jetstream(protocols),
+        bus_curve=_parse_bus_curve(protocols),
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
             max_events=_int(retention, "maxEvents", "spec.retention", None, 1),

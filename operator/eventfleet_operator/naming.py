@@ -43,6 +43,10 @@ TLS_DIR = "/var/run/secrets/eventfleet-tls"
 TLS_CERT_PATH = f"{TLS_DIR}/tls.crt"
 TLS_KEY_PATH = f"{TLS_DIR}/tls.key"
 TLS_CA_PATH = f"{TLS_DIR}/ca.crt"
+# The Event BUS CURVE server key pair (spec.protocols.bus.curve) and the client keys.
+BUS_CURVE_DIR = "/var/run/secrets/eventfleet-bus-curve"
+BUS_CURVE_KEY_PATH = f"{BUS_CURVE_DIR}/server.key"
+BUS_CLIENT_KEYS_DIR = "/var/run/secrets/eventfleet-bus-clients"
 REPLICATION_USERS_DIR = "/var/run/secrets/eventfleet-replication"
 REPLICATION_USERS_PATH = f"{REPLICATION_USERS_DIR}/users.yaml"
 DATA_DIR = "/var/lib/eventfleet"
@@ -100,6 +104,11 @@ def token_secret(name: str) -> str:
 
 def peer_token_secret(name: str) -> str:
     return f"{name}-peer-token"
+
+
+def bus_curve_secret(name: str) -> str:
+    """The Event BUS CURVE server key pair (server.key, server.pub; Z85)."""
+    return f"{name}-bus-curve"
 
 
 def tls_secret(name: str) -> str:

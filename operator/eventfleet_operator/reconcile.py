@@ -20,6 +20,7 @@ from eventfleet_operator import kube, model, naming
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.constants import ConditionType, Reason
 from eventfleet_operator.reconcilers import (
+    buscurve,
     children,
     core,
     maintenance,
@@ -134,6 +135,7 @@ async def _apply_children(
     creds = await tokens.reconcile(ctx, spec, meta, previous, sts_live, log, emit)
     token = creds.token  # presented on every call to a replica from here on
     cert = await tls.reconcile(ctx, spec, previous, log, emit)
+    bus_curve = await buscurve.reconcile(ctx, spec, log, emit)  # before the pods mount it
     decision = await scale.decide(ctx, spec, meta, current, log, token)
     peer_count = maintenance.peer_count(spec, decision)
     want = core.desired(spec, previous, decision.target, peer_count)
@@ -172,4 +174,5 @@ async def _apply_children(
         storage=status_mod.StorageReport(growth.resize, growth.immutable_error),
         tokens=status_mod.TokensReport(loaded, digest, creds.error, creds.rotation),
         tls=cert,
+        bus_curve=bus_curve,
     )

@@ -236,6 +236,9 @@ class Observation:
     storage: StorageReport = StorageReport()
     tokens: TokensReport = TokensReport()
     tls: TlsReport = TlsReport()
+    # status.busCurve: the Event BUS CURVE key pair Secret and its public key (None:
+    # CURVE off, or not read this pass).
+    bus_curve: Mapping[str, Any] | None = None
 
 
 def now_iso() -> str:
@@ -466,6 +469,10 @@ def _feature_fields(obs: Observation, previous: Mapping[str, Any]) -> dict[str, 
             status["tls"] = dict(obs.tls.status)
     elif previous.get("tls"):
         status["tls"] = dict(previous["tls"])
+    if obs.bus_curve:
+        status["busCurve"] = dict(obs.bus_curve)
+    elif (obs.apply_error or obs.ownership_error) and previous.get("busCurve"):
+        status["busCurve"] = dict(previous["busCurve"])  # not reached this pass: keep
     if obs.aggregation.enabled:
         if obs.aggregation.report is not None:
             status["aggregation"] = dict(obs.aggregation.report)

@@ -346,7 +346,7 @@ async def run(
         if starting.done() and not failing.done():
             try:
                 starting.result()
-            except (CorruptStoreError, SchemaVersionError, TlsError, BackupError) as e:
+            except (CorruptStoreError, SchemaVersionError, TlsError, BackupError, ConfigError) as e:
                 # One line, no traceback: the message says what to do (a restart loop
                 # with a traceback tells an operator nothing).
                 log.critical("cannot start: %s", e)

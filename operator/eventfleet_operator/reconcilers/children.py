@@ -216,6 +216,8 @@ def core_children(spec: model.FleetSpec) -> list[tuple[kube.Resource, str]]:
         children.append((kube.PDBS, naming.pdb(spec.name)))
     if spec.network_policy.enabled:
         children.append((kube.NETWORKPOLICIES, naming.network_policy(spec.name)))
+    if spec.bus_curve.enabled:
+        children.insert(0, (kube.SECRETS, naming.bus_curve_secret(spec.name)))
     if spec.peer_token_ref.generated:
         children.insert(0, (kube.SECRETS, naming.peer_token_secret(spec.name)))
     if spec.token_ref.generated:

@@ -42,6 +42,7 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
             targets.append((kube.SECRETS, naming.token_secret(name)))
         if not peer_token_ref:
             targets.append((kube.SECRETS, naming.peer_token_secret(name)))
+        targets.append((kube.SECRETS, naming.bus_curve_secret(name)))  # ours only
         for optional, child in (
             (kube.SERVICEMONITORS, naming.service_monitor(name)),
             (kube.SPARKAPPS, naming.spark_app(name)),

@@ -3,14 +3,19 @@ the sockets together."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Callable, Sequence
 
 from eventfleet_server.bus.adapter import EngineAdapter
-from eventfleet_server.bus.config import BusConfig
+from eventfleet_server.bus.config import BusConfig, CurveError
+from eventfleet_server.bus.curve import BusCurve
 from eventfleet_server.bus.server import BusServer
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.engine import Engine
 from eventfleet_server.plugin import ProtocolContext, ProtocolServer
+
+log = logging.getLogger(__name__)
 
 
 class BusProtocol(ProtocolServer):
@@ -26,11 +31,17 @@ class BusProtocol(ProtocolServer):
         token: str | None,
         tasks: Tasks,
         tokens: Callable[[], Sequence[str]] | None = None,
+        curve: BusCurve | None = None,
+        reload_interval: float = 5.0,
     ):
         self.config = config
         self._tasks = tasks
+        self.curve = curve
+        self._reload_interval = reload_interval
         self.adapter = EngineAdapter(engine, dedup_memory=config.dedup_memory, tasks=tasks)
-        self.server = BusServer(self.adapter, host, config, token=token, tokens=tokens, tasks=tasks)
+        self.server = BusServer(
+            self.adapter, host, config, token=token, tokens=tokens, tasks=tasks, curve=curve
+        )
         self.adapter.attach(self.server)
 
     async def start(self) -> None:
@@ -43,6 +54,24 @@ class BusProtocol(ProtocolServer):
             await self.adapter.stop()
             await self._tasks.close()
             raise
+        if self.curve is not None:
+            self._tasks.spawn("curve-watch", self._curve_watch_loop())
+
+    def reload(self, reason: str = "SIGHUP") -> None:
+        """Re-read the CURVE key files (the replica calls it on SIGHUP)."""
+        if self.curve is None:
+            return
+        try:
+            self.curve.reload(reason)
+        except Exception:
+            # The current keys still serve; the next change of the files may load.
+            log.exception("bus curve reload (%s) failed, keeping the current keys", reason)
+
+    async def _curve_watch_loop(self) -> None:
+        # Polling, not inotify: kubelet swaps Secret volumes through a symlink.
+        while True:
+            await asyncio.sleep(self._reload_interval)
+            self.reload("key file changed")
 
     async def stop(self) -> None:
         await self.adapter.stop()
@@ -64,7 +93,10 @@ class BusProtocol(ProtocolServer):
         return self.server.health()
 
     def describe(self) -> dict:
-        return self.server.describe()
+        out = self.server.describe()
+        if self.curve is not None:
+            out["curve"] = self.curve.describe()
+        return out
 
 
 CONFIG = BusConfig
@@ -75,11 +107,30 @@ def create(config: BusConfig, ctx: ProtocolContext) -> BusProtocol:
 
     With a fleet token (`ctx.token`) every socket requires ZAP PLAIN credentials whose
     password is a current client token, read at every handshake so that a token
-    rotation needs no restart (docs/bus.md, "Authentication").
+    rotation needs no restart (docs/bus.md, "Authentication"). With ``bus.curve`` on,
+    the sockets are CURVE servers instead (`eventfleet_server.bus.curve`); their key
+    files are re-read on SIGHUP and every ``token_reload_interval``.
     """
     credentials = ctx.credentials
     tokens = (lambda: credentials.client) if credentials is not None else None
     token = ctx.token
     if token is None and credentials is not None and credentials.client:
         token = credentials.client[0]
-    return BusProtocol(config, ctx.engine, ctx.host, token, ctx.tasks.child("bus"), tokens=tokens)
+    curve = None
+    if config.curve.enabled:
+        if config.curve.plain_port is not None and token is None:
+            raise CurveError(
+                f"bus.curve.plain_port: {config.curve.plain_port} needs a client token "
+                "(PLAIN's password); none is configured"
+            )
+        curve = BusCurve(config.curve, tokens)
+    return BusProtocol(
+        config,
+        ctx.engine,
+        ctx.host,
+        token,
+        ctx.tasks.child("bus"),
+        tokens=tokens,
+        curve=curve,
+        reload_interval=ctx.core.token_reload_interval,
+    )

@@ -31,6 +31,7 @@ import zmq.backend
 
 from eventfleet_server.bus import wire
 from eventfleet_server.bus.config import BusConfig
+from eventfleet_server.bus.curve import BusCurve
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.listener import Rejections, RejectReason
 
@@ -124,8 +125,10 @@ class BusServer:
         tokens: Callable[[], Sequence[str]] | None = None,
         tasks: Tasks,
         rejections: Rejections | None = None,
+        curve: BusCurve | None = None,
     ):
         self._handler = handler
+        self._curve = curve  # CURVE (bus/curve.py) instead of PLAIN when set
         self._host = host
         self._config = config
         self._token = token
@@ -159,7 +162,7 @@ class BusServer:
         cfg = self._config
         self._ctx = zmq.asyncio.Context()
         try:
-            if self._token is not None:
+            if self._token is not None or self._curve is not None:
                 zap = self._ctx.socket(zmq.REP)
                 zap.linger = 0
                 zap.bind(_ZAP_ENDPOINT)
@@ -189,7 +192,7 @@ class BusServer:
         # asyncio reader is kept awake.
         self._snapshot_sync = zmq.Socket.shadow(snapshot.underlying)
         self._snap_queue = asyncio.Queue()
-        if self._token is not None:
+        if "zap" in self._sockets:
             self._tasks.spawn("zap", self._zap_loop())
         for name in ("snapshot", "publisher", "collector"):
             monitor = self._sockets[name].get_monitor_socket(_MONITORED)
@@ -206,8 +209,14 @@ class BusServer:
             self.ports["publisher"],
             self.ports["collector"],
             self._encoding.value,
-            "PLAIN (token)" if self._token is not None else "none",
+            self._auth,
         )
+
+    @property
+    def _auth(self) -> str:
+        if self._curve is not None:
+            return "curve+plain" if self._curve.plain else "curve"
+        return "plain" if self._token is not None else "none"
 
     def _socket(self, name: str, kind: int) -> zmq.asyncio.Socket:
         assert self._ctx is not None
@@ -215,7 +224,9 @@ class BusServer:
         sock.linger = 0
         if ":" in self._host:
             sock.ipv6 = True
-        if self._token is not None:
+        if self._curve is not None:
+            self._curve.configure(sock)
+        elif self._token is not None:
             sock.plain_server = True
             sock.zap_domain = ZAP_DOMAIN
         self._sockets[name] = sock
@@ -224,6 +235,9 @@ class BusServer:
     def _bind_all(self) -> None:
         host = f"[{self._host}]" if ":" in self._host else self._host
         base = self._config.port
+        if self._curve is not None:
+            self.ports.update(self._curve.bind_all(self._sockets, self._host, base))
+            return
         for offset, name in enumerate(("snapshot", "publisher", "collector")):
             sock = self._sockets[name]
             if base == 0:
@@ -268,6 +282,8 @@ class BusServer:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        if self._curve is not None:
+            self._curve.close()
 
     # -- plug-in surface ---------------------------------------------------------------
 
@@ -288,7 +304,7 @@ class BusServer:
             "port": self.ports.get("snapshot"),
             "ports": dict(self.ports),
             "integer_encoding": self._encoding.value,
-            "auth": "plain" if self._token is not None else "none",
+            "auth": self._auth,
             "sequence": self._handler.head,
             "connections": dict(c.connections),
             "published": c.published,
@@ -598,18 +614,25 @@ class BusServer:
                 continue  # not a ZAP request; REP still needs an answer
             version, request_id, _domain, address, _identity, mechanism = msg[:6]
             credentials = msg[6:]
-            ok = (
-                mechanism == b"PLAIN"
-                and len(credentials) == 2
-                and any(hmac.compare_digest(credentials[1], t.encode()) for t in self._tokens())
-            )
-            if ok:
-                reply = [version, request_id, b"200", b"OK", credentials[0], b""]
+            if self._curve is not None:
+                user, why = self._curve.authorize(
+                    _domain, address.decode(errors="replace"), mechanism, credentials
+                )
             else:
-                user = credentials[0][:64] if credentials else b""
+                ok = (
+                    mechanism == b"PLAIN"
+                    and len(credentials) == 2
+                    and any(hmac.compare_digest(credentials[1], t.encode()) for t in self._tokens())
+                )
+                user = credentials[0] if ok else None
+                name = credentials[0][:64] if credentials else b""
+                why = f"{mechanism.decode(errors='replace')} credentials refused (user {name!r})"
+            if user is not None:
+                reply = [version, request_id, b"200", b"OK", user, b""]
+            else:
                 self.rejections.reject(
-                    RejectReason.BAD_TOKEN,
-                    f"{mechanism.decode(errors='replace')} credentials refused (user {user!r})",
+                    RejectReason.BAD_KEY if mechanism == b"CURVE" else RejectReason.BAD_TOKEN,
+                    why,
                     address.decode(errors="replace"),
                 )
                 reply = [version, request_id, b"400", b"bad credentials", b"", b""]
@@ -631,6 +654,13 @@ class BusServer:
                         # Read the unsubscriptions the disconnect queued, so a replica
                         # without commits does not collect them from churning clients.
                         self._read_subscriptions()
+                elif self._curve is not None:
+                    self.rejections.reject(
+                        RejectReason.BAD_KEY,
+                        f"{name} handshake failed (a client without CURVE, or with another "
+                        "server key?)",
+                        endpoint,
+                    )
                 elif self._token is not None:
                     self.rejections.reject(
                         RejectReason.BAD_TOKEN,

@@ -39,6 +39,7 @@ class RejectReason(StrEnum):
     FUTURE_ID = "future_id"
     # Event BUS
     BAD_TOPIC = "bad_topic"
+    BAD_KEY = "bad_key"  # CURVE: a client key not allowed, or a failed CURVE handshake
     RATE_LIMITED = "rate_limited"
     # Replication
     LOGIN_RATE_LIMITED = "login_rate_limited"

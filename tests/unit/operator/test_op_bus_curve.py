@@ -1,0 +1,149 @@
+"""spec.protocols.bus.curve: the key pair the operator issues (checked against libzmq's
+own CURVE arithmetic), the spec checks, the manifests (replica config valid for the
+replica's schema, the mounts, the Secret against the Kubernetes schema), and passes
+that issue, keep, accept a rotation through and remove the key pair Secret."""
+
+from __future__ import annotations
+
+import base64
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import zmq
+from eventfleet_operator import builders, buskeys, model, naming
+from eventfleet_operator.model import SpecError
+from eventfleet_operator.reconcilers.buscurve import stored_pair
+from op_pass import Harness
+
+CURVE = {"protocols": {"bus": {"curve": {"enabled": True}}}}
+
+
+def fleet(spec):
+    return model.parse("demo", "events", spec, uid="0b8a7d5e-5c1e-4b7e-9d6f-3a2c1b0e9f8d")
+
+
+def _data(secret, key):
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+# -- keys ---------------------------------------------------------------------------------
+
+
+def test_issued_pairs_are_the_pairs_libzmq_computes():
+    assert buskeys.z85_encode(bytes.fromhex("864FD26FB559F75B")) == "HelloWorld"  # RFC 32
+    pair = buskeys.new_keypair()
+    assert zmq.curve_public(pair.secret_z85.encode()).decode() == pair.public_z85
+    public, secret = zmq.curve_keypair()
+    assert buskeys.from_secret(secret.decode() + "\n").public_z85 == public.decode()
+    assert buskeys.z85_decode(public.decode()) == zmq.utils.z85.decode(public)
+
+
+@pytest.mark.parametrize("text", ["", "x" * 39, "%" * 40, "~" * 40])
+def test_a_bad_stored_key_is_refused_without_echoing_it(text):
+    with pytest.raises(buskeys.BusKeyError) as e:
+        buskeys.from_secret(text)
+    assert not text or text not in str(e.value)
+
+
+# -- spec and manifests ---------------------------------------------------------------------
+
+
+def test_spec_defaults_and_checks():
+    assert not fleet({}).bus_curve.enabled
+    spec = fleet(
+        {
+            "protocols": {
+                "bus": {"curve": {"enabled": True, "allowedKeysSecretRef": {"name": "clients"}}}
+            }
+        }
+    )
+    assert spec.bus_curve == model.BusCurveSpec(True, True, "clients")
+    with pytest.raises(SpecError, match="no client could connect"):
+        fleet({"protocols": {"bus": {"curve": {"enabled": True, "tokens": False}}}})
+    with pytest.raises(SpecError, match="'Bad_Name'"):
+        fleet({"protocols": {"bus": {"curve": {"allowedKeysSecretRef": {"name": "Bad_Name"}}}}})
+
+
+def test_config_mounts_and_secret():
+    from eventfleet_server.config import SCHEMA as schema
+
+    spec = fleet(
+        {
+            "protocols": {
+                "bus": {"curve": {"enabled": True, "allowedKeysSecretRef": {"name": "clients"}}}
+            }
+        }
+    )
+    config = builders.replica_config(spec, peer_count=3, allow_empty_start=True)
+    jsonschema.Draft202012Validator(schema).validate(config)
+    assert config["bus"]["curve"] == {
+        "enabled": True,
+        "secret_key_file": naming.BUS_CURVE_KEY_PATH,
+        "allowed_keys": naming.BUS_CLIENT_KEYS_DIR,
+        "tokens": True,
+    }
+    pod = builders.statefulset(spec, replicas=3, config_hash="h")["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["bus-curve"]["secret"]["secretName"] == "demo-bus-curve"
+    # Only the secret key goes into the pod; a directory mount (never subPath) so a
+    # rotated Secret reaches the running replica.
+    assert volumes["bus-curve"]["secret"]["items"] == [{"key": "server.key", "path": "server.key"}]
+    assert volumes["bus-clients"]["secret"]["secretName"] == "clients"
+    mounts = {m["name"]: m for m in pod["containers"][0]["volumeMounts"]}
+    assert mounts["bus-curve"]["mountPath"] == naming.BUS_CURVE_DIR
+    assert "subPath" not in mounts["bus-curve"] and "subPath" not in mounts["bus-clients"]
+    pair = buskeys.new_keypair()
+    secret = builders.bus_curve_secret(spec, pair.secret_z85, pair.public_z85)
+    kubernetes_validate.validate(secret, "1.33.0", strict=True)
+    assert stored_pair(secret) == (pair, "")
+    # The BUS off: nothing of CURVE is rendered even with curve.enabled.
+    off = fleet({"protocols": {"bus": {"enabled": False, "curve": {"enabled": True}}}})
+    config = builders.replica_config(off, peer_count=3, allow_empty_start=True)
+    assert "curve" not in config.get("bus", {})
+    pod = builders.statefulset(off, replicas=3, config_hash="h")["spec"]["template"]["spec"]
+    assert "bus-curve" not in {v["name"] for v in pod["volumes"]}
+
+
+# -- passes -----------------------------------------------------------------------------------
+
+
+async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
+    h = Harness(CURVE)
+    await h.run()
+    secret = h.kube.obj("Secret", "demo-bus-curve")
+    assert secret is not None and naming.owned_by(secret, h.uid)
+    first = buskeys.from_secret(_data(secret, "server.key"))
+    assert _data(secret, "server.pub").strip() == first.public_z85
+    # Clients learn the public key from the status, without access to the Secret.
+    assert h.body["status"]["busCurve"] == {
+        "secretName": "demo-bus-curve",
+        "publicKey": first.public_z85,
+    }
+    version = secret["metadata"]["resourceVersion"]
+    await h.run()  # kept: a new pair would lock every client out
+    assert h.kube.obj("Secret", "demo-bus-curve")["metadata"]["resourceVersion"] == version
+
+    # Rotation through the Secret: an administrator writes a new server.key (and a
+    # stale server.pub); the operator keeps the key and corrects server.pub.
+    public, new_secret = zmq.curve_keypair()
+    secret = h.kube.obj("Secret", "demo-bus-curve")
+    secret["data"]["server.key"] = base64.b64encode(new_secret).decode()
+    h.kube.put(secret)
+    await h.run()
+    secret = h.kube.obj("Secret", "demo-bus-curve")
+    assert _data(secret, "server.key").strip() == new_secret.decode()
+    assert _data(secret, "server.pub").strip() == public.decode()
+    assert h.body["status"]["busCurve"]["publicKey"] == public.decode()
+
+    # A broken key (or a deleted Secret) gets a fresh pair.
+    secret["data"]["server.key"] = base64.b64encode(b"broken").decode()
+    h.kube.put(secret)
+    await h.run()
+    fresh = buskeys.from_secret(_data(h.kube.obj("Secret", "demo-bus-curve"), "server.key"))
+    assert fresh.secret_z85 not in (first.secret_z85, new_secret.decode())
+
+    h.set_spec({})
+    await h.run()
+    assert h.kube.obj("Secret", "demo-bus-curve") is None
+    assert "busCurve" not in h.body["status"]
