@@ -154,33 +154,47 @@ def test_ready_is_not_reported_from_a_stale_statefulset_status_while_waking(
 ):
     """Issue 26: after ``hibernate: false`` Ready must wait for replicas that serve.
 
-    The StatefulSet controller is held still for a while after the wake patch, so the
-    StatefulSet's status stays the hibernated one (``observedGeneration`` behind its
-    generation) and no pod exists: whatever the operator reports meanwhile comes from
-    that stale status. Ready must stay False throughout, and when it turns True every
-    replica must answer on its own port."""
-    kubectl.run(
-        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":true}}'
-    )
-    wait_condition(kubectl, FLEET, "Hibernated", 120)
-    wait_for(lambda: all(pods.pod(i) is None for i in range(3)), timeout=120, what="the pods gone")
-
+    The stale window, made deterministic: the StatefulSet controller is held still
+    (kube-controller-manager SIGSTOPped) through a whole hibernate and wake, and the test
+    does its part by hand — deleting the pods, which the kubelet stops gracefully — so
+    the StatefulSet's status still says 3 of 3 ready, of a generation two behind, while
+    no pod exists. That is the status the operator once derived Ready from (Ready at
+    once, the first replica serving 23 s later). Ready must stay False throughout, and
+    when it turns True every replica must answer on its own port."""
+    wait_condition(kubectl, FLEET, "Ready")
     seen: list[tuple[str, str, str]] = []
     with controller_manager_stopped(real_cluster):
         kubectl.run(
+            "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":true}}'
+        )
+        wait_for(
+            lambda: kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 0,
+            timeout=120,
+            what="the operator to flush and scale the StatefulSet to 0",
+        )
+        # The StatefulSet controller's part: the pods go.
+        kubectl.run(
+            "delete", "pod", *(f"{FLEET}-{i}" for i in range(3)), "--timeout=120s", timeout=130
+        )
+        kubectl.run(
             "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":false}}'
         )
-        # Several operator passes (resync 2 s) while the StatefulSet's status is stale.
+        wait_for(
+            lambda: kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 3,
+            timeout=60,
+            what="the operator to scale the StatefulSet back to 3",
+        )
+        # Several operator passes (resync 2 s) with only the stale status to go by.
         deadline = time.monotonic() + 12
         while time.monotonic() < deadline:
             es = kubectl.get("eventserver", FLEET)
             ready = condition(es, "Ready")
             seen.append((ready.get("status", ""), ready.get("reason", ""), es["status"]["phase"]))
             time.sleep(1)
+        # The window really was stale: the status of two generations ago, no pod at all.
         sts = kubectl.get("statefulset", FLEET)
-        # The window really was stale: the operator had scaled up, the controller not.
-        assert sts["spec"]["replicas"] == 3, sts["spec"]
-        assert sts["status"].get("observedGeneration", 0) < sts["metadata"]["generation"]
+        assert sts["status"].get("readyReplicas") == 3, sts["status"]
+        assert sts["status"]["observedGeneration"] <= sts["metadata"]["generation"] - 2
         assert all(pods.pod(i) is None for i in range(3))
     assert seen and all(status != "True" for status, _, _ in seen), seen
 
