@@ -5,8 +5,8 @@ asks for it, once for the whole session, and is taken down at the end with every
 stopped by pid and every host change undone. When it cannot start (no root, Go, containers
 or built binaries) the test fails with the reason — it is never skipped.
 
-Fixture names differ from e2e.k8s's (``kubectl``, ``namespace``...), so both sets can be
-loaded in one session without one replacing the other.
+A module that wants shorter names (``kubectl`` for ``ckubectl``) defines them as its own
+module-scoped fixtures; ``operator_values`` is the one to override for ``helm --set``.
 """
 
 from __future__ import annotations
