@@ -5,8 +5,9 @@ root filesystem where the chart or the operator sets one:
 
 * server: serves Eventer (register and query from the host) and ``/readyz``, stops
   gracefully on SIGTERM as PID 1;
-* operator: ``--help``, and a real start against the real API server as the operator's
-  ServiceAccount, reconciling an EventServer into its children;
+* operator: ``--help`` and its uid and read-only root (the image reconciling in-cluster,
+  as the chart's Deployment, is e2e/test_cluster_fleet.py's and every operator module's
+  on the real single-node cluster);
 * spark: ``spark-submit --version`` and the job's ``--help``.
 
 Containers use the host network and bind 127.0.0.1 only; each is removed by name.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import pathlib
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -26,13 +27,20 @@ import uuid
 import pytest
 import yaml
 
-from e2e.k8s.harness import ROOT, wait_for
-from e2e.k8s.node import PODMAN, free_port, podman_available
+from e2e.cluster.layout import PODMAN, ROOT
+from e2e.operator_helpers import wait_for
+from e2e.ports import free_port
 from tests import parts
 
-pytest_plugins = ["e2e.k8s.cluster_fixtures"]
 pytestmark = pytest.mark.timeout(300)
 IMAGES = ROOT / ".tools" / "containers"
+
+
+def podman_available() -> str | None:
+    """None if containers can run here, else why not (what to run to get them)."""
+    if not PODMAN.exists() or shutil.which("podman") is None:
+        return f"no {PODMAN}: run scripts/tools/images.sh (needs root and Debian's podman)"
+    return None
 
 
 def image(name: str) -> str:
@@ -150,50 +158,6 @@ def test_operator_image_help_uid_and_read_only_root():
     ) as name:
         assert uid_of(name) == "10001:10001"
         assert root_is_read_only(name, "/opt/eventfleet/probe")
-
-
-def test_operator_image_reconciles_against_the_real_api_server(
-    kubectl, operator_kubeconfig: pathlib.Path, namespace: str
-):
-    """The operator image, as the chart runs it but on the host network, with its
-    ServiceAccount's token: it must reconcile an EventServer into its children."""
-    ref = image("operator")
-    conf = operator_kubeconfig.parent / "kube"
-    conf.mkdir()
-    (conf / "config").write_text(operator_kubeconfig.read_text())
-    (conf / "config").chmod(0o444)
-    liveness = free_port()
-    with container(
-        "ef-operator",
-        "--read-only",
-        "--tmpfs", "/tmp",
-        "-v", f"{conf}:/kube:ro",
-        "-e", "KUBECONFIG=/kube/config",
-        ref,
-        "operator", "--namespace", namespace, "--resync-seconds", "2",
-        f"--liveness=http://127.0.0.1:{liveness}/healthz",
-    ) as name:  # fmt: skip
-        es = {
-            "apiVersion": "eventfleet.io/v1",
-            "kind": "EventServer",
-            "metadata": {"name": "boxed"},
-            "spec": {"replicas": 1, "protocols": {"bus": {"enabled": False}}},
-        }
-        kubectl.apply(es)
-        try:
-            wait_for(
-                lambda: kubectl.get("statefulset", "boxed"), timeout=90, what="the StatefulSet"
-            )
-        except TimeoutError:
-            raise AssertionError(podman("logs", name, check=False).stderr[-4000:]) from None
-
-        def live() -> bool:
-            with urllib.request.urlopen(f"http://127.0.0.1:{liveness}/healthz", timeout=2) as r:
-                return r.status == 200
-
-        wait_for(live, timeout=30, what="Kopf's liveness endpoint in the container")
-        assert uid_of(name) == "10001:10001"
-        assert kubectl.get("configmap", "boxed-config") is not None
 
 
 def test_spark_image_runs_spark_submit_and_the_job():

@@ -1,9 +1,10 @@
 """The real hat-gateway 0.6.48 (PyPI) against a fleet the operator runs on the real
-control plane: the EventServer admits token-less Eventer clients only from loopback
-(``spec.clients``, the hat-compatible mode), the gateway connects to replica 0 (the
-node agent runs pods on the host network, so the pod sees 127.0.0.1), a device
-enabled through the CLI with the client token reports its status, and that status
-reaches replica 1 over the Syncer mesh.
+single-node cluster (the chart installed with ``helm install``): the EventServer admits
+token-less Eventer clients only from the node's address (``spec.clients``, the
+hat-compatible mode; the gateway runs on the host, which reaches the pods from the
+bridge address 198.18.0.1), the gateway connects through the fleet's client Service
+(its ClusterIP, routed by kube-proxy), a device enabled through the CLI with the client
+token reports its status, and that status reaches every replica over the Syncer mesh.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import sys
 import pytest
 import yaml
 
-from e2e.k8s.harness import wait_for
-from e2e.test_operator import eventserver
+from e2e.cluster.layout import NODE_IP
+from e2e.cluster.replicas import Replicas
+from e2e.operator_helpers import eventserver, wait_condition, wait_for
 from tests.integration.test_hat_gateway import DEVICE, gateway_conf
 
-pytest_plugins = ["e2e.k8s.cluster_fixtures"]
-pytestmark = pytest.mark.timeout(300)
+pytest_plugins = ["e2e.cluster.fixtures"]
+pytestmark = pytest.mark.timeout(600)
 
 
 def cli(pods, ordinal: int, *args: str) -> str:
@@ -39,22 +41,26 @@ def cli(pods, ordinal: int, *args: str) -> str:
         check=True,
         capture_output=True,
         text=True,
-        timeout=20,
+        timeout=60,
     )
     return out.stdout
 
 
 def test_real_hat_gateway_in_hat_compatible_mode_on_kubernetes(
-    kubectl, operator, kubelet, tmp_path
+    ckubectl, operator_release, tmp_path
 ):
-    clients = {"allowTokenless": True, "tokenlessNetworks": ["127.0.0.1/32"]}
+    kubectl = ckubectl
+    clients = {"allowTokenless": True, "tokenlessNetworks": [f"{NODE_IP}/32"]}
     kubectl.apply(eventserver("hat", 2, clients=clients))
-    pods = kubelet("hat")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/hat", "--timeout=120s", timeout=130)
-    host, port = pods.eventer(0).rsplit(":", 1)
-    assert host == "127.0.0.1"
+    pods = Replicas(kubectl, "hat", tmp_path / "replicas")
+    wait_condition(kubectl, "hat", "Ready")
+    # The client Service, as the docs tell Hat users to connect.
+    service = kubectl.get("service", "hat")
+    (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "eventer"]
     conf = tmp_path / "gateway.yaml"
-    conf.write_text(yaml.safe_dump(gateway_conf(int(port))))
+    settings = gateway_conf(port)
+    settings["event_server"]["eventer_server"]["host"] = service["spec"]["clusterIP"]
+    conf.write_text(yaml.safe_dump(settings))
     log = open(tmp_path / "gateway.log", "w")
     gw = subprocess.Popen(
         [sys.executable, "-m", "hat.gateway", "--conf", str(conf)],
@@ -72,10 +78,13 @@ def test_real_hat_gateway_in_hat_compatible_mode_on_kubernetes(
             lines = cli(pods, ordinal, "query", "latest", status_type).splitlines()
             return [json.loads(line) for line in lines if line.strip()] or None
 
-        first = wait_for(lambda: status_on(0), timeout=60, what="the gateway's device status")
-        assert first[0]["payload"]["json"] in ("CONNECTING", "CONNECTED", "DISCONNECTED")
-        # Replicated to the other replica through the Syncer mesh.
-        wait_for(lambda: status_on(1), timeout=60, what="the status on replica 1")
+        # The Service picked one replica for the gateway; the status reaches both (the
+        # other one over the Syncer mesh).
+        for ordinal in (0, 1):
+            first = wait_for(
+                lambda o=ordinal: status_on(o), timeout=120, what=f"the status on replica {ordinal}"
+            )
+            assert first[0]["payload"]["json"] in ("CONNECTING", "CONNECTED", "DISCONNECTED")
     finally:
         gw.terminate()
         try:

@@ -1,129 +1,369 @@
-"""Operator day 2 on the real control plane: the real API server, controller-manager
-and scheduler, the real operator process as its ServiceAccount (RBAC enforced by the
-server), the real kubectl, and the project's images run by the node agent with podman
-(``e2e/k8s/cluster_fixtures.py``, docs/operator.md).
+"""Operator day 2 on the real single-node cluster (e2e/cluster, docs/operator.md).
 
-The API-level scenarios are shared with ``e2e/test_operator_day2.py`` (imported below;
-they also run there, on the API emulator). The pod-level ones live here only: pause,
-hibernate and wake; a managed rollout of a bad image reverted without manual steps and a
-restart request; the ``kubectl eventfleet`` plugin; a peer-token rotation; deletion with
-``whenDeleted: Retain``; volume growth (the node agent plays the CSI driver of a
-StorageClass with its provisioner).
+The operator is installed by ``helm install`` of the chart into a namespace enforcing the
+``restricted`` Pod Security Standard and runs as the chart's Deployment, within the
+chart's RBAC; the replicas are the project's server image run by the kubelet and
+containerd, reached by the operator through its own URL template. Nothing of what the
+operator renders is rewritten.
+
+One fleet (``day2``, three replicas, the Event BUS on) carries the module's scenarios in
+order: pause, hibernate and wake (and the stale-Ready regression: the StatefulSet's status
+held back while the fleet wakes); a peer-token rotation reaching the replicas through the
+kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
+rollout of a crash-looping image reverted without manual steps, and a restart request.
+Deletion with ``whenDeleted: Retain`` and volume growth use fleets of their own.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
+import pathlib
+import signal
 import subprocess
 import sys
 import time
 
+import kubernetes_validate
 import pytest
 import yaml
 
-from e2e.k8s.harness import wait_for
-from e2e.test_operator import condition, eventserver, register
-from e2e.test_operator_day2 import (
+from e2e.cluster.clients import ClusterKubectl
+from e2e.cluster.cluster import Cluster, _start_time
+from e2e.cluster.layout import CONTAINERD_SOCKET, PAUSE_IMAGE, PROVISIONER_NAME
+from e2e.cluster.replicas import Replicas, register
+from e2e.operator_helpers import (
+    condition,
+    event_reasons,
+    eventserver,
     restarted_events,
-    test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy,
-    test_fields_the_operator_stops_setting_are_removed,
+    strip_server_fields,
+    wait_condition,
+    wait_for,
 )
 
-pytest_plugins = ["e2e.k8s.cluster_fixtures"]
+pytest_plugins = ["e2e.cluster.fixtures"]
 # Rollouts replace pods one at a time, each waiting for ready + in sync: minutes on a
 # busy 2-core machine.
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(900)
 
-__all__ = [
-    "test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy",
-    "test_fields_the_operator_stops_setting_are_removed",
-]
+FLEET = "day2"
+# A crash-looping "image": the cluster's pause image under another name. The kubelet
+# starts it with the replica's command (``eventfleet server``), which it does not have.
+BAD_IMAGE = "docker.io/bad/server:crashloop"
 
 
-def test_pause_hibernate_and_wake_with_real_replicas(kubectl, operator, kubelet):
-    kubectl.apply(eventserver("sleepy", 2))
-    pods = kubelet("sleepy")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
-    register(pods, 1, 3)  # events only replica 1 created: hibernation must flush them
-    own = wait_for(
-        lambda: (pods.status(1) or {}).get("last_ids", {}).get("2"), timeout=20, what="own ids"
+@pytest.fixture(scope="module")
+def operator_values() -> tuple[str, ...]:
+    # A short resync, as a user impatient for status would set it: the scenarios below
+    # wait for the operator's reactions to replicas (it has no watch on their /status).
+    return ("--set", "operator.resyncSeconds=2")
+
+
+@pytest.fixture(scope="module")
+def kubectl(ckubectl: ClusterKubectl) -> ClusterKubectl:
+    return ckubectl
+
+
+@pytest.fixture(scope="module")
+def pods(
+    kubectl: ClusterKubectl, operator_release: str, tmp_path_factory: pytest.TempPathFactory
+) -> Replicas:
+    """The module's fleet, Ready and in sync."""
+    kubectl.apply(eventserver(FLEET, 3))
+    wait_condition(kubectl, FLEET, "Ready")
+    wait_condition(kubectl, FLEET, "PeersSynced")
+    return Replicas(kubectl, FLEET, tmp_path_factory.mktemp("replicas"))
+
+
+def own_ids(pods: Replicas, ordinal: int, of: int) -> dict:
+    """The last event ids of server ``of`` that replica ``ordinal`` holds."""
+    return wait_for(
+        lambda: (pods.status(ordinal) or {}).get("last_ids", {}).get(str(of)),
+        timeout=60,
+        what=f"replica {ordinal}'s ids of server {of}",
     )
+
+
+def test_pause_hibernate_and_wake_with_real_replicas(kubectl, pods):
+    register(pods, 1, 3)  # events only replica 1 created: hibernation must flush them
+    own = own_ids(pods, 1, 2)
 
     # Paused: a spec change is not applied, the status says why.
-    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile=paused")
+    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/reconcile=paused")
+    wait_condition(kubectl, FLEET, "ReconcilePaused", 60)
     kubectl.run(
-        "wait", "--for=condition=ReconcilePaused", "eventserver/sleepy", "--timeout=30s", timeout=40
+        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"logLevel":"DEBUG"}}'
     )
-    kubectl.run(
-        "patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"logLevel":"DEBUG"}}'
-    )
-    time.sleep(3)  # several resyncs (1 s): none may write the ConfigMap
-    config = yaml.safe_load(kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"])
+    time.sleep(6)  # several resyncs (2 s): none may write the ConfigMap
+    config = yaml.safe_load(kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"])
     assert config["log"]["level"] == "INFO"
-    kubectl.run("annotate", "eventserver/sleepy", "eventfleet.io/reconcile-")
+    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/reconcile-")
     wait_for(
-        lambda: "DEBUG" in kubectl.get("configmap", "sleepy-config")["data"]["config.yaml"],
-        timeout=30,
+        lambda: "DEBUG" in kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"],
+        timeout=60,
         what="the change applied after resume",
     )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
+    wait_condition(kubectl, FLEET, "Ready")
 
     # Hibernate: replica 0 must hold replica 1's events before anything stops.
-    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":true}}')
     kubectl.run(
-        "wait", "--for=condition=Hibernated", "eventserver/sleepy", "--timeout=60s", timeout=70
+        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":true}}'
     )
-    es = kubectl.get("eventserver", "sleepy")
+    wait_condition(kubectl, FLEET, "Hibernated", 120)
+    es = kubectl.get("eventserver", FLEET)
     assert es["status"]["phase"] == "Hibernated"
-    assert es["spec"]["replicas"] == 2
-    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 0
-    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=40, what="stopped pods")
-    for ordinal in (0, 1):
-        assert kubectl.get("persistentvolumeclaim", f"data-sleepy-{ordinal}")  # claims kept
+    assert es["spec"]["replicas"] == 3
+    assert kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 0
+    wait_for(lambda: all(pods.pod(i) is None for i in range(3)), timeout=120, what="the pods gone")
+    for ordinal in range(3):
+        assert kubectl.get("persistentvolumeclaim", f"data-{FLEET}-{ordinal}")  # claims kept
 
     # Wake: the count comes back and replica 0 still holds replica 1's events.
-    kubectl.run("patch", "eventserver/sleepy", "--type=merge", "-p", '{"spec":{"hibernate":false}}')
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/sleepy", "--timeout=90s", timeout=100)
-    assert kubectl.get("statefulset", "sleepy")["spec"]["replicas"] == 2
-    held = wait_for(
-        lambda: (pods.status(0) or {}).get("last_ids", {}).get("2"), timeout=20, what="ids"
+    kubectl.run(
+        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":false}}'
     )
+    wait_condition(kubectl, FLEET, "Ready")
+    assert kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 3
+    held = own_ids(pods, 0, 2)
     assert (held["session"], held["instance"]) >= (own["session"], own["instance"])
-    reasons = {
-        e["reason"]
-        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=sleepy")[
-            "items"
-        ]
-    }
+    reasons = event_reasons(kubectl, FLEET)
     assert {"Paused", "NotPaused", "Hibernated", "NotHibernating"} <= reasons, reasons
 
 
-def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
-    kubectl, operator, kubelet
+@contextlib.contextmanager
+def controller_manager_stopped(cluster: Cluster):
+    """SIGSTOP the cluster's kube-controller-manager (its pid from the cluster's
+    state.json, checked against its start time) and SIGCONT it on the way out, whatever
+    happened: the StatefulSet controller neither creates pods nor updates the
+    StatefulSet's status meanwhile."""
+    process = cluster.state["processes"]["kube-controller-manager"]
+    pid = process["pid"]
+    assert _start_time(pid) == process["started"], "kube-controller-manager is not running"
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_ready_is_not_reported_from_a_stale_statefulset_status_while_waking(
+    real_cluster, kubectl, pods
 ):
-    kubectl.apply(eventserver("roll", 3))
-    pods = kubelet("roll")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
-    sts = kubectl.get("statefulset", "roll")
+    """Issue 26: after ``hibernate: false`` Ready must wait for replicas that serve.
+
+    The stale window, made deterministic: the StatefulSet controller is held still
+    (kube-controller-manager SIGSTOPped) through a whole hibernate and wake, and the test
+    does its part by hand — deleting the pods, which the kubelet stops gracefully — so
+    the StatefulSet's status still says 3 of 3 ready, of a generation two behind, while
+    no pod exists. That is the status the operator once derived Ready from (Ready at
+    once, the first replica serving 23 s later). Ready must stay False throughout, and
+    when it turns True every replica must answer on its own port."""
+    wait_condition(kubectl, FLEET, "Ready")
+    seen: list[tuple[str, str, str]] = []
+    with controller_manager_stopped(real_cluster):
+        kubectl.run(
+            "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":true}}'
+        )
+        wait_for(
+            lambda: kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 0,
+            timeout=120,
+            what="the operator to flush and scale the StatefulSet to 0",
+        )
+        # The StatefulSet controller's part: the pods go.
+        kubectl.run(
+            "delete", "pod", *(f"{FLEET}-{i}" for i in range(3)), "--timeout=120s", timeout=130
+        )
+        kubectl.run(
+            "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":false}}'
+        )
+        wait_for(
+            lambda: kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 3,
+            timeout=60,
+            what="the operator to scale the StatefulSet back to 3",
+        )
+        # Several operator passes (resync 2 s) with only the stale status to go by.
+        deadline = time.monotonic() + 12
+        while time.monotonic() < deadline:
+            es = kubectl.get("eventserver", FLEET)
+            ready = condition(es, "Ready")
+            seen.append((ready.get("status", ""), ready.get("reason", ""), es["status"]["phase"]))
+            time.sleep(1)
+        # The window really was stale: the status of two generations ago, no pod at all.
+        sts = kubectl.get("statefulset", FLEET)
+        assert sts["status"].get("readyReplicas") == 3, sts["status"]
+        assert sts["status"]["observedGeneration"] <= sts["metadata"]["generation"] - 2
+        assert all(pods.pod(i) is None for i in range(3))
+    assert seen and all(status != "True" for status, _, _ in seen), seen
+
+    def ready_and_serving():
+        if condition(kubectl.get("eventserver", FLEET), "Ready").get("status") != "True":
+            return None
+        # Ready has just been read as True: every replica must serve now.
+        return [pods.status(i) for i in range(3)]
+
+    statuses = wait_for(ready_and_serving, timeout=300, what="Ready=True")
+    assert all(s is not None for s in statuses), statuses
+    wait_condition(kubectl, FLEET, "PeersSynced")
+
+
+def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, pods):
+    """The runbook's peer rotation on the generated Secret: each step reaches the real
+    replicas through the kubelet's refresh of the mounted Secret volume (its ``..data``
+    symlink swap, after the kubelet's sync delay) and the replica's poll of the file; the
+    operator's TokensLoaded condition follows it, nothing restarts, and the operator's
+    /flush works with the new token alone at the end."""
+    wait_condition(kubectl, FLEET, "TokensLoaded", 120)
+    containers = [pods.container(i) for i in range(3)]
+    old = base64.b64decode(kubectl.get("secret", f"{FLEET}-peer-token")["data"]["token"])
+    old = old.decode().strip()
+    client = base64.b64decode(kubectl.get("secret", f"{FLEET}-token")["data"]["token"]).decode()
+    assert old and old != client.strip()
+
+    def step(text: str) -> None:
+        before = kubectl.get("eventserver", FLEET)["status"]["tokensDigest"]
+        data = base64.b64encode(text.encode()).decode()
+        kubectl.run(
+            "patch", f"secret/{FLEET}-peer-token", "-p", json.dumps({"data": {"token": data}})
+        )
+
+        def loaded():
+            es = kubectl.get("eventserver", FLEET)
+            c = condition(es, "TokensLoaded")
+            return es["status"].get("tokensDigest") != before and c.get("status") == "True"
+
+        # The kubelet refreshes Secret volumes on its sync period plus its cache TTL.
+        wait_for(loaded, timeout=240, what=f"every replica to load {text!r}")
+
+    step(f"{old}\nrotated-peer\n")
+    step(f"rotated-peer\n{old}\n")
+    step("rotated-peer\n")
+    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token).
+    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/rotate-peer-token=r1")
+
+    def rotation():
+        r = kubectl.get("eventserver", FLEET)["status"].get("peerTokenRotation") or {}
+        return r if r.get("step") in ("Done", "Refused") else None
+
+    done = wait_for(rotation, timeout=600, what="the operator's peer token rotation")
+    assert done["step"] == "Done", done
+    (auto,) = base64.b64decode(
+        kubectl.get("secret", f"{FLEET}-peer-token")["data"]["token"]
+    ).split()
+    assert auto.decode() not in (old, "rotated-peer")
+    assert [pods.container(i) for i in range(3)] == containers and not pods.restarts
+    reasons = event_reasons(kubectl, FLEET)
+    assert {"TokensChanged", "TokensReloading"} <= reasons, reasons
+    # Only the new token is valid now: the operator's flush (POST /flush) still works.
+    register(pods, 1, 2)
+    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/flush=after-rotation")
+
+    def flushed():
+        last = kubectl.get("eventserver", FLEET)["status"].get("lastFlush") or {}
+        return last if last.get("requested") == "after-rotation" else None
+
+    assert wait_for(flushed, timeout=120, what="the flush after the rotation")["result"] == (
+        "Verified"
+    )
+
+
+def test_kubectl_eventfleet_plugin(kubectl, pods, tmp_path):
+    """The plugin as kubectl finds it: an executable kubectl-eventfleet on PATH, run
+    from the host with the cluster admin's kubeconfig."""
+    shim = tmp_path / "bin" / "kubectl-eventfleet"
+    shim.parent.mkdir()
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eventfleet_operator.plugin "$@"\n')
+    shim.chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}"}
+    ns = kubectl.namespace
+
+    def plugin(*args, check=True):
+        # kubectl refuses flags before a plugin's name: they go after it, to the plugin.
+        cmd = [kubectl.binary, "eventfleet", "--kubeconfig", str(kubectl.kubeconfig)]
+        result = subprocess.run(
+            [*cmd, "-n", ns, *args], capture_output=True, text=True, timeout=300, env=env
+        )
+        assert result.returncode == 0 or not check, result.stderr
+        return result
+
+    wait_condition(kubectl, FLEET, "Ready")
+    wait_condition(kubectl, FLEET, "PeersSynced")
+    table = plugin("status", FLEET).stdout.splitlines()
+    assert table[0] == f"EventServer {ns}/{FLEET}: Running"
+    rows = {line.split()[0]: line.split() for line in table if line.startswith(f"{FLEET}-")}
+    assert sorted(rows) == [f"{FLEET}-{i}" for i in range(3)]
+    assert all(r[2:4] == ["yes", "synced"] for r in rows.values())
+    data = json.loads(plugin("status", FLEET, "-o", "json").stdout)
+    assert (data["replicas"], data["readyReplicas"], data["phase"]) == (3, 3, "Running")
+    assert data["updatedReplicas"] == 3 and data["updateRevision"] == data["currentRevision"]
+
+    # Options after the command, as users type them with kubectl.
+    after = subprocess.run(
+        [kubectl.binary, "eventfleet", "status", FLEET, "-n", ns,
+         "--kubeconfig", str(kubectl.kubeconfig), "-o", "json"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout)["namespace"] == ns
+
+    register(pods, 1, 2)
+    flushed = plugin("flush", FLEET, "--timeout", "120")
+    assert "flushed: all 3 replicas hold each other's events" in flushed.stdout
+    assert flushed.stderr.startswith("flush requested (eventfleet.io/flush="), flushed.stderr
+    assert kubectl.get("eventserver", FLEET)["status"]["lastFlush"]["result"] == "Verified"
+
+    plugin("pause", FLEET)
+    wait_condition(kubectl, FLEET, "ReconcilePaused", 60)
+    assert "(paused)" in plugin("status", FLEET).stdout.splitlines()[0]
+    plugin("resume", FLEET)
+    wait_condition(kubectl, FLEET, "ReconcilePaused=False", 60)
+
+    containers = {i: pods.container(i) for i in range(3)}
+    plugin("restart", FLEET)
+    wait_for(
+        lambda: all(pods.container(i) not in (None, containers[i]) for i in range(3)),
+        timeout=600,
+        what="every pod replaced",
+    )
+    wait_condition(kubectl, FLEET, "Ready")
+
+    plugin("hibernate", FLEET)
+    wait_condition(kubectl, FLEET, "Hibernated", 120)
+    assert "no replica reports" in plugin("status", FLEET).stdout
+    plugin("wake", FLEET)
+    wait_condition(kubectl, FLEET, "Ready")
+
+    missing = plugin("status", "nope", check=False)
+    assert missing.returncode == 1
+    assert f'eventserver "nope" not found in namespace "{ns}"' in missing.stderr
+
+
+def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
+    real_cluster, kubectl, pods
+):
+    wait_condition(kubectl, FLEET, "Ready")
+    sts = kubectl.get("statefulset", FLEET)
     assert sts["spec"]["updateStrategy"] == {"type": "OnDelete"}
     good_image = sts["spec"]["template"]["spec"]["containers"][0]["image"]
-    good = kubectl.get("eventserver", "roll")["status"]["updateRevision"]
-    pids = {i: pods.pid(i) for i in range(3)}
+    good = kubectl.get("eventserver", FLEET)["status"]["updateRevision"]
+    containers = {i: pods.container(i) for i in range(3)}
+    subprocess.run(
+        ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", "images", "tag",
+         "--force", PAUSE_IMAGE, BAD_IMAGE],
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
 
     # A bad image: the highest ordinal is replaced first and crash-loops; the others
     # keep running their old revision and Ready says a rollout is incomplete.
     kubectl.run(
-        "patch",
-        "eventserver/roll",
-        "--type=merge",
-        "-p",
-        '{"spec":{"image":"bad/server:crashloop"}}',
-    )
+        "patch", f"eventserver/{FLEET}", "--type=merge", "-p",
+        json.dumps({"spec": {"image": BAD_IMAGE}}),
+    )  # fmt: skip
 
     def stuck():
-        es = kubectl.get("eventserver", "roll")
+        es = kubectl.get("eventserver", FLEET)
         return (
             condition(es, "Progressing").get("status") == "True"
             and condition(es, "Ready").get("reason") == "RolloutInProgress"
@@ -131,18 +371,28 @@ def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
             and es
         )
 
-    es = wait_for(stuck, timeout=60, what="the rollout stuck on ordinal 2")
+    es = wait_for(stuck, timeout=300, what=f"the rollout stuck on {FLEET}-2")
     assert es["status"]["updateRevision"] != good
-    time.sleep(4)  # several resyncs: nothing else may be replaced while 2 is broken
-    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
-    assert condition(kubectl.get("eventserver", "roll"), "Ready")["status"] == "False"
+    time.sleep(8)  # several resyncs: nothing else may be replaced while 2 is broken
+    assert (pods.container(0), pods.container(1)) == (containers[0], containers[1])
+    assert condition(kubectl.get("eventserver", FLEET), "Ready")["status"] == "False"
 
     # Revert: the stuck pod is replaced at once, nothing else restarts.
     kubectl.run(
-        "patch", "eventserver/roll", "--type=json", "-p", '[{"op":"remove","path":"/spec/image"}]'
+        "patch", f"eventserver/{FLEET}", "--type=json", "-p",
+        '[{"op":"remove","path":"/spec/image"}]',
+    )  # fmt: skip
+    wait_for(
+        lambda: (
+            (s := kubectl.get("eventserver", FLEET)["status"])["updateRevision"] == good
+            and s.get("currentRevision") == good
+            and s.get("updatedReplicas") == 3
+            and condition(kubectl.get("eventserver", FLEET), "Ready").get("status") == "True"
+        ),
+        timeout=600,
+        what="the rollout reverted and Ready",
     )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
-    es = kubectl.get("eventserver", "roll")
+    es = kubectl.get("eventserver", FLEET)
     status = es["status"]
     assert (status["updateRevision"], status["currentRevision"], status["updatedReplicas"]) == (
         good,
@@ -150,190 +400,33 @@ def test_managed_rollout_of_a_bad_image_is_reverted_without_manual_steps(
         3,
     )
     assert condition(es, "Progressing")["reason"] == "RolloutComplete"
-    assert (pods.pid(0), pods.pid(1)) == (pids[0], pids[1])
-    pod2 = kubectl.get("pod", "roll-2")
-    assert pod2["spec"]["containers"][0]["image"] == good_image
-    messages = restarted_events(kubectl, "roll")
-    assert any("bad/server:crashloop" in m for m in messages), messages
+    assert (pods.container(0), pods.container(1)) == (containers[0], containers[1])
+    assert kubectl.get("pod", f"{FLEET}-2")["spec"]["containers"][0]["image"] == good_image
+    messages = restarted_events(kubectl, FLEET)
+    assert any(BAD_IMAGE in m for m in messages), messages
     assert any("not ready" in m for m in messages), messages
 
     # A restart request replaces every pod, one at a time, highest ordinal first.
-    kubectl.run("annotate", "eventserver/roll", "eventfleet.io/restart=2026-11-23T18:40:00Z")
+    containers = {i: pods.container(i) for i in range(3)}
+    kubectl.run(
+        "annotate", "--overwrite", f"eventserver/{FLEET}",
+        "eventfleet.io/restart=2026-11-23T18:40:00Z",
+    )  # fmt: skip
     wait_for(
-        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
-        timeout=120,
+        lambda: all(pods.container(i) not in (None, containers[i]) for i in range(3)),
+        timeout=600,
         what="every pod replaced",
     )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/roll", "--timeout=90s", timeout=100)
-    messages = [m for m in restarted_events(kubectl, "roll") if "restart requested" in m]
-    order = [m.split("pod roll-")[1][0] for m in messages]
+    wait_condition(kubectl, FLEET, "Ready")
+    messages = [
+        m for m in restarted_events(kubectl, FLEET) if "restart=" in m and "2026-11-23T18:40" in m
+    ]
+    order = [m.split(f"pod {FLEET}-")[1][0] for m in messages]
     assert order == ["2", "1", "0"], messages
 
 
-def test_kubectl_eventfleet_plugin(kubectl, operator, kubelet, tmp_path):
-    """The plugin as kubectl finds it: an executable kubectl-eventfleet on PATH."""
-    shim = tmp_path / "bin" / "kubectl-eventfleet"
-    shim.parent.mkdir()
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m eventfleet_operator.plugin "$@"\n')
-    shim.chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim.parent}{os.pathsep}{os.environ['PATH']}"}
-
-    def plugin(*args, check=True):
-        # kubectl refuses flags before a plugin's name: they go after it, to the plugin.
-        cmd = [kubectl.binary, "eventfleet", "--kubeconfig", str(kubectl.kubeconfig)]
-        result = subprocess.run(
-            [*cmd, "-n", kubectl.namespace, *args],
-            capture_output=True,
-            text=True,
-            timeout=150,
-            env=env,
-        )
-        assert result.returncode == 0 or not check, result.stderr
-        return result
-
-    kubectl.apply(eventserver("plug", 2))
-    pods = kubelet("plug")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
-    kubectl.run(
-        "wait", "--for=condition=PeersSynced", "eventserver/plug", "--timeout=60s", timeout=70
-    )
-
-    table = plugin("status", "plug").stdout.splitlines()
-    assert table[0] == f"EventServer {kubectl.namespace}/plug: Running"
-    rows = {line.split()[0]: line.split() for line in table if line.startswith("plug-")}
-    assert sorted(rows) == ["plug-0", "plug-1"]
-    assert all(r[2:4] == ["yes", "synced"] for r in rows.values())
-    data = json.loads(plugin("status", "plug", "-o", "json").stdout)
-    assert (data["replicas"], data["readyReplicas"], data["phase"]) == (2, 2, "Running")
-    assert data["updatedReplicas"] == 2 and data["updateRevision"] == data["currentRevision"]
-
-    # Options after the command, as users type them with kubectl.
-    after = subprocess.run(
-        [kubectl.binary, "eventfleet", "status", "plug", "-n", kubectl.namespace,
-         "--kubeconfig", str(kubectl.kubeconfig), "-o", "json"],
-        capture_output=True, text=True, timeout=60, env=env,
-    )  # fmt: skip
-    assert after.returncode == 0, after.stderr
-    assert json.loads(after.stdout)["namespace"] == kubectl.namespace
-
-    register(pods, 1, 2)
-    flushed = plugin("flush", "plug", "--timeout", "60")
-    assert "flushed: all 2 replicas hold each other's events" in flushed.stdout
-    assert flushed.stderr.startswith("flush requested (eventfleet.io/flush="), flushed.stderr
-    assert kubectl.get("eventserver", "plug")["status"]["lastFlush"]["result"] == "Verified"
-
-    plugin("pause", "plug")
-    kubectl.run(
-        "wait", "--for=condition=ReconcilePaused", "eventserver/plug", "--timeout=30s", timeout=40
-    )
-    assert "(paused)" in plugin("status", "plug").stdout.splitlines()[0]
-    plugin("resume", "plug")
-    kubectl.run(
-        "wait",
-        "--for=condition=ReconcilePaused=False",
-        "eventserver/plug",
-        "--timeout=30s",
-        timeout=40,
-    )
-
-    pids = {i: pods.pid(i) for i in (0, 1)}
-    plugin("restart", "plug")
-    wait_for(
-        lambda: all(pods.pid(i) not in (None, pids[i]) for i in (0, 1)),
-        timeout=120,
-        what="both pods replaced",
-    )
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
-
-    plugin("hibernate", "plug")
-    kubectl.run(
-        "wait", "--for=condition=Hibernated", "eventserver/plug", "--timeout=60s", timeout=70
-    )
-    assert "no replica reports" in plugin("status", "plug").stdout
-    plugin("wake", "plug")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/plug", "--timeout=90s", timeout=100)
-
-    missing = plugin("status", "nope", check=False)
-    assert missing.returncode == 1
-    assert f'eventserver "nope" not found in namespace "{kubectl.namespace}"' in missing.stderr
-
-
-def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, operator, kubelet):
-    """The runbook's peer rotation on the generated Secret: each step reaches the real
-    replicas through their reload (the fake kubelet rewrites the mounted file and sends
-    SIGHUP, as a refreshed Secret volume plus the replica's poll would), the operator's
-    TokensLoaded condition follows it, nothing restarts, and the operator's /flush works
-    with the new token alone at the end."""
-    kubectl.apply(eventserver("rot", 2))
-    pods = kubelet("rot")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/rot", "--timeout=90s", timeout=100)
-    kubectl.run(
-        "wait", "--for=condition=TokensLoaded", "eventserver/rot", "--timeout=30s", timeout=40
-    )
-    pids = [pods.pid(0), pods.pid(1)]
-    secret = kubectl.get("secret", "rot-peer-token")
-    old = base64.b64decode(secret["data"]["token"]).decode().strip()
-    client = base64.b64decode(kubectl.get("secret", "rot-token")["data"]["token"]).decode()
-    assert old and old != client.strip()
-
-    def step(text: str) -> None:
-        before = kubectl.get("eventserver", "rot")["status"]["tokensDigest"]
-        data = base64.b64encode(text.encode()).decode()
-        kubectl.run("patch", "secret/rot-peer-token", "-p", json.dumps({"data": {"token": data}}))
-
-        def loaded():
-            es = kubectl.get("eventserver", "rot")
-            c = condition(es, "TokensLoaded")
-            return es["status"].get("tokensDigest") != before and c.get("status") == "True"
-
-        wait_for(loaded, timeout=40, what=f"every replica to load {text!r}")
-
-    step(f"{old}\nrotated-peer\n")
-    step(f"rotated-peer\n{old}\n")
-    step("rotated-peer\n")
-    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token).
-    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/rotate-peer-token=r1")
-    rotation = wait_for(
-        lambda: (
-            (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {})
-            if (kubectl.get("eventserver", "rot")["status"].get("peerTokenRotation") or {}).get(
-                "step"
-            )
-            in ("Done", "Refused")
-            else None
-        ),
-        timeout=90,
-        what="the operator's peer token rotation",
-    )
-    assert rotation["step"] == "Done", rotation
-    (auto,) = base64.b64decode(kubectl.get("secret", "rot-peer-token")["data"]["token"]).split()
-    assert auto.decode() not in (old, "rotated-peer")
-    assert [pods.pid(0), pods.pid(1)] == pids and not pods.restarts
-    reasons = {
-        e["reason"]
-        for e in kubectl.json("get", "events", "--field-selector", "involvedObject.name=rot")[
-            "items"
-        ]
-    }
-    # (TokensReloading may not be seen here: this kubelet reloads within a resync.)
-    assert "TokensChanged" in reasons, reasons
-    # Only the new token is valid now: the operator's flush (POST /flush) still works.
-    register(pods, 1, 2)
-    kubectl.run("annotate", "eventserver/rot", "eventfleet.io/flush=after-rotation")
-    flushed = wait_for(
-        lambda: (
-            (kubectl.get("eventserver", "rot")["status"].get("lastFlush") or {}).get("requested")
-            == "after-rotation"
-            and kubectl.get("eventserver", "rot")["status"]["lastFlush"]
-        ),
-        timeout=60,
-        what="the flush after the rotation",
-    )
-    assert flushed["result"] == "Verified", flushed
-
-
 def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
-    kubectl, operator, kubelet
+    kubectl, operator_release, tmp_path: pathlib.Path
 ):
     """``whenDeleted: Retain``: the EventServer's children go, its volume claims and the
     Secrets the user gave stay. (Generated Secrets going with the fleet:
@@ -349,16 +442,17 @@ def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
             storage={"retentionPolicy": {"whenDeleted": "Retain"}},
         )
     )
-    pods = kubelet("keep")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/keep", "--timeout=120s", timeout=130)
-    register(pods, 0, 3)
+    keep = Replicas(kubectl, "keep", tmp_path)
+    wait_condition(kubectl, "keep", "Ready")
+    register(keep, 0, 3)
     claims = {"data-keep-0", "data-keep-1"}
-    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    listed = {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]}
+    assert claims <= listed and not {c for c in listed if c.startswith("data-keep-")} - claims
     assert kubectl.get("secret", "keep-token") is None  # the user's Secrets are used
     assert kubectl.get("secret", "keep-peer-token") is None
 
-    kubectl.run("delete", "eventserver", "keep", "--timeout=60s", timeout=70)
-    wait_for(lambda: pods.pid(0) is None and pods.pid(1) is None, timeout=60, what="stopped")
+    kubectl.run("delete", "eventserver", "keep", "--timeout=120s", timeout=130)
+    wait_for(lambda: keep.pod(0) is None and keep.pod(1) is None, timeout=180, what="the pods gone")
     for kind, name in (
         ("statefulset", "keep"),
         ("service", "keep"),
@@ -367,33 +461,169 @@ def test_deleting_with_retain_keeps_the_claims_and_the_users_token_secrets(
     ):
         assert kubectl.get(kind, name) is None, (kind, name)
     # Kept: every claim (the data) and the user's Secrets, untouched.
-    time.sleep(2)  # a deletion of the claims would follow the pods at once
-    assert {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]} == claims
+    time.sleep(3)  # a deletion of the claims would follow the pods at once
+    listed = {c["metadata"]["name"] for c in kubectl.json("get", "pvc")["items"]}
+    assert claims <= listed
+    for name in claims:
+        assert not kubectl.get("pvc", name)["metadata"].get("deletionTimestamp"), name
     for name, token in (("keep-client", "client-secret\n"), ("keep-peers", "peer-secret\n")):
         secret = kubectl.get("secret", name)
         assert secret is not None, name
         assert base64.b64decode(secret["data"]["token"]).decode() == token
 
 
-def test_growing_the_volumes_on_the_real_api_server(kubectl, operator, kubelet):
-    """Volume growth with the real API server's resize admission (a claim may grow only
-    when bound and its StorageClass allows expansion) and the real PV controller binding
-    the volumes; the node agent plays the CSI driver (provisioner and resizer)."""
-    from e2e.k8s.node import PROVISIONER
+def test_fields_the_operator_stops_setting_are_removed(kubectl, operator_release):
+    optional = {
+        "podLabels": {"team": "events"},
+        "podAnnotations": {"example.com/owner": "events"},
+        "priorityClassName": "high",
+        "resources": {"requests": {"cpu": "250m"}, "limits": {"memory": "1Gi"}},
+        "nodeSelector": {"disktype": "ssd"},
+        "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    }
+    kubectl.apply(eventserver("rm", 1, **optional))
 
+    def template() -> dict:
+        return kubectl.get("statefulset", "rm")["spec"]["template"]
+
+    def rendered():
+        t = template()
+        return (
+            t["metadata"]["labels"].get("team") == "events"
+            and t["spec"].get("priorityClassName") == "high"
+            and t["spec"]["containers"][0].get("resources", {}).get("limits")
+        )
+
+    wait_for(rendered, timeout=60, what="the optional fields on the StatefulSet")
+    kubectl.apply(eventserver("rm", 1))  # kubectl apply drops every field left out
+
+    def left() -> list[str]:
+        t = template()
+        spec, container = t["spec"], t["spec"]["containers"][0]
+        return [
+            name
+            for name, present in (
+                ("podLabels", "team" in t["metadata"]["labels"]),
+                ("podAnnotations", "example.com/owner" in t["metadata"]["annotations"]),
+                ("priorityClassName", "priorityClassName" in spec),
+                ("nodeSelector", "nodeSelector" in spec),
+                ("tolerations", "tolerations" in spec),
+                # A real API server always shows the (struct) field, empty when unset.
+                ("resources", bool(container.get("resources"))),
+            )
+            if present
+        ]
+
+    try:
+        wait_for(lambda: not left(), timeout=60, what="the removed fields to leave the StatefulSet")
+    except TimeoutError as e:
+        out = kubectl.run("get", "statefulset", "rm", "-o", "json", "--show-managed-fields")
+        managers = [
+            (m.get("manager"), m.get("operation"))
+            for m in json.loads(out.stdout)["metadata"].get("managedFields", [])
+        ]
+        raise AssertionError(f"{e}: still there: {left()}; field managers: {managers}") from None
+    ready = condition(kubectl.get("eventserver", "rm"), "Ready")
+    assert ready.get("reason") != "ApplyFailed", ready
+    kubectl.run("delete", "eventserver", "rm", "--timeout=120s", timeout=130)
+
+
+def test_a_foreign_object_is_never_adopted_and_the_fleet_gets_a_network_policy(
+    kubectl, operator_release
+):
+    theirs = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "owned-config", "labels": {"app": "someone-else"}},
+        "data": {"config.yaml": "theirs: true\n"},
+    }
+    kubectl.apply(theirs)
+    before = kubectl.get("configmap", "owned-config")
+    kubectl.apply(eventserver("owned", 1))
+
+    def refused():
+        ready = condition(kubectl.get("eventserver", "owned"), "Ready")
+        return ready.get("reason") == "ChildNotOwned" and ready
+
+    ready = wait_for(refused, timeout=60, what="Ready=False/ChildNotOwned")
+    assert "ConfigMap owned-config" in ready["message"]
+    assert kubectl.get("eventserver", "owned")["status"]["phase"] == "Failed"
+    time.sleep(5)  # more passes (resync 2 s): still nothing written
+    after = kubectl.get("configmap", "owned-config")
+    assert after["data"] == before["data"] and "ownerReferences" not in after["metadata"]
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("secret", "owned-token") is None
+    events = kubectl.json("get", "events", "--field-selector", "involvedObject.name=owned")
+    assert any(
+        e["reason"] == "ChildNotOwned" and e["type"] == "Warning" for e in events["items"]
+    ), events
+
+    # Once their object is gone the fleet is built, NetworkPolicy included.
+    kubectl.run("delete", "configmap", "owned-config")
+    wait_for(lambda: kubectl.get("statefulset", "owned"), timeout=60, what="the StatefulSet")
+    policy = wait_for(
+        lambda: kubectl.get("networkpolicy", "owned"), timeout=60, what="the NetworkPolicy"
+    )
+    kubernetes_validate.validate(strip_server_fields(policy), "1.33.0", strict=True)
+    syncer = next(
+        r for r in policy["spec"]["ingress"] if r["ports"] == [{"protocol": "TCP", "port": 23013}]
+    )
+    assert syncer["from"] == [
+        {"podSelector": {"matchLabels": policy["spec"]["podSelector"]["matchLabels"]}}
+    ]
+
+    # Turning it off deletes it; deleting the EventServer leaves a foreign object alone.
+    kubectl.run(
+        "patch", "eventserver/owned", "--type=merge", "-p",
+        '{"spec":{"networkPolicy":{"enabled":false}}}',
+    )  # fmt: skip
+    wait_for(lambda: kubectl.get("networkpolicy", "owned") is None, timeout=60, what="no policy")
+    # Paused, so that the operator does not recreate its Service before theirs exists.
+    kubectl.run("annotate", "eventserver/owned", "eventfleet.io/reconcile=paused")
+    wait_condition(kubectl, "owned", "ReconcilePaused", 60)
+    kubectl.run("delete", "service", "owned-peers")
+    kubectl.apply(
+        {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "owned-peers"},
+         "spec": {"ports": [{"port": 1}]}}
+    )  # fmt: skip
+    kubectl.run("delete", "eventserver", "owned", "--timeout=120s", timeout=130)
+    assert kubectl.get("statefulset", "owned") is None
+    assert kubectl.get("service", "owned-peers") is not None
+    kubectl.run("delete", "service", "owned-peers")
+
+
+def test_growing_the_volumes_on_the_real_api_server(kubectl, operator_release, tmp_path):
+    """Volume growth with the real API server's resize admission (a claim may grow only
+    when bound and its StorageClass allows expansion), the real PV controller binding the
+    volumes the cluster's provisioner made, and the real StatefulSet controller adopting
+    the running pods into the recreated StatefulSet.
+
+    Not real here: the resize itself. The cluster's provisioner makes hostPath volumes,
+    which no resizer can grow (no CSI driver or external-resizer is built from the module
+    proxy), so this test plays the external-resizer and the kubelet's file-system step
+    as an administrator: the PV's capacity, then the claim's ``status.capacity``."""
     cls = f"expandable-{kubectl.namespace}"
     kubectl.apply(
         {
             "apiVersion": "storage.k8s.io/v1",
             "kind": "StorageClass",
             "metadata": {"name": cls},
-            "provisioner": PROVISIONER,
+            "provisioner": PROVISIONER_NAME,
             "allowVolumeExpansion": True,
+            "volumeBindingMode": "WaitForFirstConsumer",
         }
     )
+    try:
+        _grow(kubectl, cls, tmp_path)
+    finally:
+        kubectl.run("delete", "storageclass", cls, "--wait=false", check=False)
+
+
+def _grow(kubectl: ClusterKubectl, cls: str, tmp_path: pathlib.Path) -> None:
     kubectl.apply(eventserver("grow", 2, storage={"size": "1Gi", "storageClassName": cls}))
-    pods = kubelet("grow")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=120s", timeout=130)
+    grow = Replicas(kubectl, "grow", tmp_path)
+    wait_condition(kubectl, "grow", "Ready")
     for i in (0, 1):
         wait_for(
             lambda i=i: (
@@ -402,47 +632,94 @@ def test_growing_the_volumes_on_the_real_api_server(kubectl, operator, kubelet):
                 .get("phase")
                 == "Bound"
             ),
-            timeout=60,
+            timeout=120,
             what=f"claim data-grow-{i} bound by the PV controller",
         )
-    register(pods, 0, 2)
-    pids = {i: pods.pid(i) for i in (0, 1)}
+    register(grow, 0, 2)
+    containers = {i: grow.container(i) for i in (0, 1)}
     sts_uid = kubectl.get("statefulset", "grow")["metadata"]["uid"]
 
     kubectl.run(
         "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"3Gi"}}}'
     )
 
+    def resizer() -> bool:
+        """The external-resizer's and the kubelet's part, for claims that asked for more."""
+        done = True
+        for i in (0, 1):
+            claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
+            want = claim["spec"]["resources"]["requests"]["storage"]
+            if want != "3Gi":
+                done = False
+                continue
+            if claim["status"].get("capacity", {}).get("storage") != want:
+                kubectl.run(
+                    "patch", "pv", claim["spec"]["volumeName"], "--type=merge", "-p",
+                    json.dumps({"spec": {"capacity": {"storage": want}}}),
+                )  # fmt: skip
+                kubectl.run(
+                    "patch", "pvc", f"data-grow-{i}", "--subresource=status", "--type=merge",
+                    "-p", json.dumps({"status": {"capacity": {"storage": want}}}),
+                )  # fmt: skip
+        return done
+
     def resized():
+        resizer()
         c = condition(kubectl.get("eventserver", "grow"), "StorageResizing")
         return c.get("reason") == "Resized" and c
 
-    wait_for(resized, timeout=120, what="StorageResizing=False/Resized")
+    wait_for(resized, timeout=300, what="StorageResizing=False/Resized")
     for i in (0, 1):
         claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
         assert claim["spec"]["resources"]["requests"]["storage"] == "3Gi"
         assert claim["status"]["capacity"]["storage"] == "3Gi"
         volume = kubectl.get("persistentvolume", claim["spec"]["volumeName"])
         assert volume["spec"]["capacity"]["storage"] == "3Gi"
-    sts = kubectl.get("statefulset", "grow")
-    assert sts["metadata"]["uid"] != sts_uid  # recreated (orphan) with the new template
+    sts = wait_for(
+        lambda: (s := kubectl.get("statefulset", "grow")) and s["metadata"]["uid"] != sts_uid and s,
+        timeout=120,
+        what="the StatefulSet recreated (orphan) with the new template",
+    )
     template = sts["spec"]["volumeClaimTemplates"][0]["spec"]["resources"]["requests"]
     assert template["storage"] == "3Gi"
-    assert {i: pods.pid(i) for i in (0, 1)} == pids  # the pods kept running
-    assert pods.restarts == {}
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/grow", "--timeout=60s", timeout=70)
-    # The adopted pods still belong to the new StatefulSet (its controller adopted them).
+    assert {i: grow.container(i) for i in (0, 1)} == containers  # the pods kept running
+    assert grow.restarts == {}
+    wait_condition(kubectl, "grow", "Ready")
+    # The running pods now belong to the new StatefulSet (its controller adopted them).
     for i in (0, 1):
         owner = kubectl.get("pod", f"grow-{i}")["metadata"]["ownerReferences"][0]
         assert owner["uid"] == sts["metadata"]["uid"]
 
     # Shrinking: refused by the CRD's CEL rule on the real API server.
     shrink = kubectl.run(
-        "patch",
-        "eventserver/grow",
-        "--type=merge",
-        "-p",
-        '{"spec":{"storage":{"size":"2Gi"}}}',
+        "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"2Gi"}}}',
         check=False,
-    )
+    )  # fmt: skip
     assert shrink.returncode != 0 and "never shrink" in (shrink.stderr + shrink.stdout), shrink
+    kubectl.run("delete", "eventserver", "grow", "--timeout=120s", timeout=130)
+
+
+def test_every_request_of_the_operator_was_allowed_by_the_charts_rbac(real_cluster, kubectl):
+    """Last: the API server's audit log of every request the operator's ServiceAccount
+    made in this module (claims, pods, NetworkPolicies, Events...), none refused — except
+    the transient refusals of a seconds-old CRD, which the operator retries at once."""
+    (pod,) = kubectl.json(
+        "get", "pods", "-l", "app.kubernetes.io/name=eventfleet-operator"
+    )["items"]  # fmt: skip
+    user = f"system:serviceaccount:{kubectl.namespace}:{pod['spec']['serviceAccountName']}"
+    requests = [e for e in real_cluster.audit() if e["user"]["username"] == user]
+    verbs = {(e["objectRef"]["resource"], e["verb"]) for e in requests if "objectRef" in e}
+    # The day-2 paths really ran through this identity.
+    assert {
+        ("networkpolicies", "delete"),
+        ("persistentvolumeclaims", "patch"),
+        ("pods", "delete"),
+        ("statefulsets", "patch"),
+    } <= verbs, sorted(verbs)
+    lasting = [
+        (e["verb"], e["requestURI"], e["responseStatus"].get("message", ""))
+        for e in requests
+        if e["responseStatus"]["code"] == 403
+        and "cannot find RESTMapping" not in e["responseStatus"].get("message", "")
+    ]
+    assert lasting == [], f"requests the chart's RBAC forbade: {lasting}"

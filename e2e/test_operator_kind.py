@@ -1,8 +1,8 @@
 """The real-cluster e2e (e2e/kind/run.sh), only where kind and Docker exist.
 
 A developer-only test: the project's CI machines have neither, and there the tests on the
-real control plane with the node agent (test_operator.py, test_operator_scaling.py,
-test_chart_cluster.py) stand in. It is deselected (not skipped: a CI run's skips are only
+real single-node cluster (e2e/cluster: test_operator.py, test_operator_scaling.py,
+test_operator_day2_cluster.py...) stand in. It is deselected (not skipped: a CI run's skips are only
 ever missing parts, and CI allows none) unless ``EVENTFLEET_KIND_E2E=1``, on a machine
 with docker, kind, kubectl and helm.
 """

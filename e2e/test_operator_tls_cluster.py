@@ -1,7 +1,10 @@
-"""spec.tls on the real control plane: the operator issues the fleet certificate, the
-replicas (the project's server image under podman) serve TLS on every listener with
-mutual TLS between Syncer peers, the operator's own calls (/status, /flush) verify the
-fleet CA, and a re-issued certificate is served without restarting a replica.
+"""spec.tls on the real single-node cluster (e2e/cluster): the operator (the chart's
+Deployment, ``helm install`` into a restricted namespace) issues the fleet certificate
+from its own CA, the replicas (the server image run by the kubelet) serve TLS on every
+listener with mutual TLS between Syncer peers that find each other by DNS name, the
+operator's own calls (/status, /flush) verify the fleet CA, and a re-issued certificate
+reaches the replicas through the kubelet's refresh of the mounted Secret volume and is
+served without restarting a replica.
 
 The cert-manager path runs against cert-manager's real CRDs (v1.21.2, vendored in
 e2e/k8s/external-crds) installed in the real API server, which validates every object
@@ -25,11 +28,13 @@ import urllib.request
 import pytest
 from eventfleet_operator import naming, pki
 
-from e2e.k8s.harness import ROOT, Kubectl, wait_for
-from e2e.test_operator import condition, eventserver, register
+from e2e.cluster.clients import ClusterKubectl
+from e2e.cluster.layout import ROOT
+from e2e.cluster.replicas import Replicas, register
+from e2e.operator_helpers import condition, eventserver, wait_condition, wait_for
 
-pytest_plugins = ["e2e.k8s.cluster_fixtures"]
-pytestmark = pytest.mark.timeout(420)
+pytest_plugins = ["e2e.cluster.fixtures"]
+pytestmark = pytest.mark.timeout(900)
 
 CM_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
 
@@ -59,15 +64,23 @@ def der_of(pem: str) -> bytes:
     return ssl.PEM_cert_to_DER_cert(pem)
 
 
-def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, kubelet, tmp_path):
+@pytest.fixture(scope="module")
+def operator_values() -> tuple[str, ...]:
+    return ("--set", "operator.resyncSeconds=2")
+
+
+@pytest.fixture(scope="module")
+def kubectl(ckubectl: ClusterKubectl) -> ClusterKubectl:
+    return ckubectl
+
+
+def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator_release, tmp_path):
     ns = kubectl.namespace
     kubectl.apply(eventserver("sec", 2, tls={"enabled": True, "provider": "Operator"}))
-    pods = kubelet("sec")
+    pods = Replicas(kubectl, "sec", tmp_path / "replicas")
     # Ready means: HTTPS probes pass and the operator read /status over HTTPS (fleet CA).
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/sec", "--timeout=120s", timeout=130)
-    kubectl.run(
-        "wait", "--for=condition=CertificateReady", "eventserver/sec", "--timeout=30s", timeout=40
-    )
+    wait_condition(kubectl, "sec", "Ready")
+    wait_condition(kubectl, "sec", "CertificateReady", 60)
     status = kubectl.get("eventserver", "sec")["status"]
     assert status["tls"]["provider"] == "Operator"
     assert status["tls"]["secretName"] == "sec-tls"
@@ -89,10 +102,10 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
     register(pods, 0, 1, tls=(str(ca_file), name0), first=1)
     wait_for(
         lambda: condition(kubectl.get("eventserver", "sec"), "PeersSynced").get("status") == "True",
-        timeout=60,
+        timeout=240,
         what="sec in sync",
     )
-    pids = {o: pods.pid(o) for o in (0, 1)}
+    containers = {o: pods.container(o) for o in (0, 1)}
 
     # Renewal: the key in the Secret is damaged (as a bad hand edit would). The replicas
     # keep serving the old certificate (the new files do not load), the operator
@@ -110,16 +123,16 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
         key = secret_text(kubectl, "sec-tls", "tls.key")
         return new if new != cert_pem and "PRIVATE KEY" in key else None
 
-    new_pem = wait_for(reissued, timeout=60, what="the certificate re-issued")
+    new_pem = wait_for(reissued, timeout=240, what="the certificate re-issued")
     assert secret_text(kubectl, "sec-tls", "ca.crt") == ca_pem  # same CA: peers trust it
     for ordinal in (0, 1):
         name = naming.peer_host("sec", ns, ordinal)
         wait_for(
             lambda o=ordinal, n=name: served_der(pods.eventer(o), ca_pem, n) == der_of(new_pem),
-            timeout=60,
-            what=f"sec-{ordinal} serving the renewed certificate",
+            timeout=240,
+            what=f"sec-{ordinal} serving the renewed certificate (kubelet volume refresh)",
         )
-    assert {o: pods.pid(o) for o in (0, 1)} == pids
+    assert {o: pods.container(o) for o in (0, 1)} == containers
     assert pods.restarts == {}
     events = [
         e
@@ -137,18 +150,16 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator, ku
             [sys.executable, "-m", "eventfleet_cli", "query", "--eventer", pods.eventer(0),
              "--token-file", str(pods.token_file(0)), "--tls-ca", str(ca_file),
              "--tls-server-name", name0, "server", "2"],
-            check=True, capture_output=True, text=True, timeout=20,
+            check=True, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         return [line for line in out.stdout.splitlines() if '"e2e"' in line] or None
 
-    wait_for(on_replica_0, timeout=30, what="replica 1's event on replica 0 (query over TLS)")
+    wait_for(on_replica_0, timeout=240, what="replica 1's event on replica 0 (query over TLS)")
 
 
-def test_cert_manager_certificate_with_its_real_crds(
-    control_plane, kubectl, operator, kubelet, kubectl_binary
-):
+def test_cert_manager_certificate_with_its_real_crds(kubectl, operator_release, tmp_path):
     """Last: installs cert-manager's CRDs into the session's API server."""
-    admin = Kubectl(kubectl_binary, control_plane.kubeconfig, validate=True)
+    admin = kubectl  # the cluster admin
     for crd in ("cert-manager.io_certificates.yaml", "cert-manager.io_issuers.yaml"):
         admin.run("apply", "--server-side", "-f", str(CM_CRDS / crd))
     admin.run("wait", "--for=condition=Established", "crd/certificates.cert-manager.io")
@@ -156,14 +167,14 @@ def test_cert_manager_certificate_with_its_real_crds(
     # `api-resources` re-reads it, so the new kinds resolve by name below.
     wait_for(
         lambda: "certificates" in admin.run("api-resources", "--api-group=cert-manager.io").stdout,
-        timeout=30,
+        timeout=240,
         what="cert-manager's kinds in kubectl's discovery",
     )
     kubectl.apply(eventserver("cm", 2, tls={"enabled": True}))  # Auto: cert-manager is here
     # The operator's objects, as validated by the real API server against cert-manager's CRDs.
     cert = wait_for(
         lambda: kubectl.get("certificate.cert-manager.io", "cm-tls"),
-        timeout=60,
+        timeout=240,
         what="the Certificate",
     )
     for kind, name in (("issuer", "cm-selfsigned"), ("certificate", "cm-ca"), ("issuer", "cm-ca")):
@@ -176,7 +187,7 @@ def test_cert_manager_certificate_with_its_real_crds(
             condition(kubectl.get("eventserver", "cm"), "CertificateReady").get("reason")
             == "CertificatePending"
         ),
-        timeout=30,
+        timeout=240,
         what="CertificatePending",
     )
 
@@ -213,8 +224,8 @@ def test_cert_manager_certificate_with_its_real_crds(
         "-p",
         json.dumps({"status": {"conditions": [ready], "notAfter": not_after}}),
     )
-    pods = kubelet("cm")
-    kubectl.run("wait", "--for=condition=Ready", "eventserver/cm", "--timeout=120s", timeout=130)
+    pods = Replicas(kubectl, "cm", tmp_path)
+    wait_condition(kubectl, "cm", "Ready")
     es = kubectl.get("eventserver", "cm")
     assert es["status"]["tls"]["provider"] == "CertManager"
     assert es["status"]["tls"]["notAfter"] == not_after

@@ -1,4 +1,5 @@
-"""A real S3-compatible server for tests: moto in server mode on 127.0.0.1.
+"""A real S3-compatible server for tests: moto in server mode on 127.0.0.1 (or on the
+address given, e.g. the single-node cluster's bridge so that pods reach it).
 
 Not a mocked client: the code under test speaks HTTP (boto3, signed requests) to
 moto's S3 implementation listening on a free loopback port, exactly as it would to
@@ -40,17 +41,19 @@ class S3Server:
 
 
 @contextlib.contextmanager
-def running_s3(bucket: str = "eventfleet-backups") -> Iterator[S3Server]:
-    """moto's S3 server on a free 127.0.0.1 port with `bucket` created."""
+def running_s3(bucket: str = "eventfleet-backups", host: str = "127.0.0.1") -> Iterator[S3Server]:
+    """moto's S3 server on a free port of ``host`` with `bucket` created. The e2e tests on
+    the real cluster pass its bridge address (198.18.0.1, reserved for benchmark testing):
+    pods reach the node there, and nothing listens on a private range."""
     from moto.server import ThreadedMotoServer
 
     from e2e.ports import free_port  # below the ephemeral range, never handed out twice
 
     port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     try:
-        s3 = S3Server(f"http://127.0.0.1:{port}", bucket)
+        s3 = S3Server(f"http://{host}:{port}", bucket)
         # moto keeps its backends in process-wide state: a server started after another
         # in the same test process would see the earlier buckets and objects.
         reset = urllib.request.Request(f"{s3.endpoint_url}/moto-api/reset", method="POST")

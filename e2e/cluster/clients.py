@@ -5,7 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import signal
 import subprocess
+import time
+import urllib.request
 
 from .cluster import Cluster
 from .layout import HELM, KUBECTL
@@ -41,6 +44,78 @@ class ClusterKubectl:
 
     def apply(self, doc: dict) -> None:
         self.run("apply", "-f", "-", stdin=json.dumps(doc))
+
+    def json(self, *args: str) -> dict:
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    @property
+    def binary(self) -> str:
+        return str(KUBECTL)
+
+    @property
+    def kubeconfig(self) -> pathlib.Path:
+        return self.cluster.kubeconfig
+
+
+class OperatorDeployment:
+    """The chart's operator Deployment, as an administrator handles it: scaled to 0 and
+    back, its pod's process killed, its log and its metrics read."""
+
+    def __init__(self, k: ClusterKubectl, name: str) -> None:
+        self.k, self.name = k, name
+
+    def pods(self) -> list[dict]:
+        selector = "app.kubernetes.io/name=eventfleet-operator"
+        return self.k.json("get", "pods", "-l", selector)["items"]
+
+    def _wait_pods(self, want: int) -> None:
+        deadline = time.monotonic() + 180
+        while True:
+            pods = [p for p in self.pods() if not p["metadata"].get("deletionTimestamp")]
+            ready = [
+                p for p in pods
+                if all(s.get("ready") for s in p["status"].get("containerStatuses") or [{}])
+            ]  # fmt: skip
+            if (want == 0 and not self.pods()) or (want and len(ready) == want == len(pods)):
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"operator pods not {want} after 180 s: {pods}")
+            time.sleep(1)
+
+    def stop(self, *, sig: int = signal.SIGTERM) -> None:
+        """Scale the Deployment to 0 and wait for its pod to go; with SIGKILL the
+        operator's process is killed first (a crash: no shutdown of its own)."""
+        if sig == signal.SIGKILL:
+            from .replicas import container_pid
+
+            for pod in self.pods():
+                for s in pod["status"].get("containerStatuses") or []:
+                    if "running" in (s.get("state") or {}):
+                        os.kill(container_pid(s["containerID"]), signal.SIGKILL)
+        self.k.run("scale", f"deployment/{self.name}", "--replicas=0")
+        self._wait_pods(0)
+
+    def start(self) -> None:
+        self.k.run("scale", f"deployment/{self.name}", "--replicas=1")
+        self._wait_pods(1)
+
+    def alive(self) -> bool:
+        pods = self.pods()
+        return len(pods) == 1 and all(
+            s.get("ready") and not s.get("restartCount")
+            for s in pods[0]["status"].get("containerStatuses") or [{}]
+        )
+
+    def log(self) -> str:
+        return self.k.run("logs", f"deployment/{self.name}", "--tail=400", check=False).stdout
+
+    def metrics(self, port: int) -> str:
+        """The operator's /metrics (its ``--metrics`` listener on ``port``), from the host
+        to the pod's IP."""
+        (pod,) = [p for p in self.pods() if not p["metadata"].get("deletionTimestamp")]
+        url = f"http://{pod['status']['podIP']}:{port}/metrics"
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.read().decode()
 
 
 def helm(cluster: Cluster, home: pathlib.Path, *args: str, timeout: float = 300) -> str:

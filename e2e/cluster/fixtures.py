@@ -5,8 +5,8 @@ asks for it, once for the whole session, and is taken down at the end with every
 stopped by pid and every host change undone. When it cannot start (no root, Go, containers
 or built binaries) the test fails with the reason — it is never skipped.
 
-Fixture names differ from e2e.k8s's (``kubectl``, ``namespace``...), so both sets can be
-loaded in one session without one replacing the other.
+A module that wants shorter names (``kubectl`` for ``ckubectl``) defines them as its own
+module-scoped fixtures; ``operator_values`` is the one to override for ``helm --set``.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import pathlib
 from collections.abc import Iterator
 
 import pytest
 
-from .clients import ClusterKubectl, helm
+from .clients import ClusterKubectl, OperatorDeployment, helm
 from .cluster import Cluster, ClusterError
 from .layout import ROOT
 
@@ -39,7 +40,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """The session's cluster (admin kubeconfig: ``real_cluster.kubeconfig``)."""
+    """The session's cluster (admin kubeconfig: ``real_cluster.kubeconfig``).
+
+    A developer iterating on one module may start the cluster once by hand
+    (``scripts/cluster up``) and name its work directory in EVENTFLEET_CLUSTER_WORKDIR:
+    the session then uses that cluster and leaves it up (``scripts/cluster down`` ends it).
+    CI never sets it: there the session starts and stops its own cluster.
+    """
+    given = os.environ.get("EVENTFLEET_CLUSTER_WORKDIR")
+    if given:
+        cluster = Cluster(pathlib.Path(given))
+        down = [n for n, s in cluster.status()["processes"].items() if s != "running"]
+        if not cluster.state or down:
+            pytest.fail(
+                f"EVENTFLEET_CLUSTER_WORKDIR={given}: no cluster up there (not running: {down})",
+                pytrace=False,
+            )
+        yield cluster
+        return
     cluster = Cluster(tmp_path_factory.mktemp("cluster"))
     try:
         cluster.up()
@@ -74,16 +92,27 @@ def restricted_namespace(real_cluster: Cluster) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def operator_values() -> tuple[str, ...]:
+    """Extra ``helm install`` arguments (``--set``...) for the module's operator, as a
+    user would pass them; a module overrides this fixture to change them."""
+    return ()
+
+
+@pytest.fixture(scope="module")
 def operator_release(
-    real_cluster: Cluster, restricted_namespace: str, tmp_path_factory: pytest.TempPathFactory
+    real_cluster: Cluster,
+    restricted_namespace: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    operator_values: tuple[str, ...],
 ) -> Iterator[str]:
     """``helm install`` of the chart into the namespace, as a user does (defaults: the
     operator watches its release namespace); waits for the operator's Deployment."""
     home = tmp_path_factory.mktemp("helm")
     release = "ef"
+    _delete_kept_crds(real_cluster)
     helm(
         real_cluster, home, "install", release, str(CHART), "--namespace", restricted_namespace,
-        "--wait", "--timeout", "180s",
+        "--wait", "--timeout", "180s", *operator_values,
     )  # fmt: skip
     try:
         yield release
@@ -96,8 +125,31 @@ def operator_release(
         helm(
             real_cluster, home, "uninstall", release, "--namespace", restricted_namespace, "--wait"
         )
+        _delete_kept_crds(real_cluster)
+
+
+def _delete_kept_crds(cluster: Cluster) -> None:
+    """The chart keeps its CRDs on uninstall (``crds.keep``, so that users' EventServers
+    survive a reinstall); they still carry the old release's ownership, which the next
+    module's ``helm install`` in another namespace refuses. Deleted here as a user who
+    uninstalls for good does (docs/operator.md), with the EventServers already gone."""
+    listed = cluster.kubectl("get", "crd", "-o", "json")
+    names = [
+        c["metadata"]["name"]
+        for c in json.loads(listed.stdout)["items"]
+        if c["spec"]["group"] == "eventfleet.io"
+        and "meta.helm.sh/release-namespace" in (c["metadata"].get("annotations") or {})
+    ]
+    if names:
+        cluster.kubectl("delete", "crd", *names, "--timeout=120s", timeout=130)
 
 
 @pytest.fixture(scope="module")
 def ckubectl(real_cluster: Cluster, restricted_namespace: str) -> ClusterKubectl:
     return ClusterKubectl(real_cluster, restricted_namespace)
+
+
+@pytest.fixture(scope="module")
+def operator_pod(ckubectl: ClusterKubectl, operator_release: str) -> OperatorDeployment:
+    """The chart's operator Deployment: stop/start it, scrape its metrics, read its log."""
+    return OperatorDeployment(ckubectl, f"{operator_release}-eventfleet-operator")

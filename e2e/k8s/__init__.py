@@ -1,5 +1,5 @@
-"""Test doubles for Kubernetes: the API emulator (kmock-based) and its helpers.
-
-See :mod:`e2e.k8s.emulator`. This is an emulator, not a cluster: no pods run and no
-controller or garbage collector acts; tests play those parts where they need them.
+"""The bare Kubernetes control plane (etcd, kube-apiserver, kube-controller-manager built
+from Go modules) that the chart tests start one per test (``controlplane.py``), and the
+upstream CRDs the tests validate against (``external-crds/``). Pods run only on the
+real single-node cluster (:mod:`e2e.cluster`).
 """

@@ -6,7 +6,8 @@ certificates, service-account keys and an admin identity generated here. What ru
 real API server (OpenAPI, validation, CEL rules, RBAC, admission, server-side apply,
 watch) and the real controllers the operator relies on (garbage collector, StatefulSet,
 PodDisruptionBudget, namespace, service accounts). There is no kubelet and no scheduler:
-pods stay unbound until a node agent (``e2e.k8s.node``) binds and runs them.
+pods stay unbound (the chart tests need none; pods run on the single-node cluster of
+:mod:`e2e.cluster`, which uses this control plane's binaries).
 
 Every process binds 127.0.0.1 on a free port, logs into the work directory and is stopped
 by its pid; every wait is bounded.

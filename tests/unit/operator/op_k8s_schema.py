@@ -22,9 +22,7 @@ from typing import Any
 
 import jsonschema
 import yaml
-
-# One translation of the CRD dialect for the unit tests and the API emulator.
-from e2e.k8s.schema import to_jsonschema
+from op_crd_schema import to_jsonschema
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 CRD_PATH = ROOT / "crds" / "eventfleet.io_eventservers.yaml"

@@ -1,10 +1,10 @@
 """An in-memory ``KubeClient`` look-alike for reconciliation unit tests (no network).
 
-Objects live in a dict keyed by ``(kind, namespace, name)``. Server-side apply uses the
-API emulator's own semantics (``e2e.k8s.patching.apply``: fields this manager applied
-before and no longer applies are removed), so a unit test sees the same removals as the
-e2e tests and a real server. ``uid``, ``resourceVersion`` and ``generation`` are set;
-``resourceVersion`` only moves when an object really changes. Every write is recorded
+Objects live in a dict keyed by ``(kind, namespace, name)``. Server-side apply for one
+field manager (``op_patching.apply``: fields this manager applied before and no longer
+applies are removed), so a unit test sees the same removals as a real server. ``uid``,
+``resourceVersion`` and ``generation`` are set; ``resourceVersion`` only moves when an
+object really changes. Every write is recorded
 in ``writes`` as ``(verb, kind, name)``.
 """
 
@@ -15,9 +15,8 @@ import datetime
 import itertools
 from typing import Any
 
+import op_patching as patching
 from eventfleet_operator import kube
-
-from e2e.k8s import patching
 
 _uids = itertools.count(1)
 

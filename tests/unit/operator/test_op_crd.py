@@ -139,7 +139,7 @@ def test_the_hat_compatible_mode_has_cel_rules_for_its_networks():
 
 def test_crd_defaults_agree_with_the_operator():
     # The API server applies the CRD defaults; the operator applies its own (objects
-    # stored before a CRD upgrade, the emulator). Both must give the same fleet.
+    # stored before a CRD upgrade). Both must give the same fleet.
     spec_schema = SCHEMA["properties"]["spec"]
     for raw in ({}, {"aggregation": {"enabled": True}}, copy.deepcopy(FULL_SPEC)):
         defaulted = k8s_schema.apply_defaults(spec_schema, raw)

@@ -1,4 +1,5 @@
-"""Patch semantics of the Kubernetes API, close enough for kubectl, helm and kopf.
+"""Patch semantics of the Kubernetes API for the in-memory client of the unit tests
+(``op_kube.py``), close enough for the operator's calls.
 
 * JSON merge patch (RFC 7386): dicts merge, ``null`` deletes, lists are replaced.
 * Strategic merge patch (built-in kinds only): like merge patch, but lists of objects
@@ -9,8 +10,8 @@
 * JSON patch (RFC 6902), including ``test`` (kopf guards finalizer edits with it).
 * Server-side apply, for one field manager at a time: fields that the manager applied
   before but no longer applies are removed, then the applied configuration is merged.
-  (Real SSA tracks field ownership per manager in ``managedFields``; the emulator keeps
-  each manager's last applied configuration instead.)
+  (Real SSA tracks field ownership per manager in ``managedFields``; this keeps each
+  manager's last applied configuration instead.)
 """
 
 from __future__ import annotations
