@@ -57,6 +57,21 @@ def test_subscription_matches_like_the_definition(patterns, event_type):
     assert Subscription(patterns).matches(event_type) == expected
 
 
+@given(st.lists(valid_pattern(), max_size=4), st.lists(types, max_size=20))
+def test_subscription_remembers_answers_without_changing_them(patterns, event_types):
+    # Asked twice (the second answer from the memo), also past a cleared memo.
+    subscription = Subscription(patterns)
+    for event_type in [*event_types, *event_types]:
+        expected = any(reference_match(p, event_type) for p in patterns)
+        assert subscription.matches(event_type) == expected
+    filler = Subscription(patterns)
+    for i in range(1500):
+        filler.matches(("x", str(i)))
+    assert len(filler._memo) <= 1024  # bounded: a session's memory does not grow with types
+    for event_type in event_types:
+        assert filler.matches(event_type) == any(reference_match(p, event_type) for p in patterns)
+
+
 @given(st.lists(valid_pattern(), max_size=4), types)
 def test_subscription_agrees_with_hat_event(patterns, event_type):
     assert Subscription(patterns).matches(event_type) == hat.create_subscription(patterns).matches(

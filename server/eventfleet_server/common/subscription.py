@@ -12,6 +12,9 @@ from collections.abc import Iterable
 from eventfleet_server.common.model import EventType
 
 _END = object()  # marks "a pattern ends here" in the trie
+# Types remembered per subscription (`Subscription.matches`); cleared when full, so a
+# stream of ever-new types costs a trie walk each, as without the memo.
+_MEMO_MAX = 1024
 
 
 class InvalidSubscriptionError(ValueError):
@@ -33,7 +36,7 @@ def validate_pattern(pattern: Iterable[str]) -> EventType:
 class Subscription:
     """An immutable set of event-type patterns."""
 
-    __slots__ = ("_all", "_patterns", "_tree")
+    __slots__ = ("_all", "_memo", "_patterns", "_tree")
 
     def __init__(self, patterns: Iterable[Iterable[str]]):
         self._patterns = tuple(dict.fromkeys(validate_pattern(p) for p in patterns))
@@ -44,6 +47,7 @@ class Subscription:
                 node = node.setdefault(segment, {})
             node[_END] = True
         self._all = ("*",) in self._patterns
+        self._memo: dict[EventType, bool] = {}
 
     @property
     def patterns(self) -> tuple[EventType, ...]:
@@ -58,7 +62,19 @@ class Subscription:
         return not self._patterns
 
     def matches(self, event_type: EventType) -> bool:
-        return self._all or _match(self._tree, event_type, 0)
+        # Every committed event is matched against every session's subscription, twice
+        # (persisted or not); deployments register a bounded set of types, so the
+        # answer is remembered per type (a dict lookup instead of a trie walk).
+        if self._all:
+            return True
+        memo = self._memo
+        found = memo.get(event_type)
+        if found is None:
+            found = _match(self._tree, event_type, 0)
+            if len(memo) >= _MEMO_MAX:
+                memo.clear()
+            memo[event_type] = found
+        return found
 
     def __repr__(self) -> str:
         return f"Subscription({[list(p) for p in self._patterns]!r})"

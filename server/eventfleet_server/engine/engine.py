@@ -340,8 +340,20 @@ class Engine:
         first = self._instance + 1
         self._instance += len(events)
         server = self._server_id
+        # tuple.__new__: a NamedTuple's generated __new__ is a Python call per object,
+        # two per event here (~0.4 µs each at batch 100).
+        new = tuple.__new__
         created = [
-            Event(EventId(server, session, first + i), e.type, ts, e.source_timestamp, e.payload)
+            new(
+                Event,
+                (
+                    new(EventId, (server, session, first + i)),
+                    e.type,
+                    ts,
+                    e.source_timestamp,
+                    e.payload,
+                ),
+            )
             for i, e in enumerate(events)
         ]
         sbs = encode(created) if encode is not None else None
