@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 _NIL = b"\xc0"
 _INDEX_CATCH_UP_CHUNK = 5_000
 _MARK_EVERY = 50_000
-_INDEX_DELAY = 0.25  # seconds between UUID index writes (at most)
+_INDEX_DELAY = 1.0  # seconds between UUID index writes (at most; docs/bus.md says why)
 
 
 @functools.lru_cache(maxsize=65536)
