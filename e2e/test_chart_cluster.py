@@ -9,7 +9,7 @@ validation; the API server enforces the CRD schema and its CEL rules. The chart 
 cluster-scoped objects (the CRD, a ClusterRole and its binding), and the session has one
 cluster, where a fresh control plane per test would cost minutes: each test installs its
 own release and, when it ends, deletes its fleets, uninstalls the release, and deletes
-its namespaces, the kept CRD and the monitoring CRDs it created, as a user who
+its namespaces, the kept CRDs and the monitoring CRDs it created, as a user who
 uninstalls for good does, waiting for each, so the next test or module installs on a
 clean cluster. Audit events are told apart by the time the test's release was installed.
 
@@ -54,8 +54,7 @@ def home(tmp_path):
 # Namespaces the tests create (the everything-on values name fleet-a, fleet-b and
 # monitoring; "other" holds a fleet no operator watches) and the cluster-scoped kinds.
 CLUSTER_NAMESPACES = (NAMESPACE, "fleet-a", "fleet-b", "monitoring", "other")
-CLUSTER_CRDS = (
-    "eventservers.eventfleet.io",
+MONITORING_CRDS = (
     "servicemonitors.monitoring.coreos.com",
     "prometheusrules.monitoring.coreos.com",
 )
@@ -93,8 +92,9 @@ def on_cluster(real_cluster, home):
             "delete", "namespace", *CLUSTER_NAMESPACES, "--ignore-not-found",
             "--timeout=180s", check=False, timeout=190,
         )  # fmt: skip
+        _delete_kept_crds(real_cluster)  # every CRD of the chart (EventServerBackup too)
         real_cluster.kubectl(
-            "delete", "crd", *CLUSTER_CRDS, "--ignore-not-found", "--timeout=120s",
+            "delete", "crd", *MONITORING_CRDS, "--ignore-not-found", "--timeout=120s",
             check=False, timeout=130,
         )  # fmt: skip
 
