@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from e2e.k8s.harness import ROOT
+from e2e.cluster.layout import ROOT
 
 MISSING = [t for t in ("docker", "kind", "kubectl", "helm") if shutil.which(t) is None]
 

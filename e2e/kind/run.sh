@@ -2,9 +2,8 @@
 # Real-cluster end-to-end test of the operator on kind (Kubernetes in Docker).
 #
 # The CI machines of this project have no Docker engine, so this script is NOT run
-# there: CI runs the operator and the chart against a real Kubernetes control plane built
-# from Go modules (e2e/k8s/controlplane.py, docs/operator.md "Tests") with the project's
-# images. Run this where you have Docker and kind, as a check of your own cluster setup:
+# there: CI runs the operator and the chart on a real single-node Kubernetes built from
+# Go modules (e2e/cluster, docs/operator.md "Tests") with the project's images. Run this where you have Docker and kind, as a check of your own cluster setup:
 # the images built by docker, Helm install, pods starting, probes, DNS names of the peer
 # Service, the replicas syncing, volumes, a safe scale-down, garbage collection.
 #

@@ -54,19 +54,3 @@ def test_the_service_range_holds_the_cluster_services():
     # The kubernetes Service takes the range's first address (the API server's SAN).
     assert ipaddress.ip_address(layout.API_SERVICE_IP) == services.network_address + 1
     assert ipaddress.ip_address(layout.NODE_IP) in ipaddress.ip_network(layout.POD_CIDR)
-
-
-def test_the_control_plane_tier_uses_the_benchmark_range_too():
-    from e2e.k8s import controlplane
-
-    services = ipaddress.ip_network(controlplane.SERVICE_CIDR)
-    assert services.subnet_of(BENCHMARK)
-    assert ipaddress.ip_address(controlplane.API_SERVICE_IP) == services.network_address + 1
-    # No overlap with the single-node cluster's Services: both tiers run in one session.
-    assert not services.overlaps(ipaddress.ip_network(layout.SERVICE_CIDR))
-    source = (pathlib.Path(controlplane.__file__).parent).glob("*.py")
-    private = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16")]
-    for path in source:
-        for addr in IPV4.findall(path.read_text()):
-            net = ipaddress.ip_network(addr, strict=False)
-            assert not any(net.overlaps(p) for p in private), f"{path.name}: {addr}"
