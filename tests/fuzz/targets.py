@@ -15,6 +15,7 @@ from eventfleet_server import config
 from eventfleet_server.bus import wire as bus_wire
 from eventfleet_server.chatter import connection as chatter_connection
 from eventfleet_server.common import codec
+from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import (
     QueryLatestParams,
     QueryServerParams,
@@ -22,6 +23,7 @@ from eventfleet_server.common.model import (
 )
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
+from eventfleet_server.engine import Engine
 from eventfleet_server.eventer.decode import (
     MalformedRequest,
     RegisterLimits,
@@ -34,8 +36,11 @@ from eventfleet_server.jetstream.server import JetstreamServer
 from eventfleet_server.jetstream.session import JetstreamProtocol
 from eventfleet_server.listener import Rejections, RejectReason, TokenPolicy
 from eventfleet_server.replication import wire as replication_wire
-from eventfleet_server.replication.login import Credentials, FailedLogins
+from eventfleet_server.replication.adapter import EngineBackend
+from eventfleet_server.replication.config import ReplicationConfig
+from eventfleet_server.replication.login import Credentials, FailedLogins, digest
 from eventfleet_server.replication.session import PublisherSession
+from eventfleet_server.storage import Storage
 from eventfleet_server.syncer import wire as syncer_wire
 
 
@@ -271,6 +276,142 @@ def replication_frame(data: bytes) -> None:
     assert sum(rejections.counts.values()) == (msg["mt"] != "AppChallenge")
 
 
+# The tables a logged-in replicator reaches: one with a column list (some updatable, adds
+# and deletes granted), one open to any column with adds and deletes refused.
+REPLICATION_TABLES = {
+    "items": {
+        "key": "id",
+        "columns": {"id": {}, "name": {"update": True}, "price": {"update": False}},
+        "add": True,
+        "delete": True,
+    },
+    "free": {"key": "k", "add": False, "delete": False},
+}
+
+
+class _Replica:
+    """A real store, engine and replication backend (EngineBackend) on a private event
+    loop, in a temp dir; rebuilt once the fuzzer's writes make it large (bounded time per
+    input: each session's ReplicateStart walks every row)."""
+
+    MAX_SEQ = 2000
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.fatal: list[str] = []  # the engine's writer stopped: a failure of the target
+        self.tasks = Tasks("fuzz", self.fatal.append)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-fuzz-replica-"))
+        config = ReplicationConfig.from_mapping(
+            {"tables": [{"name": n, **t} for n, t in REPLICATION_TABLES.items()]}
+        )
+        self.storage = self.loop.run_until_complete(
+            Storage.open(self.dir / "e.sqlite", synchronous="OFF")
+        )
+        self.engine = Engine(self.storage, 1, tasks=self.tasks)
+        self.loop.run_until_complete(self.engine.start())
+        self.engine.set_operational()
+        self.backend = EngineBackend(self.engine, config)
+        self.loop.run_until_complete(self._fill())
+
+    async def _fill(self) -> None:
+        await self.backend.start()
+        # Rows for the pass, updates and deletes to find (one is a tombstone already).
+        self.backend.write_many(
+            "items",
+            [(str(i), {"id": i, "name": f"n{i}", "price": i * 10}) for i in range(1, 4)],
+        )
+        self.backend.write_many("free", [("a", {"k": "a", "v": 1}), ("b", {"k": "b"})])
+        self.backend.write("items", "3", None)
+        await self.engine.flush()
+
+    def close(self) -> None:
+        self.backend.stop()
+        self.loop.run_until_complete(self.engine.stop())
+        self.loop.run_until_complete(self.storage.close())
+        self.loop.run_until_complete(self.tasks.close(5.0))
+        self.loop.close()
+
+
+_replica: _Replica | None = None
+
+
+def _replica_now() -> _Replica:
+    global _replica
+    if _replica is not None and _replica.backend.last_seq() > _Replica.MAX_SEQ:
+        _replica.close()
+        _replica = None
+    if _replica is None:
+        _replica = _Replica()
+    return _replica
+
+
+def _logged_in_session(replica: _Replica, sent: _Sent, rejections: Rejections):
+    """A publisher session that logged in as the server checks it (a fresh challenge and
+    its digest) and started both tables: ``items`` read to its end marker (live), ``free``
+    still in its initial pass."""
+    session = PublisherSession(
+        replica.backend,
+        credentials=Credentials({"user": "secret"}),
+        failed_logins=FailedLogins(1000, 60.0),
+        challenge_ttl=60.0,
+        peer="127.0.0.1",
+        send=sent,
+        rejections=rejections,
+    )
+    session.handle({"mt": "AppChallenge", "src": 1})
+    fields = {"app": "fuzz", "domain": "d", "sip": "user", "guid": "g", "dn": "n"}
+    challenge = sent[-1]
+    session.handle(
+        {
+            "mt": "AppLogin",
+            **fields,
+            "digest": digest(fields, replication_wire.decode(challenge)["challenge"], "secret"),
+        }
+    )
+    assert session.logged_in, sent[-1]
+    session.handle({"mt": "ReplicateStart", "api": "items", "add": True, "del": True})
+    session.handle({"mt": "ReplicateStart", "api": "free", "columns": {"k": {}, "v": {}}})
+    while session.describe()["tables"]["items"] == "pass":
+        session.handle({"mt": "ReplicateNext", "api": "items"})
+    assert sum(rejections.counts.values()) == 0, rejections.counts
+    return session
+
+
+async def _handle_on_the_loop(replica: _Replica, session: PublisherSession, msg: dict) -> None:
+    # As the server does: on the loop (the engine registers there), the session listening
+    # to the replica's row changes.
+    unlisten = replica.backend.add_change_listener(session.on_changes)
+    try:
+        session.handle(msg)
+        await replica.engine.flush()  # the writes commit; their changes reach on_changes
+    finally:
+        unlisten()
+
+
+def replication_logged_in(data: bytes) -> None:
+    """An AppWebsocket frame from a replicator that has logged in (real challenge and
+    digest) and started the tables of a real replica (store, engine, EngineBackend): the
+    frame decoder, then the session's ReplicateStart/Next/Add/Update/Del handling and the
+    writes it registers, committed, with the row changes fanned back to the session.
+    The only acceptable refusal is the protocol's: an error reply and one counted
+    rejection for each; any exception fails the target."""
+    text = _text(data)
+    try:
+        msg = replication_wire.decode(text)
+    except replication_wire.FrameError:
+        return
+    replica = _replica_now()
+    sent = _Sent()
+    rejections = Rejections("fuzz", logger=_QUIET)
+    session = _logged_in_session(replica, sent, rejections)
+    before = len(sent)
+    replica.loop.run_until_complete(_handle_on_the_loop(replica, session, msg))
+    assert session.logged_in and not replica.fatal, replica.fatal
+    answers = [replication_wire.decode(m) for m in sent[before:]]
+    errors = sum(1 for m in answers if "error" in m)
+    assert sum(rejections.counts.values()) == errors, (rejections.counts, answers)
+
+
 class _Outlet:
     def __init__(self) -> None:
         self.sent: list[dict] = []
@@ -332,5 +473,6 @@ TARGETS = {
     "bus_syncstart": bus_syncstart,
     "bus_pub": bus_pub,
     "replication_frame": replication_frame,
+    "replication_logged_in": replication_logged_in,
     "jetstream_frame": jetstream_frame,
 }

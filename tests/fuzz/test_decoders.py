@@ -533,6 +533,65 @@ def test_mutated_replication_frames(data):
     targets.replication_frame(data)
 
 
+# After login: the replication messages, on the replica's tables (and others), with rows
+# whose keys and columns are the tables' own often enough to reach the write checks.
+replication_rows = st.dictionaries(
+    st.sampled_from(["id", "k", "name", "price", "v"]) | json_text,
+    st.integers(0, 5) | st.sampled_from(["1", "2", "3", "a", "b", "c"]) | json_values,
+    max_size=4,
+)
+replication_columns = st.dictionaries(
+    st.sampled_from(["id", "k", "name", "price", "v"]) | json_text,
+    st.fixed_dictionaries({}, optional={"update": st.booleans() | json_values}) | json_values,
+    max_size=3,
+)
+replication_after_login = st.builds(
+    lambda mt, api, fields: {**fields, "mt": mt, "api": api},
+    st.sampled_from(
+        ["ReplicateStart", "ReplicateNext", "ReplicateAdd", "ReplicateUpdate", "ReplicateDel"]
+    )
+    | st.sampled_from(["AppChallenge", "AppLogin", "X"])
+    | json_text,
+    st.sampled_from(["items", "free", "nope"]) | json_values,
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "columns": replication_rows | replication_columns | json_values,
+            "usn": st.integers(-1, 2**64) | json_values,
+            "guid": json_text | json_values,
+            "add": st.booleans() | json_values,
+            "del": st.booleans() | json_values,
+            "src": json_values,
+        },
+    ),
+) | st.builds(
+    # A write with the table's key column present, so it reaches the row checks.
+    lambda mt, api, key, row: {
+        "mt": mt,
+        "api": api,
+        "columns": {**row, targets.REPLICATION_TABLES[api]["key"]: key},
+    },
+    st.sampled_from(["ReplicateAdd", "ReplicateUpdate", "ReplicateDel"]),
+    st.sampled_from(sorted(targets.REPLICATION_TABLES)),
+    st.integers(-1, 9)
+    | st.sampled_from(["1", "2", "3", "a", "b", "c", "", "?", "*"])
+    | json_values,
+    replication_rows,
+)
+
+
+@FUZZ
+@given(msg=replication_after_login)
+def test_structured_replication_messages_after_login(msg):
+    targets.replication_logged_in(json.dumps(msg).encode())
+
+
+@FUZZ
+@given(data=mutated(replication_after_login.map(lambda m: json.dumps(m).encode())))
+def test_mutated_replication_frames_after_login(data):
+    targets.replication_logged_in(data)
+
+
 jetstream_messages = st.builds(
     lambda type_, fields: {**fields, "type": type_},
     st.sampled_from(["SessionCreate", "ScopeFetch", "ScopeSync", "Ping"]) | json_text,
