@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import pathlib
+import shutil
 import tempfile
 from types import SimpleNamespace
 
@@ -330,9 +331,19 @@ class _Replica:
         self.loop.run_until_complete(self.storage.close())
         self.loop.run_until_complete(self.tasks.close(5.0))
         self.loop.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 _replica: _Replica | None = None
+
+
+def close_replica() -> None:
+    """Close the replica behind ``replication_logged_in``, if one was made: its store's
+    worker threads are not daemons, so a process that leaves it open never exits."""
+    global _replica
+    if _replica is not None:
+        _replica.close()
+        _replica = None
 
 
 def _replica_now() -> _Replica:

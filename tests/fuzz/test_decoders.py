@@ -41,6 +41,15 @@ from hypothesis import strategies as st
 
 from tests.fuzz import targets
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_fuzz_replica():
+    """The logged-in Replication target keeps a real store open between examples; close it
+    after the module, or pytest cannot exit (its worker threads are not daemons)."""
+    yield
+    targets.close_replica()
+
+
 EXAMPLES = int(os.environ.get("EVENTFLEET_FUZZ_EXAMPLES", "200"))
 FUZZ = settings(
     max_examples=EXAMPLES,
