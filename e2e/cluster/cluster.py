@@ -360,6 +360,10 @@ class Cluster:
             f"--authentication-kubeconfig={w / 'scheduler.kubeconfig'}",
             f"--authorization-kubeconfig={w / 'scheduler.kubeconfig'}",
             "--bind-address=127.0.0.1", f"--secure-port={ports['scheduler']}",
+            # A pod refused for an unbound PVC in the instant its volume binds can miss
+            # its requeue and wait the default 5 min (seen in CI: orphan-0 never ran);
+            # the flag is honoured with --config and bounds that wait.
+            "--pod-max-in-unschedulable-pods-duration=15s",
             "--profiling=false", "--v=1",
         ])  # fmt: skip
         self._start("kubelet", [
