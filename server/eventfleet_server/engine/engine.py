@@ -404,6 +404,9 @@ class Engine:
             pairs = self._storage.write_now(batch, meta, encoded=batch_sbs)
         except Exception as e:
             self._write_failed(batch, futures, dones, e)
+            # The writer task sleeps until woken: wake it so it probes the failing
+            # store (as after a failed merge), or the replica never notices recovery.
+            self._wakeup.set()
             return
         self._write_done(batch, batch_sbs, sessions, futures, dones, pairs, started)
 
