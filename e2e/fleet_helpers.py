@@ -372,6 +372,20 @@ async def wait_converged(
         await asyncio.sleep(0.5)
 
 
+@contextlib.asynccontextmanager
+async def serving(replica: ReplicaProc):
+    """`replica` configured, started and ready for the block; stopped after it, which
+    must end with exit code 0 (its log in the failure otherwise)."""
+    replica.write_config()
+    replica.start()
+    try:
+        await replica.wait_ready()
+        yield replica
+    finally:
+        code = replica.stop()
+        assert code == 0, f"replica exit code {code}:\n{replica.log()}"
+
+
 async def eventually(check: Callable[[], Awaitable], what: str, timeout: float = 30.0):
     deadline = time.monotonic() + timeout
     last = None

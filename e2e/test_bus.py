@@ -21,7 +21,7 @@ from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from prometheus_client.parser import text_string_to_metric_families
 
 from e2e.bus_client import BusClient, wait_live
-from e2e.fleet_helpers import ReplicaProc, free_block, read_all, status
+from e2e.fleet_helpers import ReplicaProc, free_block, read_all, serving, status
 
 ENCODINGS = ["reference", "rfc"]
 
@@ -40,14 +40,8 @@ async def running(tmp_path, name="r1", *, token_file=None, bus=None):
         token_file=token_file,
         extra={"bus": {"enabled": True, **(bus or {})}},
     )
-    replica.write_config()
-    replica.start()
-    try:
-        await replica.wait_ready()
+    async with serving(replica):
         yield replica
-    finally:
-        code = replica.stop()
-        assert code == 0, f"replica exit code {code}:\n{replica.log()}"
 
 
 async def rejected(replica: ReplicaProc) -> dict[str, float]:

@@ -18,7 +18,7 @@ import zmq.asyncio
 from eventfleet_server.bus.curve import token_keypair
 
 from e2e.bus_client import BusClient, wait_live
-from e2e.fleet_helpers import ReplicaProc, free_block, stop_group
+from e2e.fleet_helpers import ReplicaProc, free_block, serving, stop_group
 from e2e.test_bus import rejected, wait_rejected
 
 
@@ -86,14 +86,8 @@ async def curve_replica(
             **extra,
         },
     )
-    replica.write_config()
-    replica.start()
-    try:
-        await replica.wait_ready()
+    async with serving(replica):
         yield replica
-    finally:
-        code = replica.stop()
-        assert code == 0, f"replica exit code {code}:\n{replica.log()}"
 
 
 async def bus_status(replica: ReplicaProc) -> dict:
