@@ -6,6 +6,7 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import pathlib
 import shutil
@@ -33,6 +34,9 @@ from eventfleet_server.eventer.decode import (
 )
 from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.jetstream import wire as jetstream_wire
+from eventfleet_server.jetstream.adapter import EngineBackend as JetstreamBackend
+from eventfleet_server.jetstream.config import JetstreamConfig
+from eventfleet_server.jetstream.scope import root_uuid
 from eventfleet_server.jetstream.server import JetstreamServer
 from eventfleet_server.jetstream.session import JetstreamProtocol
 from eventfleet_server.listener import Rejections, RejectReason, TokenPolicy
@@ -290,7 +294,30 @@ REPLICATION_TABLES = {
 }
 
 
-class _Replica:
+class _Store:
+    """A real store and engine on a private event loop, in a temp dir."""
+
+    def __init__(self, prefix: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.fatal: list[str] = []  # the engine's writer stopped: a failure of the target
+        self.tasks = Tasks("fuzz", self.fatal.append)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+        self.storage = self.loop.run_until_complete(
+            Storage.open(self.dir / "e.sqlite", synchronous="OFF")
+        )
+        self.engine = Engine(self.storage, 1, tasks=self.tasks)
+        self.loop.run_until_complete(self.engine.start())
+        self.engine.set_operational()
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.stop())
+        self.loop.run_until_complete(self.storage.close())
+        self.loop.run_until_complete(self.tasks.close(5.0))
+        self.loop.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Replica(_Store):
     """A real store, engine and replication backend (EngineBackend) on a private event
     loop, in a temp dir; rebuilt once the fuzzer's writes make it large (bounded time per
     input: each session's ReplicateStart walks every row)."""
@@ -298,19 +325,10 @@ class _Replica:
     MAX_SEQ = 2000
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.fatal: list[str] = []  # the engine's writer stopped: a failure of the target
-        self.tasks = Tasks("fuzz", self.fatal.append)
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-fuzz-replica-"))
+        super().__init__("eventfleet-fuzz-replica-")
         config = ReplicationConfig.from_mapping(
             {"tables": [{"name": n, **t} for n, t in REPLICATION_TABLES.items()]}
         )
-        self.storage = self.loop.run_until_complete(
-            Storage.open(self.dir / "e.sqlite", synchronous="OFF")
-        )
-        self.engine = Engine(self.storage, 1, tasks=self.tasks)
-        self.loop.run_until_complete(self.engine.start())
-        self.engine.set_operational()
         self.backend = EngineBackend(self.engine, config)
         self.loop.run_until_complete(self._fill())
 
@@ -327,11 +345,7 @@ class _Replica:
 
     def close(self) -> None:
         self.backend.stop()
-        self.loop.run_until_complete(self.engine.stop())
-        self.loop.run_until_complete(self.storage.close())
-        self.loop.run_until_complete(self.tasks.close(5.0))
-        self.loop.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().close()
 
 
 _replica: _Replica | None = None
@@ -471,6 +485,298 @@ def jetstream_frame(data: bytes) -> None:
         assert outlet.sent[0]["type"] == "SessionCreateReply" and "error" in outlet.sent[0]
 
 
+# -- Jetstream past the handshake ---------------------------------------------------------------
+
+# The replica's default classes (the demo's list) plus every other property kind the
+# server checks: a number, any JSON, a collection of primitives and a single reference.
+JETSTREAM_CLASSES = {
+    "List": {"title": "string", "items": ["Item"], "pinned": "Item"},
+    "Item": {
+        "text": "string",
+        "done": "boolean",
+        "created": "date",
+        "n": "number",
+        "extra": "any",
+        "tags": ["string"],
+    },
+}
+JETSTREAM_SCOPE = "s"
+
+
+def _strict_json(text: str):
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in a frame sent to a client (not JSON)")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+class _Client:
+    """The Outlet of one client session: every frame must be what a websocket text frame
+    can carry (UTF-8) and what a browser's JSON.parse reads back."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.closed: tuple[int, str] | None = None
+
+    def send(self, messages: list[dict]) -> None:
+        text = jetstream_wire.encode(messages)
+        text.encode("utf-8")  # aiohttp's send_str, and the direct write, encode strictly
+        _strict_json(text)
+        self.sent.extend(messages)
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+class _JetstreamReplica(_Store):
+    """A real store and engine with the replica's Jetstream stack on top (the engine
+    backend and the protocol, configured from the replica's defaults), a scope with a
+    list of two items in it, and an observer session that fetched the scope, so every
+    accepted sync is fanned out to another client. Rebuilt after `MAX_SYNCS` stored syncs
+    (bounded time per input: a fetch loads the scope's latest events)."""
+
+    MAX_SYNCS = 500
+
+    def __init__(self) -> None:
+        super().__init__("eventfleet-fuzz-jetstream-")
+        defaults = config.load(None, environ={})["jetstream"]
+        self.config = config.build(JetstreamConfig, {**defaults, "classes": JETSTREAM_CLASSES})
+        self.rejections = Rejections("fuzz", logger=_QUIET)
+        self.backend = JetstreamBackend(
+            self.engine, self.config.type_prefix, self.config.model_schema()
+        )
+        server = SimpleNamespace(_tokens=TokenPolicy.of("secret"))
+        self.protocol = JetstreamProtocol(
+            self.backend,
+            authenticate=lambda presented: JetstreamServer._authenticate(server, presented),
+            reject=lambda reason, detail: self.rejections.reject(RejectReason(reason), detail),
+            scope_pattern=self.config.scope_pattern,
+            max_fragments=self.config.max_fragments,
+            resend_buffer=self.config.resend_buffer,
+            session_expiry=self.config.session_expiry,
+        )
+        self.backend.start(self.protocol.broadcast)
+        self.observer = _Client()
+        self.observer_session = self.loop.run_until_complete(self._fill())
+
+    async def _fill(self):
+        session = self.session(self.observer)
+        fetch = {"type": "ScopeFetch", "index": 1, "name": JETSTREAM_SCOPE}
+        await self.protocol.handle(session, fetch)
+        root = self.observer.sent[-1]["rootUUID"]
+        await self.protocol.handle(
+            session,
+            {
+                "type": "ScopeSync",
+                "index": 2,
+                "scopeIndex": 0,
+                "fragments": [
+                    {"type": "add", "clsName": "Item", "uuid": "i1", "properties": {"text": "a"}},
+                    {"type": "add", "clsName": "Item", "uuid": "i2", "properties": {"n": 2}},
+                    {
+                        "type": "change",
+                        "clsName": "List",
+                        "uuid": root,
+                        "properties": {"title": "t", "items": ["i1", "i2"], "pinned": "i1"},
+                    },
+                ],
+            },
+        )
+        await self.engine.flush()
+        assert self.observer.sent[-1]["fragmentReplies"] == [{}, {}, {}], self.observer.sent[-1]
+        assert not self.rejections.counts, self.rejections.counts
+        return session
+
+    def session(self, client: _Client):
+        session = self.protocol.create_session(
+            {"type": "SessionCreate", "version": "0.0.1", "params": {"token": "secret"}}, client
+        )
+        assert session is not None, client.sent
+        return session
+
+    def close(self) -> None:
+        self.protocol.close_all()
+        self.backend.stop()
+        super().close()
+
+
+_jetstream: _JetstreamReplica | None = None
+
+
+def _jetstream_now() -> _JetstreamReplica:
+    global _jetstream
+    if _jetstream is not None and _jetstream.protocol.syncs_applied > _JetstreamReplica.MAX_SYNCS:
+        _jetstream.close()
+        _jetstream = None
+    if _jetstream is None:
+        _jetstream = _JetstreamReplica()
+    return _jetstream
+
+
+def _index(message: dict) -> int | None:
+    try:
+        return jetstream_wire.index_of(message)
+    except jetstream_wire.WireError:
+        return None
+
+
+async def _handle_checked(js: _JetstreamReplica, session, client: _Client, message: dict) -> None:
+    """One client message, and what the protocol promises for it: a reply to every
+    ScopeFetch and ScopeSync (an error in it counted as one rejection), a counted
+    rejection for anything it cannot use, nothing for a resent index."""
+    rejected = sum(js.rejections.counts.values())
+    sent = len(client.sent)
+    seen = session.client_index
+    await js.protocol.handle(session, message)
+    await js.engine.flush()  # accepted writes commit and fan out to the observer
+    new = client.sent[sent:]
+    counted = sum(js.rejections.counts.values()) - rejected
+    kind, index = message["type"], _index(message)
+    if index is None:
+        assert counted == 1 and not new, (counted, new)
+        return
+    if index != 0 and index <= seen:
+        assert counted == 0 and not new, (counted, new)  # a resend: dropped
+        return
+    if kind == "Ping":
+        ack = message.get("ack")
+        bad = isinstance(ack, bool) or not isinstance(ack, int) or ack < 0
+        assert counted == bad, (counted, ack)
+        return
+    if kind not in ("ScopeFetch", "ScopeSync"):
+        assert counted == 1 and not new, (counted, new)
+        return
+    replies = [m for m in new if m["type"] == kind + "Reply"]
+    assert len(replies) == 1 and replies[0]["replyTo"] == index, new
+    reply = replies[0]
+    if kind == "ScopeFetch":
+        if "error" in reply:  # the one refusal; "scope-unavailable" is a store failure
+            assert reply["error"]["type"] == "invalid-scope-name", reply
+            assert counted == 1, counted
+        else:
+            assert counted == 0 and new[-1]["type"] == "ScopeState", new
+        return
+    errors = [r["error"] for r in reply["fragmentReplies"] if "error" in r]
+    # "could-not-apply-sync-message": the store refused what the checks accepted.
+    assert all(e["type"] != "could-not-apply-sync-message" for e in errors), errors
+    fragments = message.get("fragments")
+    # An empty sync of a scope never fetched is refused with nothing to carry the error.
+    empty_unknown = fragments == [] and not _fetched(js, session, message.get("scopeIndex"))
+    refused = bool(errors) or not isinstance(fragments, list) or empty_unknown
+    assert counted == refused, (counted, errors)
+
+
+def _fetched(js: _JetstreamReplica, session, scope_index) -> bool:
+    if isinstance(scope_index, bool) or not isinstance(scope_index, int):
+        return False
+    if not 0 <= scope_index < len(session.scopes) or session.scopes[scope_index] is None:
+        return False
+    return js.backend.scope(session.scopes[scope_index]) is not None
+
+
+async def _check_scopes_match_the_store(js: _JetstreamReplica, session) -> None:
+    """Every scope the session fetched holds what a fresh load from the store holds: the
+    in-memory models (checked against by the next sync) never drift from what was stored."""
+    fresh = JetstreamBackend(js.engine, js.config.type_prefix, js.config.model_schema())
+    for name in {n for n in session.scopes if n is not None}:
+        cached = js.backend.scope(name)
+        loaded = await fresh.open_scope(name)
+        assert {u: (m.cls_name, m.properties) for u, m in cached.models.items()} == {
+            u: (m.cls_name, m.properties) for u, m in loaded.models.items()
+        }, name
+
+
+async def _session_messages(js: _JetstreamReplica, messages: list[dict]) -> None:
+    client = _Client()
+    session = js.session(client)
+    try:
+        await _handle_checked(
+            js, session, client, {"type": "ScopeFetch", "index": 1, "name": JETSTREAM_SCOPE}
+        )
+        for message in messages:
+            await _handle_checked(js, session, client, message)
+        await _check_scopes_match_the_store(js, session)
+        assert client.closed is None, client.closed  # no client message ends a session
+    finally:
+        js.protocol.expire(session)
+    assert js.observer.closed is None, js.observer.closed
+    assert not js.fatal and not js.engine.callback_failures, (js.fatal, js.engine.callback_failures)
+    assert not js.observer_session.expired
+
+
+def _run_session(messages: list[dict]) -> None:
+    js = _jetstream_now()
+    js.loop.run_until_complete(_session_messages(js, messages))
+
+
+def close_jetstream() -> None:
+    """Close the replica behind the Jetstream session targets, if one was made."""
+    global _jetstream
+    if _jetstream is not None:
+        _jetstream.close()
+        _jetstream = None
+
+
+def jetstream_session(data: bytes) -> None:
+    """A Jetstream frame from a client whose session exists (SessionCreate with the right
+    token, the scope fetched) on a real replica's Jetstream stack (store, engine, engine
+    backend, protocol): any messages — ScopeFetch, ScopeSync, Ping, others —, each handled
+    and committed, accepted changes fanned out to another session. The only acceptable
+    refusal is the protocol's (a reply and one counted rejection, or for messages without
+    a reply a counted rejection); any exception, a frame a client could not read, a
+    callback failure in the engine or a scope that differs from the store fails it."""
+    try:
+        messages = jetstream_wire.decode(_text(data))
+    except jetstream_wire.WireError:
+        return  # the server's bad_frame refusal, before the protocol
+    _run_session([{**m, "index": m["index"] + 1} if _index(m) else m for m in messages])
+
+
+def jetstream_scope_sync(data: bytes) -> None:
+    """A ScopeSync on the fetched scope whose fragments (JSON text that is not an object)
+    or fields (an object: fragments, atomic, scopeIndex…, read after the defaults so they
+    win) are the fuzzed text, in a frame decoded as the server does; checked as
+    `jetstream_session`. Puts the fuzzer straight at the fragment checks."""
+    text = _text(data).strip()
+    head = '{"type":"ScopeSync","index":2,"scopeIndex":0,'
+    frame = head + text[1:] if text.startswith("{") else head + '"fragments":' + text + "}"
+    try:
+        messages = jetstream_wire.decode(frame)
+    except jetstream_wire.WireError:
+        return
+    _run_session(messages)
+
+
+def jetstream_scope_fetch(data: bytes) -> None:
+    """A ScopeFetch whose name is the fuzzed text, then a ScopeSync of the new scope's root
+    on it; checked as `jetstream_session`."""
+    name = _text(data)
+    _run_session(
+        [
+            {"type": "ScopeFetch", "index": 2, "name": name},
+            {
+                "type": "ScopeSync",
+                "index": 3,
+                "scopeIndex": 1,
+                "fragments": [
+                    {"type": "add", "clsName": "Item", "uuid": "x1", "properties": {"text": name}},
+                    {
+                        "type": "change",
+                        "clsName": "List",
+                        "uuid": jetstream_root(name),
+                        "properties": {"title": name, "items": ["x1"]},
+                    },
+                ],
+            },
+        ]
+    )
+
+
+def jetstream_root(name: str) -> str:
+    """The root uuid of scope `name` on the fuzz replica."""
+    return root_uuid((), name)
+
+
 TARGETS = {
     "chatter_frames": chatter_frames,
     "chatter_large_msg": chatter_large_msg,
@@ -486,4 +792,7 @@ TARGETS = {
     "replication_frame": replication_frame,
     "replication_logged_in": replication_logged_in,
     "jetstream_frame": jetstream_frame,
+    "jetstream_session": jetstream_session,
+    "jetstream_scope_sync": jetstream_scope_sync,
+    "jetstream_scope_fetch": jetstream_scope_fetch,
 }
