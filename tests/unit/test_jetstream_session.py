@@ -440,3 +440,14 @@ def test_lone_surrogates_are_sent_as_json_escapes():
         sent = json.loads(wire.encode([message]).encode("utf-8"))
         assert sent[0]["fragments"] == frags
     assert wire.dumps({"t": "é"}) == '{"t":"é"}'  # other non-ASCII text stays as it is
+
+
+def test_upper_case_references_are_stored_as_the_uuids_they_name():
+    # Found by the jetstream_built fuzz target: references resolve case-blind, model uuids
+    # are stored lower-case; a reference kept as sent ("A2") hid its model from ScopeState.
+    scope = Scope("s", ROOT, SCHEMA)
+    plan = scope.plan_sync([add_item("A2", "milk"), set_items("A2")], atomic=False)
+    assert plan.replies == [{}, {}]
+    assert {w.uuid: w.properties for w in plan.writes}[ROOT] == {"items": ["a2"]}
+    scope.apply([ModelRecord(w.cls_name, w.uuid, w.properties, (1,)) for w in plan.writes])
+    assert [f["uuid"] for f in scope.state_fragments()] == [ROOT, "a2"]
