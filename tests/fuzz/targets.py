@@ -6,10 +6,12 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import pathlib
 import shutil
+import struct
 import tempfile
 from types import SimpleNamespace
 
@@ -47,6 +49,10 @@ from eventfleet_server.replication.login import Credentials, FailedLogins, diges
 from eventfleet_server.replication.session import PublisherSession
 from eventfleet_server.storage import Storage
 from eventfleet_server.syncer import wire as syncer_wire
+
+# Inputs that got past the frame decoder, per target (the rest were refused as bad
+# frames): scripts/fuzz reports it, so a run's case count says how deep it went.
+REACHED: collections.Counter[str] = collections.Counter()
 
 
 class _Transport:
@@ -262,6 +268,7 @@ def replication_frame(data: bytes) -> None:
         msg = replication_wire.decode(text)
     except replication_wire.FrameError:
         return
+    REACHED["replication_frame"] += 1
     sent = _Sent()
     rejections = Rejections("fuzz", logger=_QUIET)
     session = PublisherSession(
@@ -425,6 +432,7 @@ def replication_logged_in(data: bytes) -> None:
         msg = replication_wire.decode(text)
     except replication_wire.FrameError:
         return
+    REACHED["replication_logged_in"] += 1
     replica = _replica_now()
     sent = _Sent()
     rejections = Rejections("fuzz", logger=_QUIET)
@@ -456,6 +464,7 @@ def jetstream_frame(data: bytes) -> None:
         messages = jetstream_wire.decode(_text(data))
     except jetstream_wire.WireError:
         return
+    REACHED["jetstream_frame"] += 1
     for m in messages:
         try:
             jetstream_wire.index_of(m)
@@ -684,6 +693,11 @@ async def _check_scopes_match_the_store(js: _JetstreamReplica, session) -> None:
         assert {u: (m.cls_name, m.properties) for u, m in cached.models.items()} == {
             u: (m.cls_name, m.properties) for u, m in loaded.models.items()
         }, name
+        # Every reference names a model as it is stored (uuids are kept lower-case):
+        # one the checks resolved but a ScopeState could not would drop out of the state.
+        for uid, model in cached.models.items():
+            for ref in cached._references(model.cls_name, model.properties):
+                assert ref == ref.lower(), (uid, model.properties)
 
 
 async def _session_messages(js: _JetstreamReplica, messages: list[dict]) -> None:
@@ -704,7 +718,8 @@ async def _session_messages(js: _JetstreamReplica, messages: list[dict]) -> None
     assert not js.observer_session.expired
 
 
-def _run_session(messages: list[dict]) -> None:
+def _run_session(target: str, messages: list[dict]) -> None:
+    REACHED[target] += 1
     js = _jetstream_now()
     js.loop.run_until_complete(_session_messages(js, messages))
 
@@ -729,7 +744,8 @@ def jetstream_session(data: bytes) -> None:
         messages = jetstream_wire.decode(_text(data))
     except jetstream_wire.WireError:
         return  # the server's bad_frame refusal, before the protocol
-    _run_session([{**m, "index": m["index"] + 1} if _index(m) else m for m in messages])
+    shifted = [{**m, "index": m["index"] + 1} if _index(m) else m for m in messages]
+    _run_session("jetstream_session", shifted)
 
 
 def jetstream_scope_sync(data: bytes) -> None:
@@ -744,7 +760,7 @@ def jetstream_scope_sync(data: bytes) -> None:
         messages = jetstream_wire.decode(frame)
     except jetstream_wire.WireError:
         return
-    _run_session(messages)
+    _run_session("jetstream_scope_sync", messages)
 
 
 def jetstream_scope_fetch(data: bytes) -> None:
@@ -752,6 +768,7 @@ def jetstream_scope_fetch(data: bytes) -> None:
     on it; checked as `jetstream_session`."""
     name = _text(data)
     _run_session(
+        "jetstream_scope_fetch",
         [
             {"type": "ScopeFetch", "index": 2, "name": name},
             {
@@ -768,8 +785,145 @@ def jetstream_scope_fetch(data: bytes) -> None:
                     },
                 ],
             },
-        ]
+        ],
     )
+
+
+class _Choices:
+    """Fuzz bytes read as a series of choices (0 once they run out): a byte-driven builder
+    of well-formed messages, so that every input reaches the session, not the JSON syntax."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        b = self.data[self.pos] if self.pos < len(self.data) else 0
+        self.pos += 1
+        return b
+
+    def pick(self, options: list):
+        return options[self.byte() % len(options)]
+
+    def text(self) -> str:
+        """Up to 12 UTF-16 code units, lone surrogates included (JSON can carry them)."""
+        n = 2 * (self.byte() % 13)
+        raw = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return raw[: len(raw) // 2 * 2].decode("utf-16-le", "surrogatepass")
+
+    def number(self):
+        kind = self.byte() % 6
+        if kind == 0:
+            return self.byte() - 128
+        if kind == 1:
+            return 10 ** (2 * self.byte()) * self.pick([1, -1])  # to 10**510: past a double
+        if kind == 2:
+            b = bytes(self.byte() for _ in range(8))
+            return struct.unpack("<d", b)[0]  # any double, NaN and infinities included
+        if kind == 3:
+            return self.byte() * 1e12 + 0.5
+        if kind == 4:
+            return 2**53 + self.byte()
+        return 0
+
+    def value(self, depth: int = 0):
+        kind = self.byte() % (10 if depth < 3 else 7)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return bool(self.byte() & 1)
+        if kind == 2:
+            return self.number()
+        if kind == 3:
+            return self.text()
+        if kind == 4:
+            return self.pick(["i1", "i2", "i3", "I2", jetstream_root(JETSTREAM_SCOPE), "x-1"])
+        if kind == 5:
+            return self.pick(["2026-11-27T04:00:00Z", "2026-11-27", "0001-01-01T00:00:00+14:00"])
+        if kind == 6:
+            return self.pick(["", "*", "?", "a" * 65, "é", "\u2028"])
+        if kind in (7, 8):
+            return [self.value(depth + 1) for _ in range(self.byte() % 4)]
+        keys = ["title", "items", "pinned", "text", "done", "created", "n", "extra", "tags"]
+        return {
+            self.pick([*keys, self.text()]): self.value(depth + 1) for _ in range(self.byte() % 4)
+        }
+
+    def uuid(self) -> str:
+        root = jetstream_root(JETSTREAM_SCOPE)
+        return self.pick([root, "i1", "i1", "i2", "i2", "i3", "n1", "n2", "I1", self.text()])
+
+    def property(self, key: str):
+        """Mostly a value of the key's declared kind (so that whole fragments pass and
+        reach the store and the fan-out), else any value."""
+        if self.byte() % 4 == 0:
+            return self.value()
+        kinds = {
+            "title": self.text,
+            "text": self.text,
+            "done": lambda: bool(self.byte() & 1),
+            "created": lambda: self.pick([self.number(), self.value()]),
+            "n": self.number,
+            "extra": self.value,
+            "tags": lambda: [self.text() for _ in range(self.byte() % 3)],
+            "items": lambda: [self.uuid() for _ in range(self.byte() % 4)],
+            "pinned": self.uuid,
+        }
+        return kinds.get(key, self.value)()
+
+    def fragment(self):
+        keys = ["title", "items", "pinned", "text", "done", "created", "n", "extra", "tags"]
+        fragment = {
+            "type": self.pick(["add", "add", "change", "change", "remove", self.text()]),
+            "clsName": self.pick(["List", "Item", "Item", self.text(), None]),
+            "uuid": self.uuid(),
+        }
+        shape = self.byte() % 8
+        if shape < 6:
+            names = [self.pick([*keys, *keys, self.text()]) for _ in range(self.byte() % 5)]
+            fragment["properties"] = {k: self.property(k) for k in names}
+        elif shape == 6:
+            fragment["properties"] = self.value()
+        return fragment
+
+    def message(self) -> dict:
+        kind = self.byte() % 8
+        index = self.pick([2, 3, 4, 5, 0, 1, -1, "2", None, 2.0])
+        if kind < 5:
+            message = {
+                "type": "ScopeSync",
+                "index": index,
+                "scopeIndex": self.pick([0, 0, 0, 1, 2, -1, "0", None, True]),
+                "fragments": [self.fragment() for _ in range(self.byte() % 7)],
+            }
+            atomic = self.byte() % 4
+            if atomic < 3:
+                message["atomic"] = [False, True, self.value()][atomic]
+            return message
+        if kind == 5:
+            name = self.pick([JETSTREAM_SCOPE, "t", "u.v:w-x_y", "", "*", "a" * 101, self.text()])
+            return {"type": "ScopeFetch", "index": index, "name": name}
+        if kind == 6:
+            return {"type": "Ping", "index": 0, "ack": self.value(), "resendMissing": self.value()}
+        return {"type": self.pick(["SessionCreate", "Nope", self.text()]), "index": index}
+
+
+def jetstream_built(data: bytes) -> None:
+    """Up to four well-formed Jetstream messages built from the fuzz bytes (`_Choices`:
+    syncs of adds and changes with properties of every JSON kind — numbers beyond a double,
+    NaN, lone surrogates, the scope's own uuids and references —, fetches, Pings), sent as
+    one JSON frame in a session on the fetched scope; checked as `jetstream_session`.
+    Random bytes rarely make JSON: this target spends every case past the decoder."""
+    choices = _Choices(data)
+    messages = [choices.message() for _ in range(1 + choices.byte() % 4)]
+    frame = json.dumps(messages)  # NaN and Infinity as Python writes them: the wire refuses
+    try:
+        decoded = jetstream_wire.decode(frame)
+    except jetstream_wire.WireError:
+        assert "NaN" in frame or "Infinity" in frame, frame  # nothing else is refused
+        return
+    _run_session("jetstream_built", decoded)
 
 
 def jetstream_root(name: str) -> str:
@@ -795,4 +949,5 @@ TARGETS = {
     "jetstream_session": jetstream_session,
     "jetstream_scope_sync": jetstream_scope_sync,
     "jetstream_scope_fetch": jetstream_scope_fetch,
+    "jetstream_built": jetstream_built,
 }
