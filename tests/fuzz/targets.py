@@ -25,13 +25,15 @@ from eventfleet_server.common.model import (
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine
-from eventfleet_server.eventer.decode import (
+from eventfleet_server.eventer.wire import (
+    BadRequest,
     MalformedRequest,
     RegisterLimits,
     RequestRefused,
+    decode_init_req,
+    decode_query_req,
     decode_register,
 )
-from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.jetstream import wire as jetstream_wire
 from eventfleet_server.jetstream.server import JetstreamServer
 from eventfleet_server.jetstream.session import JetstreamProtocol

@@ -20,7 +20,7 @@ from eventfleet_server.common.sbsint import encode_int
 from eventfleet_server.storage import Storage, StorageError
 from eventfleet_server.storage import events as events_table
 from eventfleet_server.storage.merge_rows import sessions
-from eventfleet_server.syncer import wire as protocol
+from eventfleet_server.syncer import wire
 from eventfleet_server.syncer.rows import TYPE_CACHE_MAX, decode_rows
 from eventfleet_server.syncer.wire import ProtocolError
 from hypothesis import given, settings
@@ -67,7 +67,7 @@ def expected_rows(events: list[Event]) -> list[list]:
 
 def test_rows_are_the_object_paths_rows():
     events = varied(300)
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     types: dict[bytes, tuple] = {}
     assert decode_rows(data, 1, types) == expected_rows(events)
     assert types  # the distinct types, kept for the next message
@@ -80,7 +80,7 @@ def test_rows_are_the_object_paths_rows():
 )
 def test_instances_up_to_the_largest_id(instance):
     events = [ev(instance=instance)]
-    assert decode_rows(protocol.encode_events(events), 1, {}) == expected_rows(events)
+    assert decode_rows(wire.encode_events(events), 1, {}) == expected_rows(events)
 
 
 def test_an_instance_too_large_or_too_long_is_refused():
@@ -97,7 +97,7 @@ def test_an_instance_too_large_or_too_long_is_refused():
 def test_a_full_type_cache_starts_over():
     events = [ev(instance=i + 1, type_=("t", str(i))) for i in range(TYPE_CACHE_MAX + 10)]
     types: dict[bytes, tuple] = {}
-    assert decode_rows(protocol.encode_events(events), 1, types) == expected_rows(events)
+    assert decode_rows(wire.encode_events(events), 1, types) == expected_rows(events)
     assert 0 < len(types) <= TYPE_CACHE_MAX
 
 
@@ -118,15 +118,15 @@ def test_a_full_type_cache_starts_over():
     ],
 )
 def test_checks_like_decode_events_sbs(events, server_id, error):
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     with pytest.raises(ProtocolError, match=error):
         decode_rows(data, server_id, {})
     with pytest.raises(ProtocolError):
-        protocol.decode_events_sbs(data, server_id)
+        wire.decode_events_sbs(data, server_id)
 
 
 def test_truncated_and_trailing_bytes_are_refused():
-    data = protocol.encode_events(varied(20))
+    data = wire.encode_events(varied(20))
     for cut in range(1, len(data)):
         with pytest.raises(ProtocolError, match="does not decode"):
             decode_rows(data[:-cut], 1, {})
@@ -168,15 +168,15 @@ def expected_rows_of(events: list[Event], got: list[list]) -> list[list]:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 5000), st.integers(0, 255))
 def test_a_corrupted_byte_is_refused_or_read_as_the_object_path_reads_it(index, value):
-    data = bytearray(protocol.encode_events(varied(20)))
+    data = bytearray(wire.encode_events(varied(20)))
     data[index % len(data)] = value
     try:
         rows = decode_rows(bytes(data), 1, {})
     except ProtocolError:
         with pytest.raises(ProtocolError):
-            protocol.decode_events_sbs(bytes(data), 1)
+            wire.decode_events_sbs(bytes(data), 1)
         return
-    events, elements = protocol.decode_events_sbs(bytes(data), 1)
+    events, elements = wire.decode_events_sbs(bytes(data), 1)
     assert [r[10] for r in rows] == elements
     assert rows == expected_rows_of(events, rows)
 
@@ -198,7 +198,7 @@ def rows_of(events: list[Event]) -> list[list]:
     return [
         row
         for group in split_sessions(events)
-        for row in decode_rows(protocol.encode_events(group), group[0].id.server, {})
+        for row in decode_rows(wire.encode_events(group), group[0].id.server, {})
     ]
 
 
