@@ -8,9 +8,6 @@ import pytest
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
-    EventId,
-    EventPayloadBinary,
-    EventPayloadJson,
     QueryLatestParams,
     QueryServerParams,
     Timestamp,
@@ -26,32 +23,7 @@ from eventfleet_server.syncer.wire import ProtocolError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
-    return Event(EventId(server, session, instance), tuple(type_), ts, None, payload)
-
-
-def varied(n: int, session: int = 7) -> list[Event]:
-    """Every SBS shape: long and short integers, empty and long type segments (some
-    types repeated, some timestamps repeated and some not), with and without source
-    timestamps (negative seconds too), none/JSON/binary payloads of many lengths."""
-    out = []
-    for i in range(n):
-        payload = [
-            None,
-            EventPayloadJson(f'{{"a": {i}, "é": "{"x" * (i % 90)}"}}'),
-            EventPayloadBinary("t" * (i % 70), bytes(range(256))[: i % 200]),
-        ][i % 3]
-        out.append(
-            Event(
-                EventId(1, session, 1 + i * 7_777_777 + (1 << 40) * (i % 2)),
-                tuple(f"s{j}" * (i % 40) for j in range(1 + i % 4)) if i % 5 else ("x", "y"),
-                Timestamp(1_700_000_000 + i // 4, i // 4 * 13 % 1_000_000),
-                Timestamp(i * 1000 - 500_000, i % 1_000_000) if i % 2 else None,
-                payload,
-            )
-        )
-    return out
+from tests.sample_events import ev, varied
 
 
 def expected_rows(events: list[Event]) -> list[list]:
