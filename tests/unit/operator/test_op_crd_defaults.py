@@ -13,8 +13,10 @@ import pathlib
 from collections.abc import Callable
 from typing import Any
 
+import op_k8s_schema as k8s_schema
 import pytest
 from eventfleet_operator import crd, model
+from op_fakes import FULL_SPEC
 
 # A spec with every optional object present (its name only), so that the defaults
 # inside them apply: token refs, issuerRef, a Replication table and users, backup, restore.
@@ -190,6 +192,14 @@ def test_defaulting_is_the_api_servers():
     assert crd.with_defaults({"storage": "big"})["storage"] == "big"
     # An empty object with required fields stays empty (the parser reads it as before).
     assert crd.with_defaults({"token": {"secretRef": {}}})["token"] == {"secretRef": {}}
+
+
+@pytest.mark.parametrize("spec", [{}, EVERY_OBJECT, FULL_SPEC], ids=["empty", "objects", "full"])
+def test_defaulting_agrees_with_the_api_server_oracle(spec):
+    # The tests' own structural defaulting (op_k8s_schema), written apart from the
+    # operator's, on the CRD file in crds/.
+    schema = k8s_schema.crd_schema(k8s_schema.load_crd(), "v1")["properties"]["spec"]
+    assert crd.with_defaults(spec) == k8s_schema.apply_defaults(schema, spec)
 
 
 def test_an_unknown_crd_path_is_named():
