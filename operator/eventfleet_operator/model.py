@@ -415,10 +415,22 @@ def _get(spec: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, 
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int in Python; a spec `replicas: true` must not pass as 1.
     if isinstance(value, bool) and bool not in kinds:
-        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got a boolean")
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {_shown(value)}")
     if not isinstance(value, kind):
-        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {type(value).__name__}")
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {_shown(value)}")
     return value
+
+
+_SHOWN_CHARS = 80
+
+
+def _shown(value: Any) -> str:
+    """A bad value for a message: its type and (shortened) repr."""
+    text = repr(value)
+    if len(text) > _SHOWN_CHARS:
+        text = text[: _SHOWN_CHARS - 3] + "..."
+    kind = "a boolean" if isinstance(value, bool) else type(value).__name__
+    return f"{kind} {text}"
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -475,7 +487,7 @@ def _str_map(spec: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
     value = _obj(spec, key, path)
     for k, v in value.items():
         if not isinstance(v, str):
-            raise SpecError(f"{path}.{key}.{k}", f"expected a string, got {type(v).__name__}")
+            raise SpecError(f"{path}.{key}.{k}", f"expected a string, got {_shown(v)}")
     return dict(value)
 
 
@@ -543,7 +555,8 @@ def _parse_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int | str):
                 raise SpecError(
-                    f"spec.resources.{section}.{key}", "must be a quantity such as 500m or 1Gi"
+                    f"spec.resources.{section}.{key}",
+                    f"must be a quantity such as 500m or 1Gi, got {_shown(value)}",
                 )
             if isinstance(value, str) and not _QUANTITY.match(value):
                 raise SpecError(
@@ -655,7 +668,7 @@ def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]
     for i, sub in enumerate(subs):
         field = f"spec.syncer.subscriptions[{i}]"
         if not isinstance(sub, list) or not sub or not all(isinstance(s, str) for s in sub):
-            raise SpecError(field, "must be a non-empty list of strings")
+            raise SpecError(field, f"must be a non-empty list of strings, got {_shown(sub)}")
         if "*" in sub[:-1]:
             # hat-event semantics: '*' matches the rest and is only valid last.
             raise SpecError(field, f"'*' is only valid as the last segment, got {sub!r}")
@@ -740,7 +753,7 @@ def _parse_spark_env(agg: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     for i, entry in enumerate(entries):
         path = f"spec.aggregation.env[{i}]"
         if not isinstance(entry, dict):
-            raise SpecError(path, f"expected an object, got {type(entry).__name__}")
+            raise SpecError(path, f"expected an object, got {_shown(entry)}")
         name = _str(entry, "name", path)
         if not name or not _ENV_NAME.match(name):
             raise SpecError(f"{path}.name", f"{name!r} is not a valid environment variable name")
@@ -767,7 +780,7 @@ def _parse_spark_env(agg: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
             ((kind, ref),) = value_from.items()
             ref_path = f"{path}.valueFrom.{kind}"
             if not isinstance(ref, dict):
-                raise SpecError(ref_path, f"expected an object, got {type(ref).__name__}")
+                raise SpecError(ref_path, f"expected an object, got {_shown(ref)}")
             ref_name, key = _str(ref, "name", ref_path), _str(ref, "key", ref_path)
             if not ref_name or not key:
                 raise SpecError(ref_path, "needs name and key")
@@ -846,7 +859,7 @@ def _peers(section: Mapping[str, Any], key: str, path: str) -> tuple[Mapping[str
     for i, peer in enumerate(value):
         field = f"{path}.{key}[{i}]"
         if not isinstance(peer, dict) or not peer:
-            raise SpecError(field, "must be a NetworkPolicyPeer object")
+            raise SpecError(field, f"must be a NetworkPolicyPeer object, got {_shown(peer)}")
         unknown = sorted(set(peer) - allowed)
         if unknown:
             raise SpecError(
@@ -899,7 +912,7 @@ def _parse_topology_spread(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], 
     for i, item in enumerate(items):
         field = f"spec.topologySpreadConstraints[{i}]"
         if not isinstance(item, dict):
-            raise SpecError(field, "must be an object")
+            raise SpecError(field, f"must be an object, got {_shown(item)}")
         for key in ("maxSkew", "topologyKey", "whenUnsatisfiable"):
             if key not in item:
                 raise SpecError(f"{field}.{key}", "is required")
@@ -919,7 +932,7 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     for i, table in enumerate(_get(section, "tables", path, list) or []):
         where = f"{path}.tables[{i}]"
         if not isinstance(table, dict):
-            raise SpecError(where, "must be an object")
+            raise SpecError(where, f"must be an object, got {_shown(table)}")
         name = _str(table, "name", where)
         if not name or "?" in name or "*" in name:
             raise SpecError(f"{where}.name", f"must be a non-empty name without ?/*, got {name!r}")
@@ -1034,7 +1047,7 @@ def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
         if not isinstance(tol, dict):
-            raise SpecError(f"spec.tolerations[{i}]", "must be an object")
+            raise SpecError(f"spec.tolerations[{i}]", f"must be an object, got {_shown(tol)}")
     return tuple(dict(t) for t in tolerations)
 
 
@@ -1111,7 +1124,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
     validate_name(name)
     spec = spec or {}
     if not isinstance(spec, Mapping):
-        raise SpecError("spec", "must be an object")
+        raise SpecError("spec", f"must be an object, got {_shown(spec)}")
     spec = crd.with_defaults(spec)
     pull_secrets = _get(spec, "imagePullSecrets", "spec", list) or []
     for i, ref in enumerate(pull_secrets):
