@@ -5,8 +5,8 @@ API server and applies the defaults. :func:`parse` applies the same defaults aga
 from the same schema (:mod:`~eventfleet_operator.crd`: the operator must not depend on
 API-server defaulting, e.g. for objects stored before a CRD upgrade), then builds one
 frozen dataclass per spec section from the defaulted spec and checks what a structural
-schema cannot: cron syntax, port overlaps, cross-field rules, name limits. No default or
-choice list the CRD states is repeated here; the defaults written below are the ones
+schema cannot: cron syntax, port overlaps, cross-field rules, name limits. No default,
+integer bound or choice list the CRD states is repeated here; the defaults written below are the ones
 the CRD cannot state (the image of this version, the backup prefix of this fleet...).
 Every problem is a :class:`SpecError` naming the field and the bad value.
 """
@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eventfleet_operator import __version__, constants, crd
-from eventfleet_operator.constants import MIN_PORT, ProtocolPort, Service
+from eventfleet_operator.constants import ProtocolPort, Service
 
 DEFAULT_SERVER_IMAGE = f"eventfleet/server:{__version__}"
 DEFAULT_SPARK_IMAGE = f"eventfleet/spark:{__version__}"
@@ -449,12 +449,15 @@ def _obj(spec: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     return _get(spec, key, path, dict) or {}
 
 
-def _int(spec: Mapping[str, Any], key: str, path: str, lo: int, hi: int | None = None) -> Any:
-    """The integer at ``key`` within [lo, hi] (None when absent: the CRD states no default)."""
+def _int(spec: Mapping[str, Any], key: str, path: str) -> Any:
+    """The integer at ``key`` within the CRD's ``minimum``/``maximum`` for it (None when
+    absent: the CRD states no default)."""
     value = _get(spec, key, path, int)
     if value is None:
         return None
-    if value < lo or (hi is not None and value > hi):
+    schema = crd.schema_at(f"{path}.{key}")
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise SpecError(f"{path}.{key}", f"must be {bound}, got {value}")
     return value
@@ -596,7 +599,7 @@ def _parse_ports(spec: Mapping[str, Any]) -> Ports:
         tuple(
             (
                 entry.protocol,
-                _int(ports, entry.protocol, "spec.ports", MIN_PORT, entry.max_base),
+                _int(ports, entry.protocol, "spec.ports"),
             )
             for entry in constants.PROTOCOL_PORTS
         )
@@ -700,9 +703,9 @@ def _parse_spark_pod(agg: Mapping[str, Any], key: str) -> SparkPod:
             f"{path}.memory", f"{memory!r} is not a Spark memory size such as 512m or 2g"
         )
     return SparkPod(
-        cores=_int(pod, "cores", path, 1),
+        cores=_int(pod, "cores", path),
         memory=memory,
-        instances=_int(pod, "instances", path, 1) if key == "executor" else 1,
+        instances=_int(pod, "instances", path) if key == "executor" else 1,
     )
 
 
@@ -803,8 +806,8 @@ def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
         time_zone=_str(agg, "timeZone", path),
         concurrency_policy=_str(agg, "concurrencyPolicy", path, choices=CONCURRENCY_POLICIES),
         suspend=_bool(agg, "suspend", path),
-        bucket_seconds=_int(agg, "bucketSeconds", path, 1),
-        window_seconds=_int(agg, "windowSeconds", path, 1),
+        bucket_seconds=_int(agg, "bucketSeconds", path),
+        window_seconds=_int(agg, "windowSeconds", path),
         output=_parse_output(agg, claim),
         image=_str(agg, "image", path, DEFAULT_SPARK_IMAGE),
         spark_version=_str(agg, "sparkVersion", path),
@@ -1099,7 +1102,7 @@ def _parse_backup(spec: Mapping[str, Any], name: str, namespace: str) -> BackupS
     return BackupSpec(
         s3=_parse_s3(backup, path, default_prefix=f"{namespace}/{name}/"),
         schedule=schedule,
-        retention=_int(backup, "retention", path, 1, 1000),
+        retention=_int(backup, "retention", path),
         suspend=_bool(backup, "suspend", path),
     )
 
@@ -1139,7 +1142,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         name=name,
         namespace=namespace,
         uid=uid,
-        replicas=_int(spec, "replicas", "spec", 1, 64),
+        replicas=_int(spec, "replicas", "spec"),
         image=_str(spec, "image", "spec", DEFAULT_SERVER_IMAGE),
         image_pull_policy=_str(spec, "imagePullPolicy", "spec", choices=PULL_POLICIES),
         image_pull_secrets=tuple(ref["name"] for ref in pull_secrets),
@@ -1156,8 +1159,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         jetstream=_parse_jetstream(protocols),
         bus_curve=_parse_bus_curve(protocols),
         retention=Retention(
-            max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", 1),
-            max_events=_int(retention, "maxEvents", "spec.retention", 1),
+            max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention"),
+            max_events=_int(retention, "maxEvents", "spec.retention"),
         ),
         subscriptions=_parse_subscriptions(spec),
         service_monitor=_parse_monitoring(spec),
@@ -1169,11 +1172,11 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         pod_labels=_str_map(spec, "podLabels", "spec"),
         pod_annotations=_str_map(spec, "podAnnotations", "spec"),
         security=SecurityContext(
-            run_as_user=_int(security, "runAsUser", "spec.securityContext", 1),
-            run_as_group=_int(security, "runAsGroup", "spec.securityContext", 1),
-            fs_group=_int(security, "fsGroup", "spec.securityContext", 1),
+            run_as_user=_int(security, "runAsUser", "spec.securityContext"),
+            run_as_group=_int(security, "runAsGroup", "spec.securityContext"),
+            fs_group=_int(security, "fsGroup", "spec.securityContext"),
         ),
-        termination_grace_period_seconds=_int(spec, "terminationGracePeriodSeconds", "spec", 10),
+        termination_grace_period_seconds=_int(spec, "terminationGracePeriodSeconds", "spec"),
         log_level=_str(spec, "logLevel", "spec", choices=LOG_LEVELS),
         network_policy=_parse_network_policy(spec),
         hibernate=_bool(spec, "hibernate", "spec"),

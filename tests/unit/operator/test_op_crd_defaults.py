@@ -15,7 +15,7 @@ from typing import Any
 
 import op_k8s_schema as k8s_schema
 import pytest
-from eventfleet_operator import crd, model
+from eventfleet_operator import constants, crd, model
 from op_fakes import FULL_SPEC
 
 # A spec with every optional object present (its name only), so that the defaults
@@ -320,3 +320,45 @@ def test_model_py_lists_no_choices_the_crd_lists():
             words = {e.value for e in node.elts if isinstance(e, ast.Constant)}
             copies += [(node.lineno, e) for e in enums() if len(words & set(e)) >= 2]
     assert not copies, f"model.py lists CRD choices again: {copies}"
+
+
+def integer_bounds() -> list[tuple[str, str, int]]:
+    """(path, minimum|maximum, bound) of every integer field of the CRD outside lists."""
+    out = []
+
+    def walk(schema: dict, path: str) -> None:
+        if schema.get("type") == "integer":
+            out.extend((path, k, schema[k]) for k in ("minimum", "maximum") if k in schema)
+        for key, sub in (schema.get("properties") or {}).items():
+            walk(sub, f"{path}.{key}")
+
+    walk(crd.spec_schema(), "spec")
+    return out
+
+
+def placed(path: str, value: Any) -> dict[str, Any]:
+    """EVERY_OBJECT with ``value`` at ``path`` (objects on the way created)."""
+    spec = copy.deepcopy(EVERY_OBJECT)
+    *parents, last = path.split(".")[1:]
+    node = spec
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[last] = value
+    return spec
+
+
+@pytest.mark.parametrize(("path", "kind", "bound"), integer_bounds())
+def test_the_parser_enforces_every_crd_integer_bound(path, kind, bound):
+    beyond = bound - 1 if kind == "minimum" else bound + 1
+    with pytest.raises(model.SpecError) as e:
+        model.parse("demo", "ns", placed(path, beyond))
+    assert e.value.field == path and f"got {beyond}" in e.value.message
+    if not path.startswith("spec.ports."):  # a bound port may collide with its neighbour
+        model.parse("demo", "ns", placed(path, bound))
+
+
+@pytest.mark.parametrize("entry", constants.PROTOCOL_PORTS, ids=lambda e: e.protocol)
+def test_the_crd_port_bounds_fit_the_protocols_port_block(entry):
+    # The parser takes the CRD's bounds: a block of `width` ports must fit under 65536.
+    schema = crd.schema_at(f"spec.ports.{entry.protocol}")
+    assert (schema["minimum"], schema["maximum"]) == (constants.MIN_PORT, entry.max_base)
