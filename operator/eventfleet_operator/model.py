@@ -6,8 +6,8 @@ from the same schema (:mod:`~eventfleet_operator.crd`: the operator must not dep
 API-server defaulting, e.g. for objects stored before a CRD upgrade), then builds one
 frozen dataclass per spec section from the defaulted spec and checks what a structural
 schema cannot: cron syntax, port overlaps, cross-field rules, name limits. No default,
-integer bound or choice list the CRD states is repeated here; the defaults written below are the ones
-the CRD cannot state (the image of this version, the backup prefix of this fleet...).
+integer bound or choice list the CRD states is repeated here; the defaults written below
+are the ones the CRD cannot state (the image of this version, the fleet's backup prefix).
 Every problem is a :class:`SpecError` naming the field and the bad value.
 """
 
