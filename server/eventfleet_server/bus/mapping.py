@@ -326,6 +326,36 @@ def record_of(
     )
 
 
+# The stored record (``events.bus``): the msgpack array of a BROADCAST's frames after
+# the topic, as bin values (one C call to pack, one to unpack into the frames).
+_PACK_RECORD = msgpack.Packer(use_bin_type=True).pack
+_UNPACK_RECORD = functools.partial(msgpack.unpackb, use_list=False)
+
+
+def pack_record(producer: bytes, timestamp: bytes, uuid: bytes, data: bytes) -> bytes:
+    """The stored BUS record of an event: ``[producer, timestamp, uuid, data]`` frames."""
+    return _PACK_RECORD((producer, timestamp, uuid, data))
+
+
+def unpack_record(record: bytes) -> tuple[bytes, bytes, bytes, bytes]:
+    """The ``(producer, timestamp, uuid, data)`` frames of a `pack_record` value."""
+    return _UNPACK_RECORD(record)
+
+
+def envelope_of_stored(kind_json: bool, ptype: str | None, data: str | bytes) -> tuple | None:
+    """`_envelope` of a stored payload (JSON text, or binary with its type) in the
+    layouts this replica writes — `to_payload`'s JSON text, the binary envelope — else
+    None (also for envelopes in another JSON layout: their readers build the record
+    from the payload, which gives the same frames)."""
+    if kind_json:
+        if not data.startswith(_FAST_HEAD):  # type: ignore[union-attr]
+            return None
+        return _envelope_fast(data)  # type: ignore[arg-type]
+    if ptype == BINARY_TYPE:
+        return _envelope(EventPayloadBinary(ptype, data))  # type: ignore[arg-type]
+    return None
+
+
 def producer_timestamp(event: Event) -> Timestamp:
     """The producer timestamp frame: the source timestamp, else the server's."""
     return event.source_timestamp or event.timestamp
