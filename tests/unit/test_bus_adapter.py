@@ -228,6 +228,20 @@ async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path
         # A peer's UUID is remembered at its commit: a PUB retrying it is dropped.
         retry = wire.parse_pub([b"/p/1", b"", b"x", b"", uuids[3].encode(), b""])
         assert (await adapter.publish([retry])).duplicates == 1
+
+        # Nobody subscribed: a peer's envelope gets no record (nothing needs its frames
+        # now); the snapshot builds them from its columns, the same frames.
+        recorder.subscribed = False
+        late = Event(
+            EventId(2, 2, 4),
+            ("p", "4"),
+            Timestamp(1_700_000_001, 0),
+            None,
+            mapping.to_payload(str(uuidlib.uuid4()), "peer-plc", msgpack.packb({"k": None})),
+        )
+        await engine.merge_rows(decode_rows(syncer_wire.encode_events([late]), 2, {}))
+        assert _stored_records(path)[7] is None
+        assert (await adapter.read(6, 100, ())) == (7, [(7, to_item(late))])
     finally:
         await adapter.stop()
         await tasks.close()

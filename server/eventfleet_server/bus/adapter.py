@@ -9,8 +9,9 @@
   each event's record (`mapping.pack_record`) and stores it in the event's own INSERT
   (``events.bus``); the BROADCAST after the commit sends those frames, and a snapshot
   sends the stored records. Envelopes merged from peers get their frames once, at their
-  commit, the same way. Events without a stored record (not BUS envelopes, stores
-  written before records were stored) are built from their columns when read.
+  commit, the same way, while someone subscribes (the BROADCAST needs them then). Events
+  without a stored record (not BUS envelopes, a peer's merged while nobody subscribed,
+  stores written before records were stored) are built from their columns when read.
 - Dedup: a PUB whose UUID this replica holds is dropped silently. Recent UUIDs live in
   memory; every client UUID (also those of events merged from peers) is indexed in the
   store's ``event_keys`` table after commit, and the index catches up from the events
@@ -123,11 +124,19 @@ class EngineAdapter:
             append(None if mine is None else mine[2])
         return out
 
-    def _records_of_rows(self, rows: list[list]) -> list[bytes | None]:
+    def _records_of_rows(self, rows: list[list]) -> list[bytes | None] | None:
         """The records of the BUS envelopes among merge rows (a peer's PUBs, merged by
-        the Syncer), made once here: stored with them and broadcast after their commit."""
+        the Syncer), made once here: stored with them and broadcast after their commit.
+
+        Only while someone subscribes, i.e. when the BROADCAST needs the frames anyway:
+        making them for every merged event would cost a replica without subscribers
+        ~2.5 µs per event (JSON -> msgpack, the timestamp text) that nobody may ever
+        read; its snapshot builds them from the columns instead (measured: docs/bus.md)."""
         merged = self._merged
         merged.clear()  # a failed or all-duplicate write's leftovers
+        server = self._server
+        if server is None or not server.has_subscribers():
+            return None
         out: list[bytes | None] = []
         append = out.append
         envelope_of = mapping.envelope_of_stored

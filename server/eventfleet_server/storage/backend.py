@@ -97,8 +97,6 @@ INLINE_MAX_EVENTS = 500
 # with a few kilobytes freed does not flap between ready and failing.
 PROBE_MIN_BYTES = 1 << 20
 
-_NO_RECORD = (None,)
-
 
 @dataclass(frozen=True)
 class Retention:
@@ -491,26 +489,25 @@ class Storage:
             return []
         self._check_open()
         async with self._write_lock:
-            # Each row gets its BUS record slot (`merge_rows.BUS`), taken off again if
-            # the write fails: the rows go back as they were given.
-            # (A slice assignment: a row retried after a cancelled write has the slot.)
+            # Rows with records get the BUS slot (`merge_rows.BUS`), taken off again if
+            # the write fails (the rows go back as they were given); without records the
+            # INSERT leaves the column NULL and the rows are not touched.
             bus = self._bus_records(self._bus_of_rows, rows)
-            if bus is None:
-                for r in rows:
-                    r[merge_rows.BUS :] = _NO_RECORD
-            else:
+            if bus is not None:
                 for r, record in zip(rows, bus, strict=True):
-                    r[merge_rows.BUS :] = (record,)
+                    r[merge_rows.BUS :] = (record,)  # a retried row may have it
+            sql = events.INSERT if bus is not None else events.INSERT_NO_BUS
             try:
                 if self._inline and len(rows) <= INLINE_MAX_EVENTS:
-                    inserted = self._write_rows(rows)
+                    inserted = self._write_rows(rows, sql)
                     self._commits_since_checkpoint += 1
                     return inserted
-                return await _run(self._writer, self._write_rows, rows)
+                return await _run(self._writer, self._write_rows, rows, sql)
             except Exception as e:
                 # Not on cancellation: the writer thread may still be using the rows.
-                for r in rows:
-                    del r[merge_rows.BUS :]
+                if bus is not None:
+                    for r in rows:
+                        del r[merge_rows.BUS :]
                 if isinstance(e, StorageError):
                     size = sum(len(r[merge_rows.SBS]) for r in rows)
                     self._failed_write_bytes = max(self._failed_write_bytes, size)
@@ -597,6 +594,7 @@ class Storage:
 
             lids = self._commit_rows(
                 "write",
+                events.INSERT,
                 rows,
                 new_types,
                 tops,
@@ -610,8 +608,9 @@ class Storage:
         self._committed(seq, len(rows), lids, meta_items)
         return inserted
 
-    def _write_rows(self, rows: list[list]) -> list[list]:
-        # `_write` for merge rows; the loop is the same, over list items.
+    def _write_rows(self, rows: list[list], sql: str) -> list[list]:
+        # `_write` for merge rows; the loop is the same, over list items. `sql`: the
+        # INSERT for rows with or without the BUS slot.
         cache = self._cache
         type_ids = cache.ids
         last = self._last_ids
@@ -661,6 +660,7 @@ class Storage:
 
             lids = self._commit_rows(
                 "merge",
+                sql,
                 out,
                 new_types,
                 tops,
@@ -683,6 +683,7 @@ class Storage:
     def _commit_rows(
         self,
         what: str,
+        sql: str,
         rows: Sequence[Sequence],
         new_types: list[int],
         tops: dict[int, float],
@@ -690,10 +691,11 @@ class Storage:
         meta_items: list[tuple[str, str]],
         diagnose: Callable[[Exception], str],
     ) -> list[tuple[int, int, int]]:
-        """The one transaction of every event write: the new types, the `events.INSERT`
-        rows (sequence numbers ascending from ``rows[0]``), the latest-per-type table,
-        `last_ids` of the servers whose top `top_sessions` names (``tops`` holds the
-        instance), the state row and the meta keys. Returns those `last_ids` rows.
+        """The one transaction of every event write: the new types, the rows (`sql`:
+        `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
+        latest-per-type table, `last_ids` of the servers whose top `top_sessions` names
+        (``tops`` holds the instance), the state row and the meta keys. Returns those
+        `last_ids` rows.
 
         Raises `StorageFaultError` when the file system refused (full, read-only, I/O
         error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
@@ -704,7 +706,7 @@ class Storage:
             self._cache.insert(tx, new_types)
             if rows:
                 try:
-                    tx.executemany(events.INSERT, rows)
+                    tx.executemany(sql, rows)
                 except sqlite3.Error as e:
                     # The file system (full, read-only, I/O error) before the rows.
                     cause = faults.describe(self._path, e)

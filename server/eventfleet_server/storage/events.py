@@ -79,6 +79,11 @@ INSERT = (
     "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
     " payload, sbs, bus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
+# `INSERT` of rows without the ``bus`` value (NULL): merge rows nobody made records for.
+INSERT_NO_BUS = (
+    "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
+    " payload, sbs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
 IS_HELD = "SELECT 1 FROM events WHERE server = ? AND instance = ?"
 
 # The sentinel of a timeseries query, found by its id through the unique index.
