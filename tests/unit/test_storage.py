@@ -788,23 +788,17 @@ async def test_bus_records_are_written_in_the_insert_of_their_events(storage):
     assert [r[merge_rows.BUS] for r in merged] == [b"m1", b"m2"]
     assert [e for _, e in await storage.read_since_seq(0, 3)] == [e for _, e in inserted]
 
-    got = await storage.read_bus_since_seq(0, 10)
-    assert [(seq, t, rec) for seq, t, rec, *_ in got] == [
-        (1, ("a",), b"r1"),
-        (2, ("a",), None),
-        (3, ("a",), b"r3"),
-        (4, ("m",), b"m1"),
-        (5, ("m",), b"m2"),
-    ]
-    # Without a record: the columns the record is built from, the payload included.
-    assert got[1][3:] == (1, 1, 2, 1_001_000_000, 999_000_005, None, '{"v": 1}')
-    assert got[0][9] is None  # a stored record: the payload is not handed over
-    assert await storage.read_bus_since_seq(3, 1) == [got[3]]
+    got, columns = await storage.read_bus_since_seq(0, 10)
+    assert got == [(1, 0, b"r1"), (2, 0, None), (3, 0, b"r3"), (4, 1, b"m1"), (5, 1, b"m2")]
+    assert [storage.type_of(t) for _, t, _ in got] == [("a",)] * 3 + [("m",)] * 2
+    # Only the row without a record comes with the columns it is built from.
+    assert columns == {2: (1, 1, 2, 1_001_000_000, 999_000_005, None, '{"v": 1}')}
+    assert await storage.read_bus_since_seq(3, 1) == ([got[3]], {})
 
     # No recorder: NULL.
     storage.set_bus_recorder(None, None)
     await storage.write(make_events(1, start=10))
-    assert (await storage.read_bus_since_seq(5, 10))[0][2] is None
+    assert (await storage.read_bus_since_seq(5, 10))[0][0][2] is None
 
 
 async def test_a_failing_bus_recorder_stores_no_records_and_the_write_succeeds(storage, caplog):
@@ -816,6 +810,6 @@ async def test_a_failing_bus_recorder_stores_no_records_and_the_write_succeeds(s
     rows = [[None, 2, 1, i, ("m",), 5_000_000, None, 0, None, None, b"s"] for i in (1, 2)]
     merged = await storage.write_rows(rows)
     assert len(inserted) == 2 and len(merged) == 2
-    assert [r[2] for r in await storage.read_bus_since_seq(0, 10)] == [None] * 4
+    assert [r[2] for r in (await storage.read_bus_since_seq(0, 10))[0]] == [None] * 4
     assert storage.bus_recorder_failures == 2
     assert "BUS recorder failed" in caplog.text and "recorder bug" in caplog.text

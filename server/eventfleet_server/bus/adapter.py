@@ -224,7 +224,7 @@ class EngineAdapter:
     ) -> tuple[int, list[tuple[int, Item]]]:
         # The stored records, unpacked into their frames; rows without one (not BUS
         # envelopes, older stores) are built from their columns, without event objects.
-        rows = await self._storage.read_bus_since_seq(after, limit)
+        rows, columns = await self._storage.read_bus_since_seq(after, limit)
         if not rows:
             return after, []
         out = []
@@ -232,13 +232,21 @@ class EngineAdapter:
         unpack = mapping.unpack_record
         record_of = mapping.record_of
         to_iso = wire.timestamp_us_to_iso
-        for seq, event_type, stored, server, session, instance, ts, sts, ptype, data in rows:
-            topic = topic_frame(event_type)
+        type_of = self._storage.type_of
+        topics: dict[int, bytes] = {}
+        for seq, type_id, stored in rows:
+            topic = topics.get(type_id)
+            if topic is None:
+                topic = topics[type_id] = topic_frame(type_of(type_id))
             if subtrees and not topic.startswith(subtrees):
                 continue
             if stored is not None:
                 append((seq, (topic, *unpack(stored))))
                 continue
+            event = columns.get(seq)
+            if event is None:
+                continue  # deleted by retention between the two reads: as if before
+            server, session, instance, ts, sts, ptype, data = event
             record = record_of(server, session, instance, ptype, data)
             append(
                 (

@@ -775,19 +775,28 @@ class Storage:
             return None
         return records
 
-    async def read_bus_since_seq(self, seq: int, limit: int) -> list[tuple]:
-        """The Event BUS snapshot's rows: up to `limit` ``(seq, type, record, server,
-        session, instance, timestamp_us, source_timestamp_us, payload_type,
-        payload_data)`` with sequence number above `seq`, ascending. `record` is the
-        stored BUS record (`set_bus_recorder`); where it is None the rest describes the
-        event as `read_rows_since_seq` does, else `payload_data` is None."""
+    async def read_bus_since_seq(
+        self, seq: int, limit: int
+    ) -> tuple[list[tuple[int, int, bytes | None]], dict[int, tuple]]:
+        """The Event BUS snapshot's rows: up to `limit` ``(seq, type_id, record)`` with
+        sequence number above `seq`, ascending (`type_of` names a type id), and for the
+        rows whose `record` is None (`set_bus_recorder` stored none) their columns by seq:
+        ``(server, session, instance, timestamp_us, source_timestamp_us, payload_type,
+        payload_data)`` as `read_rows_since_seq` gives them."""
         self._check_open()
         return await _run(self._reader, self._read_bus_since_seq, seq, limit)
 
-    def _read_bus_since_seq(self, seq: int, limit: int) -> list[tuple]:
-        rows = self._reader._conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
-        types = self._types
-        return [(r[0], types[r[1]], *r[2:]) for r in rows]
+    def _read_bus_since_seq(
+        self, seq: int, limit: int
+    ) -> tuple[list[tuple[int, int, bytes | None]], dict[int, tuple]]:
+        conn = self._reader._conn
+        rows = conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        missing = [r[0] for r in rows if r[2] is None]
+        columns: dict[int, tuple] = {}
+        if missing:
+            for r in conn.execute(events.BUS_COLUMNS, (json.dumps(missing),)):
+                columns[r[0]] = r[1:]
+        return rows, columns
 
     # -- reading ---------------------------------------------------------------------
 
