@@ -813,3 +813,16 @@ async def test_a_failing_bus_recorder_stores_no_records_and_the_write_succeeds(s
     assert [r[2] for r in (await storage.read_bus_since_seq(0, 10))[0]] == [None] * 4
     assert storage.bus_recorder_failures == 2
     assert "BUS recorder failed" in caplog.text and "recorder bug" in caplog.text
+
+
+async def test_a_failed_write_gives_rows_with_records_back_as_given(storage):
+    storage.set_bus_recorder(None, lambda rows: [b"rec"] * len(rows))
+    good = [[None, 2, 1, i, ("m",), 5_000_000, None, 0, None, None, b"s"] for i in (1, 2)]
+    bad = [[None, 2, 1, 3, ("m", 7), 5_000_000, None, 0, None, None, b"s"]]  # not a type
+    given = [list(r) for r in good + bad]
+    with pytest.raises(StorageError, match="segment 1 7"):
+        await storage.write_rows(good + bad)
+    assert good + bad == given  # no sequence number, the type, no BUS slot
+    inserted = await storage.write_rows(good)
+    assert [r[merge_rows.BUS] for r in inserted] == [b"rec", b"rec"]
+    assert [rec for _, _, rec in (await storage.read_bus_since_seq(0, 10))[0]] == [b"rec"] * 2

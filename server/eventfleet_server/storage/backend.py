@@ -187,6 +187,7 @@ class Storage:
         self._bus_of_rows: Callable[[list[list]], Sequence[bytes | None] | None] | None
         self._bus_of_events = self._bus_of_rows = None
         self.bus_recorder_failures = 0
+        self._rows_may_carry_bus = False  # see `write_rows`
 
         sync = synchronous.upper()
         self._inline = sync in ("OFF", "NORMAL")
@@ -492,10 +493,13 @@ class Storage:
             # Rows with records get the BUS slot (`merge_rows.BUS`), taken off again if
             # the write fails (the rows go back as they were given); without records the
             # INSERT leaves the column NULL and the rows are not touched.
+            if self._rows_may_carry_bus:
+                for r in rows:  # rows given back by a cancelled write may have the slot
+                    del r[merge_rows.BUS :]
             bus = self._bus_records(self._bus_of_rows, rows)
             if bus is not None:
                 for r, record in zip(rows, bus, strict=True):
-                    r[merge_rows.BUS :] = (record,)  # a retried row may have it
+                    r.append(record)
             sql = events.INSERT if bus is not None else events.INSERT_NO_BUS
             try:
                 if self._inline and len(rows) <= INLINE_MAX_EVENTS:
@@ -503,8 +507,13 @@ class Storage:
                     self._commits_since_checkpoint += 1
                     return inserted
                 return await _run(self._writer, self._write_rows, rows, sql)
+            except asyncio.CancelledError:
+                # The writer thread may still be using the rows: their slot stays, and
+                # later writes take such slots off first.
+                if bus is not None:
+                    self._rows_may_carry_bus = True
+                raise
             except Exception as e:
-                # Not on cancellation: the writer thread may still be using the rows.
                 if bus is not None:
                     for r in rows:
                         del r[merge_rows.BUS :]
