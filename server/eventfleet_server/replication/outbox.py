@@ -17,7 +17,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 
 try:  # aiohttp's (Cython) XOR mask; the client side must mask every frame
     from aiohttp._websocket.helpers import websocket_mask as _mask
@@ -92,7 +92,7 @@ class Outbox:
         queue = self._queue
 
         def encode(msg: dict[str, Any] | str) -> str:
-            return msg if type(msg) is str else codec.encode(msg)  # type: ignore[arg-type]
+            return msg if type(msg) is str else wire.encode(msg)  # type: ignore[arg-type]
 
         while not self.closed:
             await self._ready.wait()
