@@ -22,7 +22,7 @@ from eventfleet_server.replication.login import (
     check_login,
     digest,
 )
-from eventfleet_server.replication.table import Tables, encode_columns, row_key
+from eventfleet_server.replication.table import Tables, dumps_row, encode_columns, row_key
 
 
 class Clock:
@@ -190,6 +190,18 @@ def test_row_index_keeps_the_latest_event_per_row():
     assert c.after is None
     assert users.snapshot() == {}
     assert users.changed_since(4) == [(5, "a"), (6, "b")]
+
+
+def test_rows_written_here_keep_the_text_they_were_stored_with():
+    tables = Tables(["replication"], [("users", "id")])
+    columns = {"id": "a", "name": "ü"}
+    text = dumps_row(columns)
+    event = ev(1, "a", EventPayloadJson(text))
+    [change] = tables.apply([(1, event)], lambda event_id: (columns, text))
+    assert change.after_text is text and tables["users"].rows["a"].text is text
+    # Without the key column the row is completed, and so encoded again.
+    [change] = tables.apply([(2, ev(2, "a", None))], lambda event_id: ({"name": "x"}, "{}"))
+    assert change.after_text == '{"name":"x","id":"a"}'
 
 
 def test_row_key():

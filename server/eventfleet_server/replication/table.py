@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 _UNKNOWN: Any = object()
 # The frames' JSON form (`wire.encode`): compact, non-ASCII as is.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# The same for rows this replica writes: NaN and infinities are refused (not JSON).
+dumps_row = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 class Row(NamedTuple):
@@ -126,19 +128,30 @@ class Table:
             )
         return None
 
-    def apply(self, seq: int, event: Event, key: str, columns: Any = _UNKNOWN) -> Change | None:
+    def apply(
+        self,
+        seq: int,
+        event: Event,
+        key: str,
+        columns: Any = _UNKNOWN,
+        text: str | None = None,
+    ) -> Change | None:
         """Take a newly stored event of this table; the change, or None if the row did
         not change (an older event than the row's latest). `columns`: the row the event
-        was made from, when the caller has it (saves parsing the payload again)."""
+        was made from, when the caller has it (saves parsing the payload again), and
+        `text` its `dumps_row` JSON (saves encoding it again)."""
         order = natural_key(event)
         old = self.rows.get(key)
         if old is not None and old.order >= order:
             return None
         if columns is _UNKNOWN:
             columns = self.columns_of(key, event)
+            text = None
         elif columns is not None and self.key not in columns:
             columns = {**columns, self.key: key}
-        text = encode_columns(columns)
+            text = None
+        if text is None:
+            text = encode_columns(columns)
         self.rows[key] = Row(seq, order, columns, text)
         before = old.columns if old is not None else None
         return Change(self.name, key, seq, event, before, columns, text)
@@ -212,8 +225,8 @@ class Tables:
         items: Iterable[tuple[int, Event]],
         known: Callable[[Any], Any] | None = None,
     ) -> list[Change]:
-        """Feed stored events; `known(event_id)` may return the row an event was made
-        from (or `UNKNOWN`)."""
+        """Feed stored events; `known(event_id)` may return ``(columns, text)`` of the
+        row an event was made from (or `UNKNOWN`)."""
         n = len(self.prefix)
         prefix = self.prefix
         changes = []
@@ -224,8 +237,11 @@ class Tables:
             table = self.tables.get(t[n])
             if table is None:
                 continue
-            columns = known(event.id) if known is not None else _UNKNOWN
-            change = table.apply(seq, event, t[n + 1], columns)
+            written = known(event.id) if known is not None else _UNKNOWN
+            if written is _UNKNOWN:
+                change = table.apply(seq, event, t[n + 1])
+            else:
+                change = table.apply(seq, event, t[n + 1], *written)
             if change is not None:
                 changes.append(change)
         return changes
