@@ -871,6 +871,17 @@ class Storage:
         ).fetchall()
         return events.decode(rows, self._cache.types)
 
+    async def newest_of_server(self, server_id: int) -> tuple[int, int, int] | None:
+        """``(session, instance, timestamp_us)`` of the stored event of `server_id` with
+        the highest instance, None if none is stored (retention may have deleted it:
+        `last_ids` keeps the id, not the timestamp)."""
+        self._check_open()
+        return await _run(self._reader, self._newest_of_server, server_id)
+
+    def _newest_of_server(self, server_id: int) -> tuple[int, int, int] | None:
+        row = self._reader._conn.execute(last_ids.NEWEST_OF_SERVER, (server_id,)).fetchone()
+        return None if row is None else tuple(row)
+
     async def read_server_stream(
         self, server_id: int, after_instance: int, limit: int
     ) -> list[tuple[int, int, int, bytes]]:
