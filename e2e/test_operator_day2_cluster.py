@@ -289,6 +289,11 @@ def test_bus_curve_server_key_rotation_as_the_runbook_says_without_a_restart(
     replica through the kubelet's refresh of the mounted Secret and is served without a
     restart; a new client needs the new public key, which status.busCurve publishes,
     and one with the old key is refused."""
+    wait_for(
+        lambda: kubectl.get("eventserver", FLEET)["status"]["busCurve"].get("replicasServing") == 3,
+        timeout=60,
+        what="every replica counted as serving the key",
+    )
     es = kubectl.get("eventserver", FLEET)
     old = es["status"]["busCurve"]["publicKey"]
     assert es["status"]["busCurve"]["secretName"] == f"{FLEET}-bus-curve"
@@ -332,8 +337,6 @@ def test_bus_curve_server_key_rotation_as_the_runbook_says_without_a_restart(
             await asyncio.to_thread(
                 wait_for, published, timeout=120, what="status.busCurve with the new key"
             )
-            shown = await asyncio.to_thread(shell.run, show, where="the public key step")
-            assert shown.strip() == new
             for ordinal in range(3):
                 # The kubelet refreshes Secret volumes on its sync period plus its cache TTL.
                 await asyncio.to_thread(
@@ -342,6 +345,16 @@ def test_bus_curve_server_key_rotation_as_the_runbook_says_without_a_restart(
                     timeout=240,
                     what=f"{FLEET}-{ordinal} serving the new key (kubelet volume refresh)",
                 )
+
+            def counted():
+                status = kubectl.get("eventserver", FLEET)["status"]["busCurve"]
+                return status["publicKey"] == new and status.get("replicasServing") == 3
+
+            await asyncio.to_thread(
+                wait_for, counted, timeout=120, what="status.busCurve.replicasServing 3"
+            )
+            shown = await asyncio.to_thread(shell.run, show, where="the public key step")
+            assert shown.split() == [new, "3/3"], shown
             fresh = CurveBusClient(port, new.encode(), keypair, host=ip)
             stale = CurveBusClient(port, old.encode(), keypair, host=ip)
             clients += [fresh, stale]
