@@ -258,7 +258,9 @@ def test_runbook_and_quickstart_scale_then_delete(reader: DocShell, default: Clu
 
     ((_, block),) = cluster_blocks(QUICKSTART, "Scale, watch, delete")
     out = reader.run(block, where="Scale, watch, delete")
-    printed = json.loads(out[out.index("[") :])  # jq's pretty-printed conditions
+    # jq's pretty-printed conditions, then what `kubectl delete` says.
+    printed, _ = json.JSONDecoder().raw_decode(out[out.index("[") :])
+    assert 'eventserver.eventfleet.io "demo" deleted' in out, out
     assert {c["type"] for c in printed} >= {"Ready", "PeersSynced", "ScaleDownHeld"}, out
 
     wait_for(
