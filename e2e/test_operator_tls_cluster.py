@@ -178,11 +178,18 @@ def watchers(real_cluster, kubectl, operator_release):
     for crd in crds:  # `create`, not `apply`: the last-applied annotation would be too big
         kubectl.run("create", "-f", str(crd))
     try:
-        kubectl.run(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/servicemonitors.monitoring.coreos.com",
-            "crd/scheduledsparkapplications.sparkoperator.k8s.io",
-        )  # fmt: skip
+        for name in (
+            "servicemonitors.monitoring.coreos.com",
+            "scheduledsparkapplications.sparkoperator.k8s.io",
+        ):
+            # Polled: `kubectl wait` right after `create` fails on a CRD without status yet.
+            wait_for(
+                lambda n=name: (
+                    condition(kubectl.get("crd", n), "Established").get("status") == "True"
+                ),
+                timeout=60,
+                what=f"{name} established",
+            )
         wait_for(
             lambda: (
                 {"servicemonitors", "scheduledsparkapplications"}
@@ -282,28 +289,38 @@ def test_prometheus_scrapes_every_replica_through_the_operators_service_monitor(
         prometheus.stop()
 
 
+@pytest.mark.parametrize("fleet", ["plain", "sec"])
 def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status(
-    kubectl, watchers, tmp_path
+    kubectl, watchers, tmp_path, fleet
 ):
     """The Spark image runs one run of the ScheduledSparkApplication the operator wrote,
     as its driver pod with exactly its arguments (e2e/cluster/spark.py: spark-operator
-    does not run here), against the fleet's client Service; the operator reads the
+    does not run here), against the fleet's client Service — plain, and with TLS (the
+    job verifies the replicas with the fleet CA the pod mounts); the operator reads the
     driver's termination message into ``status.aggregation.lastResult``."""
-    kubectl.apply(eventserver("plain", 2, **WATCHED))  # the previous test's fleet
-    wait_condition(kubectl, "plain", "Ready")
-    pods = Replicas(kubectl, "plain", tmp_path)
-    register(pods, 0, 4, event_type="e2e/agg")
-    register(pods, 1, 3, event_type="e2e/agg", first=4)
+    wait_condition(kubectl, fleet, "Ready")  # the fleets of the test above
+    pods = Replicas(kubectl, fleet, tmp_path)
+    ca_file = tmp_path / "ca.crt"
+    if fleet == "sec":
+        ca_file.write_text(secret_text(kubectl, "sec-tls", "ca.crt"))
+
+    def tls(ordinal: int) -> tuple[str, str] | None:
+        if fleet != "sec":
+            return None
+        return (str(ca_file), naming.peer_host(fleet, kubectl.namespace, ordinal))
+
+    register(pods, 0, 4, tls=tls(0), event_type="e2e/agg", first=100)
+    register(pods, 1, 3, tls=tls(1), event_type="e2e/agg", first=104)
     time.sleep(2.5)  # the last complete bucket (2 s) now holds every event above
     app = wait_for(
-        lambda: kubectl.get("scheduledsparkapplication", "plain-agg"),
+        lambda: kubectl.get("scheduledsparkapplication", f"{fleet}-agg"),
         timeout=60,
         what="the ScheduledSparkApplication",
     )
     # What spark-operator's chart creates in each job namespace: the driver's account.
     account = app["spec"]["template"]["driver"]["serviceAccount"]
     kubectl.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})
-    run = f"plain-agg-{time.time_ns()}"  # how spark-operator names a run
+    run = f"{fleet}-agg-{time.time_ns()}"  # how spark-operator names a run
     pod = spark.run_driver(kubectl, app, run, timeout=600)
     log = kubectl.run("logs", f"{run}-driver", check=False).stdout
     assert pod["status"]["phase"] == "Succeeded", log[-5000:]
@@ -311,7 +328,7 @@ def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status
     assert summaries and all("bucket=2s" in ln for ln in summaries), log[-5000:]
 
     def last_result():
-        report = kubectl.get("eventserver", "plain")["status"].get("aggregation") or {}
+        report = kubectl.get("eventserver", fleet)["status"].get("aggregation") or {}
         result = report.get("lastResult") or {}
         return result if result.get("run") == run else None
 
@@ -322,9 +339,11 @@ def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status
 
     # The aggregates were registered back into the fleet: every replica holds them.
     def aggregates_on(ordinal: int):
+        over_tls = tls(ordinal)
+        tls_args = ["--tls-ca", over_tls[0], "--tls-server-name", over_tls[1]] if over_tls else []
         out = subprocess.run(
             [sys.executable, "-m", "eventfleet_cli", "query", "--eventer", pods.eventer(ordinal),
-             "--token-file", str(pods.token_file(ordinal)), "timeseries",
+             "--token-file", str(pods.token_file(ordinal)), *tls_args, "timeseries",
              "eventfleet/aggregate/2/*"],
             check=True, capture_output=True, text=True, timeout=60,
         )  # fmt: skip
