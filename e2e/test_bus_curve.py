@@ -58,6 +58,20 @@ def allow(tmp_path, *keys: bytes) -> None:
     tmp.replace(path)
 
 
+def curve_bus(tmp_path, **curve) -> dict:
+    """The replica's ``bus`` section: CURVE with the key written by `write_keys` and the
+    clients `allow`ed, plus `curve`'s settings."""
+    return {
+        "enabled": True,
+        "curve": {
+            "enabled": True,
+            "secret_key_file": str(tmp_path / "server.key"),
+            "allowed_keys": str(tmp_path / "clients"),
+            **curve,
+        },
+    }
+
+
 @contextlib.asynccontextmanager
 async def curve_replica(
     tmp_path, *, token: str | None = "s3cret", curve=None, base: int | None = None, **extra
@@ -72,19 +86,7 @@ async def curve_replica(
         1,
         base or free_block(1),
         token_file=token_file,
-        extra={
-            "token_reload_interval": 0.5,
-            "bus": {
-                "enabled": True,
-                "curve": {
-                    "enabled": True,
-                    "secret_key_file": str(tmp_path / "server.key"),
-                    "allowed_keys": str(tmp_path / "clients"),
-                    **(curve or {}),
-                },
-            },
-            **extra,
-        },
+        extra={"token_reload_interval": 0.5, "bus": curve_bus(tmp_path, **(curve or {})), **extra},
     )
     async with serving(replica):
         yield replica
@@ -278,16 +280,7 @@ async def test_a_bad_key_file_stops_the_start_with_one_line_naming_it(tmp_path):
         "r1",
         1,
         free_block(1),
-        extra={
-            "bus": {
-                "enabled": True,
-                "curve": {
-                    "enabled": True,
-                    "secret_key_file": str(tmp_path / "server.key"),
-                    "allowed_keys": str(tmp_path / "clients"),
-                },
-            }
-        },
+        extra={"bus": curve_bus(tmp_path)},
     )
     replica.write_config()
     replica.start()

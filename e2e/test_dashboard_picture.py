@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import pathlib
 import random
 import time
@@ -33,9 +32,9 @@ from eventfleet_server.common.model import (
 )
 
 from e2e import dashboard_picture
+from e2e.browser import artifacts, png_size, run_driver, updating_pictures
 from e2e.fleet_helpers import FleetProc, free_block
-from e2e.jetstream.refclient import ensure_tools, node_env
-from e2e.test_jetstream_browser import chromium, png_size
+from e2e.jetstream.refclient import ensure_tools
 from e2e.test_prometheus import DASHBOARD, api, running_prometheus, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -101,31 +100,6 @@ async def answers(session, base: str, start: float, end: float) -> dict[str, lis
     return out
 
 
-async def screenshot(page_html: pathlib.Path, out: pathlib.Path, width: int) -> dict:
-    env = node_env()
-    env["CHROMIUM"] = chromium()
-    proc = await asyncio.create_subprocess_exec(
-        "node",
-        str(SHOT_JS),
-        str(page_html),
-        str(out),
-        str(width),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-        start_new_session=True,
-    )
-    try:
-        async with asyncio.timeout(120):
-            stdout, stderr = await proc.communicate()
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
-    assert stdout, f"browser printed nothing; stderr:\n{stderr.decode()[-3000:]}"
-    return json.loads(stdout.decode().strip().splitlines()[-1])
-
-
 async def test_every_dashboard_panel_has_data_from_a_fleet_under_load(tmp_path):
     ensure_tools()
     fleet = FleetProc(tmp_path / "fleet", 3, base_port=free_block(3)).start()
@@ -164,11 +138,9 @@ async def test_every_dashboard_panel_has_data_from_a_fleet_under_load(tmp_path):
     )
     page = tmp_path / "dashboard.html"
     page.write_text(dashboard_picture.page(dashboard, found, caption))
-    update = os.environ.get("EVENTFLEET_UPDATE_SCREENSHOTS") == "1"
-    artifacts = pathlib.Path(os.environ.get("EVENTFLEET_ARTIFACTS", ROOT / ".artifacts"))
-    out = DOC_PICTURE if update else artifacts / "dashboard" / "dashboard-panels.png"
+    out = DOC_PICTURE if updating_pictures() else artifacts("dashboard") / "dashboard-panels.png"
     out.parent.mkdir(parents=True, exist_ok=True)
-    shot = await screenshot(page, out, 1400)
+    shot = await run_driver(SHOT_JS, str(page), str(out), "1400")
     assert shot["ok"], shot
     assert png_size(out)[0] >= 1400, png_size(out)
     assert png_size(DOC_PICTURE)[0] >= 1400, "docs/img/dashboard-panels.png: rerun with update"

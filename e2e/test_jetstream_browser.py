@@ -13,80 +13,42 @@ were checked to show (both lists with their items, one ticked).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import pathlib
-import shutil
-import subprocess
 
 import pytest
 
+from e2e.browser import artifacts, chromium, png_size, run_driver, updating_pictures
 from e2e.fleet_helpers import FleetProc, free_block
-from e2e.jetstream.refclient import ROOT, ensure_tools, node_env
+from e2e.jetstream.refclient import ROOT, ensure_tools
 
 pytestmark = pytest.mark.slow
 
 BROWSER_JS = pathlib.Path(__file__).parent / "jetstream" / "browser.js"
 DOC_PICTURE = ROOT / "docs" / "img" / "jetstream-demo.png"
-PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-
-
-def png_size(path: pathlib.Path) -> tuple[int, int]:
-    """Width and height from a PNG's IHDR chunk."""
-    head = path.read_bytes()[:24]
-    assert head[:8] == PNG_MAGIC, f"{path} is not a PNG"
-    return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium", path=str(ROOT / ".tools/bin"))
-    if not found:
-        subprocess.run(["bash", str(ROOT / "scripts/tools/chromium.sh")], check=True, timeout=900)
-        found = shutil.which("chromium", path="/usr/bin:" + str(ROOT / ".tools/bin"))
-    assert found, "chromium is required: scripts/tools/chromium.sh"
-    return found
 
 
 async def test_two_browsers_on_two_replicas_see_each_others_edits(tmp_path):
     ensure_tools()
-    browser = chromium()
-    artifacts = (
-        pathlib.Path(os.environ.get("EVENTFLEET_ARTIFACTS", ROOT / ".artifacts")) / "jetstream"
-    )
-    artifacts.mkdir(parents=True, exist_ok=True)
+    chromium()  # installed before the fleet starts
+    shots = artifacts("jetstream")
     fleet = FleetProc(tmp_path / "fleet", 2, base_port=free_block(2)).start()
     try:
         up = await fleet.wait_up()
         token = (tmp_path / "fleet" / "token").read_text().strip()
         names = sorted(up)
         pages = [f"{up[name]['jetstream_demo']}?token={token}&scope=browser" for name in names]
-        env = node_env()
-        env["CHROMIUM"] = browser
-        env["PICTURE_CAPTIONS"] = json.dumps([f"browser {i + 1}: {n}" for i, n in enumerate(names)])
-        update = os.environ.get("EVENTFLEET_UPDATE_SCREENSHOTS") == "1"
-        picture = DOC_PICTURE if update else artifacts / "picture.png"
+        captions = [f"browser {i + 1}: {n}" for i, n in enumerate(names)]
+        picture = DOC_PICTURE if updating_pictures() else shots / "picture.png"
         picture.parent.mkdir(parents=True, exist_ok=True)
-        proc = await asyncio.create_subprocess_exec(
-            "node",
-            str(BROWSER_JS),
+        result = await run_driver(
+            BROWSER_JS,
             *pages,
-            str(artifacts),
+            str(shots),
             str(picture),
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=env,
-            start_new_session=True,
+            env={"PICTURE_CAPTIONS": json.dumps(captions)},
         )
-        try:
-            async with asyncio.timeout(120):
-                out, err = await proc.communicate()
-        finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
-        assert out, f"browser driver printed nothing; stderr:\n{err.decode()[-3000:]}"
-        result = json.loads(out.decode().strip().splitlines()[-1])
         assert result["ok"], result
         assert result["steps"][-1] == "page one sees the tick made on page two"
         assert sorted(result["page1"]) == sorted(result["page2"]) and len(result["page1"]) == 2

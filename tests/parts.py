@@ -5,7 +5,7 @@ plane, a browser or a reference implementation was absent and the tests that nee
 quietly skipped. So a missing part fails the test, naming what to run.
 
 A developer without, say, a container runtime may opt in to skipping instead:
-``EVENTFLEET_ALLOW_MISSING=podman,control-plane`` (comma-separated part names, or ``all``).
+``EVENTFLEET_ALLOW_MISSING=podman,go`` (comma-separated part names, or ``all``).
 CI never sets it. Every test skipped (or run degraded) that way is recorded here and the
 run ends with a loud summary of what was allowed to be missing (``terminal_summary``,
 called from the conftests), so such a run cannot be mistaken for a full one.
@@ -22,7 +22,6 @@ ALLOW_ENV = "EVENTFLEET_ALLOW_MISSING"
 # Part name -> what provides it (for the messages and docs).
 PARTS = {
     "go": "a Go toolchain (builds the control plane: scripts/tools/k8s-control-plane.sh)",
-    "control-plane": "etcd, kube-apiserver, kube-controller-manager (k8s-control-plane.sh)",
     "kubectl": "kubectl (scripts/tools/k8s-binaries.sh)",
     "helm": "helm (scripts/tools/k8s-binaries.sh)",
     "podman": "podman and the project's images (scripts/tools/images.sh, as root)",

@@ -11,7 +11,7 @@
 # minutes, so the build runs under `nice -n 19` and prints progress and timings.
 #
 # Without Go (and no up-to-date build) it fails: the control-plane tests cannot run.
-# A developer may go on without it: EVENTFLEET_ALLOW_MISSING=go (or control-plane), then
+# A developer may go on without it: EVENTFLEET_ALLOW_MISSING=go, then
 # those tests skip and the run says so loudly (tests/parts.py). CI never sets it.
 #
 # Usage: scripts/tools/k8s-control-plane.sh
@@ -20,6 +20,8 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 # shellcheck source=lib/missing.bash
 source "$root/scripts/tools/lib/missing.bash"
+# shellcheck source=lib/k8s-build.bash
+source "$root/scripts/tools/lib/k8s-build.bash"
 mod="$root/e2e/controlplane"
 tools="$root/.tools/k8s"
 bindir="$tools/bin"
@@ -28,53 +30,29 @@ log() { echo "k8s-control-plane: $*" >&2; }
 key="$(cat "$mod/go.mod" "$mod/go.sum" "$0" $(find "$mod/cmd" -name '*.go' | sort) | sha256sum | cut -c1-16)"
 stamp="$bindir/.built-$key"
 binaries=(etcd kube-apiserver kube-controller-manager)
-if [ -f "$stamp" ]; then
-    ok=1
-    for b in "${binaries[@]}"; do [ -x "$bindir/$b" ] || ok=0; done
-    if [ "$ok" = 1 ]; then
-        log "up to date in $bindir ($key)"
-        exit 0
-    fi
+if k8s_built "$bindir" "$key" "${binaries[@]}"; then
+    log "up to date in $bindir ($key)"
+    exit 0
 fi
 if ! command -v go >/dev/null; then
-    if part_allowed control-plane; then
-        part_missing k8s-control-plane control-plane "no 'go' on PATH to build it" "install Go"
-    fi
     part_missing k8s-control-plane go "no 'go' on PATH: cannot build etcd and kube-apiserver" \
         "install a Go toolchain (apt-get install golang-go, or go.dev/dl) and run $0"
 fi
 
-k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$mod/go.mod")"
-[ -n "$k8s_version" ] || { log "no k8s.io/kubernetes requirement in $mod/go.mod"; exit 1; }
-minor="$(echo "$k8s_version" | cut -d. -f2)"
-export GOCACHE="$tools/go-build"
-export GOFLAGS="-mod=readonly -buildvcs=false"
-export CGO_ENABLED=0
-mkdir -p "$bindir" "$GOCACHE"
+k8s_go_env "$mod/go.mod" "$tools" "$bindir"
 
 start=$(date +%s)
 log "downloading modules for k8s.io/kubernetes $k8s_version"
 (cd "$mod" && go mod download)
 log "modules ready after $(($(date +%s) - start)) s"
 
-# The version stamps are what `kubectl version` and helm's kubeVersion checks read; an
-# unstamped build reports v0.0.0-master and charts with a kubeVersion constraint fail.
-pkg=k8s.io/component-base/version
-ldflags="-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-
-out="$bindir/.partial"
-rm -rf "$out"
-mkdir -p "$out"
 for target in ./cmd/etcd k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager; do
     t0=$(date +%s)
     log "building $target (nice -n 19) ..."
     (cd "$mod" && nice -n 19 go build -trimpath -tags providerless -ldflags "$ldflags" -o "$out/" "$target")
     log "built $target in $(($(date +%s) - t0)) s"
 done
-for b in "${binaries[@]}"; do mv -f "$out/$b" "$bindir/$b"; done
-rm -rf "$out"
-rm -f "$bindir"/.built-*
+k8s_install "$bindir" "${binaries[@]}"
 "$bindir/kube-apiserver" --version >&2
 # sed reads the whole output: `head -1` may close the pipe while etcd still writes, and
 # with pipefail the SIGPIPE (exit 141) would fail the whole test command.

@@ -27,6 +27,8 @@ bindir="$tools/node/bin"
 log() { echo "k8s-node: $*" >&2; }
 # shellcheck source=lib/apt.bash
 source "$root/scripts/tools/lib/apt.bash"
+# shellcheck source=lib/k8s-build.bash
+source "$root/scripts/tools/lib/k8s-build.bash"
 start=$(date +%s)
 
 # --- 1. Debian packages -----------------------------------------------------------------
@@ -71,30 +73,12 @@ key="$(cat "$0" $(find "$src" -type f \( -name go.mod -o -name go.sum -o -name '
     sha256sum | cut -c1-16)"
 stamp="$bindir/.built-$key"
 binaries=(kubelet kube-scheduler kube-proxy pause provisioner sandbox-sweep coredns kube-router)
-if [ -f "$stamp" ]; then
-    ok=1
-    for b in "${binaries[@]}"; do [ -x "$bindir/$b" ] || ok=0; done
-    if [ "$ok" = 1 ]; then
-        log "up to date in $bindir ($key)"
-        exit 0
-    fi
+if k8s_built "$bindir" "$key" "${binaries[@]}"; then
+    log "up to date in $bindir ($key)"
+    exit 0
 fi
 
-k8s_version="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$src/node/go.mod")"
-[ -n "$k8s_version" ] || { log "no k8s.io/kubernetes requirement in $src/node/go.mod"; exit 1; }
-minor="$(echo "$k8s_version" | cut -d. -f2)"
-# The control plane's build cache: kubelet & co. share most packages with it.
-export GOCACHE="$tools/go-build"
-export GOFLAGS="-mod=readonly -buildvcs=false"
-export CGO_ENABLED=0
-mkdir -p "$bindir" "$GOCACHE"
-pkg=k8s.io/component-base/version
-ldflags="-s -w -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor"
-ldflags="$ldflags -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
-
-out="$bindir/.partial"
-rm -rf "$out"
-mkdir -p "$out"
+k8s_go_env "$src/node/go.mod" "$tools" "$bindir"
 build() { # build MODULE-DIR OUTPUT-NAME PACKAGE [go build flags...]
     local dir="$1" name="$2" target="$3" t0
     shift 3
@@ -116,9 +100,7 @@ build node provisioner ./cmd/provisioner -ldflags "-s -w"
 build node sandbox-sweep ./cmd/sandbox-sweep -ldflags "-s -w"
 build coredns coredns . -ldflags "-s -w"
 build kube-router kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router -ldflags "-s -w"
-for b in "${binaries[@]}"; do mv -f "$out/$b" "$bindir/$b"; done
-rm -rf "$out"
-rm -f "$bindir"/.built-*
+k8s_install "$bindir" "${binaries[@]}"
 "$bindir/kubelet" --version >&2
 touch "$stamp"
 log "node binaries built in $(($(date +%s) - start)) s into $bindir"

@@ -25,13 +25,15 @@ from eventfleet_server.common.model import (
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine
-from eventfleet_server.eventer.decode import (
+from eventfleet_server.eventer.wire import (
+    BadRequest,
     MalformedRequest,
     RegisterLimits,
     RequestRefused,
+    decode_init_req,
+    decode_query_req,
     decode_register,
 )
-from eventfleet_server.eventer.wire import BadRequest, decode_init_req, decode_query_req
 from eventfleet_server.jetstream import wire as jetstream_wire
 from eventfleet_server.jetstream.server import JetstreamServer
 from eventfleet_server.jetstream.session import JetstreamProtocol
@@ -249,19 +251,21 @@ class _Sent(list):
         self.append(replication_wire.encode(msg))  # a reply must be encodable
 
 
-def replication_frame(data: bytes) -> None:
-    """An AppWebsocket frame as a peer that has not logged in sends it: the frame decoder,
-    then the session (challenge issued first, so AppLogin reaches the digest check).
-    Every refusal is a reply and a counted rejection, never an exception."""
-    text = _text(data)
+def _replication_frame(data: bytes) -> dict | None:
+    """The fuzzer's bytes as an AppWebsocket frame; None when the frame decoder refuses
+    them (its own refusal: nothing for a session to see)."""
     try:
-        msg = replication_wire.decode(text)
+        return replication_wire.decode(_text(data))
     except replication_wire.FrameError:
-        return
-    sent = _Sent()
+        return None
+
+
+def _publisher_session(backend, sent: _Sent) -> tuple[PublisherSession, Rejections]:
+    """A publisher session as the server makes one (user ``user``, password ``secret``)
+    on `backend`, answering into `sent`, and its rejection counts."""
     rejections = Rejections("fuzz", logger=_QUIET)
     session = PublisherSession(
-        SimpleNamespace(tables={}, table_configs={}),  # never reached before login
+        backend,
         credentials=Credentials({"user": "secret"}),
         failed_logins=FailedLogins(1000, 60.0),
         challenge_ttl=60.0,
@@ -269,6 +273,19 @@ def replication_frame(data: bytes) -> None:
         send=sent,
         rejections=rejections,
     )
+    return session, rejections
+
+
+def replication_frame(data: bytes) -> None:
+    """An AppWebsocket frame as a peer that has not logged in sends it: the frame decoder,
+    then the session (challenge issued first, so AppLogin reaches the digest check).
+    Every refusal is a reply and a counted rejection, never an exception."""
+    msg = _replication_frame(data)
+    if msg is None:
+        return
+    sent = _Sent()
+    # The backend is never reached before login.
+    session, rejections = _publisher_session(SimpleNamespace(tables={}, table_configs={}), sent)
     session.handle({"mt": "AppChallenge"})
     session.handle(msg)
     assert len(sent) == 2  # the challenge, and one answer to the message
@@ -356,19 +373,11 @@ def _replica_now() -> _Replica:
     return _replica
 
 
-def _logged_in_session(replica: _Replica, sent: _Sent, rejections: Rejections):
+def _logged_in_session(replica: _Replica, sent: _Sent) -> tuple[PublisherSession, Rejections]:
     """A publisher session that logged in as the server checks it (a fresh challenge and
     its digest) and started both tables: ``items`` read to its end marker (live), ``free``
-    still in its initial pass."""
-    session = PublisherSession(
-        replica.backend,
-        credentials=Credentials({"user": "secret"}),
-        failed_logins=FailedLogins(1000, 60.0),
-        challenge_ttl=60.0,
-        peer="127.0.0.1",
-        send=sent,
-        rejections=rejections,
-    )
+    still in its initial pass; and its rejection counts."""
+    session, rejections = _publisher_session(replica.backend, sent)
     session.handle({"mt": "AppChallenge", "src": 1})
     fields = {"app": "fuzz", "domain": "d", "sip": "user", "guid": "g", "dn": "n"}
     challenge = sent[-1]
@@ -385,7 +394,7 @@ def _logged_in_session(replica: _Replica, sent: _Sent, rejections: Rejections):
     while session.describe()["tables"]["items"] == "pass":
         session.handle({"mt": "ReplicateNext", "api": "items"})
     assert sum(rejections.counts.values()) == 0, rejections.counts
-    return session
+    return session, rejections
 
 
 async def _handle_on_the_loop(replica: _Replica, session: PublisherSession, msg: dict) -> None:
@@ -406,15 +415,12 @@ def replication_logged_in(data: bytes) -> None:
     writes it registers, committed, with the row changes fanned back to the session.
     The only acceptable refusal is the protocol's: an error reply and one counted
     rejection for each; any exception fails the target."""
-    text = _text(data)
-    try:
-        msg = replication_wire.decode(text)
-    except replication_wire.FrameError:
+    msg = _replication_frame(data)
+    if msg is None:
         return
     replica = _replica_now()
     sent = _Sent()
-    rejections = Rejections("fuzz", logger=_QUIET)
-    session = _logged_in_session(replica, sent, rejections)
+    session, rejections = _logged_in_session(replica, sent)
     before = len(sent)
     replica.loop.run_until_complete(_handle_on_the_loop(replica, session, msg))
     assert session.logged_in and not replica.fatal, replica.fatal

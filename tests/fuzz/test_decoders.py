@@ -29,7 +29,7 @@ from eventfleet_server.common.model import (
     Timestamp,
 )
 from eventfleet_server.common.sbsint import encode_int
-from eventfleet_server.eventer.decode import (
+from eventfleet_server.eventer.wire import (
     CHUNK_EVENTS,
     RegisterLimits,
     decode_register,

@@ -57,6 +57,16 @@ def pair(tmp_path, client_file, peer_file):
     return nodes
 
 
+async def start_synced(nodes) -> None:
+    """Start both before waiting for either (a start may wait for the peer), then wait
+    until both are synced."""
+    for node in nodes:
+        await node.start(wait=False)
+    for node in nodes:
+        await until(lambda n=node: n.start_task.done(), f"{node.name} started")
+    await synced(nodes)
+
+
 async def synced(nodes) -> None:
     for node in nodes:
         await until(lambda n=node: n.replica.syncer.initial_sync_done, f"{node.name} synced")
@@ -72,11 +82,7 @@ async def test_client_and_peer_tokens_are_separate_and_rotate(tmp_path):
     peer_file.write_text("# the peers' secret\npeer-1\n")
     nodes = pair(tmp_path, client_file, peer_file)
     try:
-        for node in nodes:
-            await node.start(wait=False)
-        for node in nodes:
-            await until(lambda n=node: n.start_task.done(), f"{node.name} started")
-        await synced(nodes)
+        await start_synced(nodes)
         r1 = nodes[0].replica
         # The peer token is not a client credential, and the other way round.
         with pytest.raises(hat_client.EventerInitError, match="invalid client token"):
@@ -148,11 +154,7 @@ async def test_http_admin_routes_need_the_peer_token(tmp_path):
     (tmp_path / "p").write_text("peer\n")
     nodes = pair(tmp_path, tmp_path / "c", tmp_path / "p")
     try:
-        for node in nodes:
-            await node.start(wait=False)
-        for node in nodes:
-            await until(lambda n=node: n.start_task.done(), f"{node.name} started")
-        await synced(nodes)
+        await start_synced(nodes)
         r1 = nodes[0].replica
         flush = http_url(r1, "/flush?peer=r2&timeout=5")
         async with aiohttp.ClientSession() as http:

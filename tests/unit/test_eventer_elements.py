@@ -1,5 +1,5 @@
 """The stored bytes of registered events, spliced from the register request
-(`eventer.decode.event_elements`), are exactly their SBS encoding."""
+(`eventer.wire.event_elements`), are exactly their SBS encoding."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Timestamp,
 )
-from eventfleet_server.eventer.decode import RegisterLimits, event_elements, slices
+from eventfleet_server.eventer.wire import RegisterLimits, event_elements, slices
 
 
 def _request(n: int) -> tuple[bytes, list[RegisterEvent], list[tuple[int, int, int]]]:

@@ -12,7 +12,7 @@ from eventfleet_server.common.model import (
     EventPayloadJson,
     Timestamp,
 )
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 from eventfleet_server.replication.config import ReplicationConfig
 from eventfleet_server.replication.login import (
     Challenges,
@@ -101,25 +101,25 @@ def test_failed_logins_block_then_release():
 
 
 def test_codec_errors_name_the_problem():
-    with pytest.raises(codec.FrameError, match="not JSON"):
-        codec.decode("{")
-    with pytest.raises(codec.FrameError, match="JSON object"):
-        codec.decode("3")
-    with pytest.raises(codec.FrameError, match="'mt'"):
-        codec.decode('{"mt": 1}')
-    with pytest.raises(codec.FrameError, match="'api'"):
-        codec.decode('{"mt": "x", "api": 1}')
-    assert codec.parse_columns({"a": {}, "b": {"update": True}}) == {"a": False, "b": True}
-    with pytest.raises(codec.FrameError, match=r"columns\.b\.update"):
-        codec.parse_columns({"b": {"update": "yes"}})
+    with pytest.raises(wire.FrameError, match="not JSON"):
+        wire.decode("{")
+    with pytest.raises(wire.FrameError, match="JSON object"):
+        wire.decode("3")
+    with pytest.raises(wire.FrameError, match="'mt'"):
+        wire.decode('{"mt": 1}')
+    with pytest.raises(wire.FrameError, match="'api'"):
+        wire.decode('{"mt": "x", "api": 1}')
+    assert wire.parse_columns({"a": {}, "b": {"update": True}}) == {"a": False, "b": True}
+    with pytest.raises(wire.FrameError, match=r"columns\.b\.update"):
+        wire.parse_columns({"b": {"update": "yes"}})
     req = {"mt": "ReplicateNext", "api": "t", "src": "s1"}
-    assert codec.error_reply(req, "no") == {
+    assert wire.error_reply(req, "no") == {
         "mt": "ReplicateNextResult",
         "api": "t",
         "src": "s1",
         "error": "no",
     }
-    assert codec.error_reply(None, "bad") == {"mt": "Error", "error": "bad"}
+    assert wire.error_reply(None, "bad") == {"mt": "Error", "error": "bad"}
 
 
 def ev(instance, key, payload, ts=None, server=1):

@@ -8,9 +8,6 @@ import pytest
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
-    EventId,
-    EventPayloadBinary,
-    EventPayloadJson,
     QueryLatestParams,
     QueryServerParams,
     Timestamp,
@@ -20,38 +17,13 @@ from eventfleet_server.common.sbsint import encode_int
 from eventfleet_server.storage import Storage, StorageError
 from eventfleet_server.storage import events as events_table
 from eventfleet_server.storage.merge_rows import sessions
-from eventfleet_server.syncer import wire as protocol
+from eventfleet_server.syncer import wire
 from eventfleet_server.syncer.rows import TYPE_CACHE_MAX, decode_rows
 from eventfleet_server.syncer.wire import ProtocolError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
-    return Event(EventId(server, session, instance), tuple(type_), ts, None, payload)
-
-
-def varied(n: int, session: int = 7) -> list[Event]:
-    """Every SBS shape: long and short integers, empty and long type segments (some
-    types repeated, some timestamps repeated and some not), with and without source
-    timestamps (negative seconds too), none/JSON/binary payloads of many lengths."""
-    out = []
-    for i in range(n):
-        payload = [
-            None,
-            EventPayloadJson(f'{{"a": {i}, "é": "{"x" * (i % 90)}"}}'),
-            EventPayloadBinary("t" * (i % 70), bytes(range(256))[: i % 200]),
-        ][i % 3]
-        out.append(
-            Event(
-                EventId(1, session, 1 + i * 7_777_777 + (1 << 40) * (i % 2)),
-                tuple(f"s{j}" * (i % 40) for j in range(1 + i % 4)) if i % 5 else ("x", "y"),
-                Timestamp(1_700_000_000 + i // 4, i // 4 * 13 % 1_000_000),
-                Timestamp(i * 1000 - 500_000, i % 1_000_000) if i % 2 else None,
-                payload,
-            )
-        )
-    return out
+from tests.sample_events import ev, varied
 
 
 def expected_rows(events: list[Event]) -> list[list]:
@@ -67,7 +39,7 @@ def expected_rows(events: list[Event]) -> list[list]:
 
 def test_rows_are_the_object_paths_rows():
     events = varied(300)
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     types: dict[bytes, tuple] = {}
     assert decode_rows(data, 1, types) == expected_rows(events)
     assert types  # the distinct types, kept for the next message
@@ -80,7 +52,7 @@ def test_rows_are_the_object_paths_rows():
 )
 def test_instances_up_to_the_largest_id(instance):
     events = [ev(instance=instance)]
-    assert decode_rows(protocol.encode_events(events), 1, {}) == expected_rows(events)
+    assert decode_rows(wire.encode_events(events), 1, {}) == expected_rows(events)
 
 
 def test_an_instance_too_large_or_too_long_is_refused():
@@ -97,7 +69,7 @@ def test_an_instance_too_large_or_too_long_is_refused():
 def test_a_full_type_cache_starts_over():
     events = [ev(instance=i + 1, type_=("t", str(i))) for i in range(TYPE_CACHE_MAX + 10)]
     types: dict[bytes, tuple] = {}
-    assert decode_rows(protocol.encode_events(events), 1, types) == expected_rows(events)
+    assert decode_rows(wire.encode_events(events), 1, types) == expected_rows(events)
     assert 0 < len(types) <= TYPE_CACHE_MAX
 
 
@@ -118,15 +90,15 @@ def test_a_full_type_cache_starts_over():
     ],
 )
 def test_checks_like_decode_events_sbs(events, server_id, error):
-    data = protocol.encode_events(events)
+    data = wire.encode_events(events)
     with pytest.raises(ProtocolError, match=error):
         decode_rows(data, server_id, {})
     with pytest.raises(ProtocolError):
-        protocol.decode_events_sbs(data, server_id)
+        wire.decode_events_sbs(data, server_id)
 
 
 def test_truncated_and_trailing_bytes_are_refused():
-    data = protocol.encode_events(varied(20))
+    data = wire.encode_events(varied(20))
     for cut in range(1, len(data)):
         with pytest.raises(ProtocolError, match="does not decode"):
             decode_rows(data[:-cut], 1, {})
@@ -168,15 +140,15 @@ def expected_rows_of(events: list[Event], got: list[list]) -> list[list]:
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 5000), st.integers(0, 255))
 def test_a_corrupted_byte_is_refused_or_read_as_the_object_path_reads_it(index, value):
-    data = bytearray(protocol.encode_events(varied(20)))
+    data = bytearray(wire.encode_events(varied(20)))
     data[index % len(data)] = value
     try:
         rows = decode_rows(bytes(data), 1, {})
     except ProtocolError:
         with pytest.raises(ProtocolError):
-            protocol.decode_events_sbs(bytes(data), 1)
+            wire.decode_events_sbs(bytes(data), 1)
         return
-    events, elements = protocol.decode_events_sbs(bytes(data), 1)
+    events, elements = wire.decode_events_sbs(bytes(data), 1)
     assert [r[10] for r in rows] == elements
     assert rows == expected_rows_of(events, rows)
 
@@ -198,7 +170,7 @@ def rows_of(events: list[Event]) -> list[list]:
     return [
         row
         for group in split_sessions(events)
-        for row in decode_rows(protocol.encode_events(group), group[0].id.server, {})
+        for row in decode_rows(wire.encode_events(group), group[0].id.server, {})
     ]
 
 

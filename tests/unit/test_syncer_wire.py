@@ -7,7 +7,6 @@ from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     Event,
     EventId,
-    EventPayloadBinary,
     EventPayloadJson,
     Timestamp,
 )
@@ -19,9 +18,7 @@ from eventfleet_server.syncer.wire import ProtocolError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-
-def ev(server=1, session=1, instance=1, type_=("a",), ts=Timestamp(1, 0), payload=None):
-    return Event(EventId(server, session, instance), tuple(type_), ts, None, payload)
+from tests.sample_events import ev, varied
 
 
 def test_init_req_round_trip():
@@ -141,31 +138,8 @@ def test_configuration_with_duplicate_peers_is_refused_at_load():
         config.load(None, environ={}, overrides={"peers": peers})
 
 
-def _varied_events(n: int) -> list[Event]:
-    """Events of every SBS shape: long and short integers, empty and long type segments,
-    with and without source timestamps, none/JSON/binary payloads of many lengths."""
-    out = []
-    for i in range(n):
-        payload = [
-            None,
-            EventPayloadJson(f'{{"a": {i}, "é": "{"x" * (i % 90)}"}}'),
-            EventPayloadBinary("t" * (i % 70), bytes(range(256))[: i % 200]),
-        ][i % 3]
-        source = Timestamp(i * 1000 - 500_000, i % 1_000_000) if i % 2 else None
-        out.append(
-            Event(
-                EventId(1, i * 99_999, i * 7_777_777 + (1 << 40) * (i % 2)),
-                tuple(f"s{j}" * (i % 40) for j in range(1 + i % 4)),
-                Timestamp(1_700_000_000 + i, i * 13 % 1_000_000),
-                source,
-                payload,
-            )
-        )
-    return out
-
-
 def test_split_events_array_gives_each_events_own_encoding():
-    events = _varied_events(300)
+    events = varied(300, session=None)
     data = wire.encode_events(events)
     assert codec.split_events_array(data) == [codec.encode_event(e) for e in events]
     assert codec.events_array(codec.split_events_array(data)) == data
@@ -179,7 +153,7 @@ def test_split_events_array_gives_each_events_own_encoding():
 
 
 def test_decode_events_sbs_returns_the_received_bytes():
-    events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(50)]
+    events = varied(50)
     data = wire.encode_events(events)
     decoded, elements = wire.decode_events_sbs(data, 1)
     assert decoded == events
@@ -224,7 +198,7 @@ def test_decode_events_sbs_refuses_garbage_with_a_protocol_error(data):
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 5000), st.integers(0, 255))
 def test_a_corrupted_byte_is_refused_or_read_as_the_c_decoder_reads_it(index, value):
-    events = [e._replace(id=e.id._replace(session=7)) for e in _varied_events(20)]
+    events = varied(20)
     data = bytearray(wire.encode_events(events))
     data[index % len(data)] = value
     try:

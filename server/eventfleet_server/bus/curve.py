@@ -20,28 +20,20 @@ plain_port .. +2, ZAP domain ``eventfleet-plain``), optionally restricted to
 `plain_networks`. Their token travels in clear text: use them only on networks where
 that is acceptable.
 
-Rotation without a restart. libzmq copies a socket's options, the CURVE secret key
-included, into each listener when it binds, and ties every accepted connection to its
-listener: unbinding the old listener would drop every established session. So a new
-server key gets a *new* listener on the same port next to the old one: both are
-listening sockets of this process in one SO_REUSEPORT group, and a classic BPF program
-on the group (SO_ATTACH_REUSEPORT_CBPF) steers every new connection to the newest.
-Established sessions stay on the old listener with the old key until they end;
-new connections use the new key. The old listeners close with the sockets (`stop`).
+Rotation without a restart: a new server key gets a new listener beside the old one on
+each port, and new connections are steered to it while established sessions keep the old
+key until they end (`bus.listeners`, which owns the listening sockets).
 Allowed client keys and tokens are read at every handshake and need no rebind.
 """
 
 from __future__ import annotations
 
-import ctypes
-import dataclasses
 import hashlib
 import hmac
 import ipaddress
 import logging
 import pathlib
 import re
-import socket
 import struct
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
@@ -49,6 +41,7 @@ import zmq
 import zmq.utils.z85
 
 from eventfleet_server.bus.config import CurveConfig, CurveError
+from eventfleet_server.bus.listeners import RotatingListeners
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +50,6 @@ PLAIN_DOMAIN = b"eventfleet-plain"
 _TOKEN_KEY_CONTEXT = b"eventfleet bus curve client key v1\0"
 _Z85_KEY = re.compile(r"^[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
 _CERT_LINE = re.compile(r'^\s*(public|secret)-key\s*=\s*"([^"]*)"\s*$')
-# Linux: attach a classic BPF program choosing the socket of a SO_REUSEPORT group.
-_SO_ATTACH_REUSEPORT_CBPF = 51
-_BPF_RET_K = 0x06
 
 
 # -- keys ---------------------------------------------------------------------------------
@@ -161,64 +151,6 @@ def _digest(paths: Iterable[str | None]) -> str:
     return h.hexdigest()
 
 
-# -- listeners -----------------------------------------------------------------------------
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [
-        ("code", ctypes.c_uint16),
-        ("jt", ctypes.c_uint8),
-        ("jf", ctypes.c_uint8),
-        ("k", ctypes.c_uint32),
-    ]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
-
-
-def _steer_to(listener: int, index: int) -> None:
-    """Every new connection of the SO_REUSEPORT group of the listening descriptor
-    `listener` goes to the group's `index`-th socket (in the order they started
-    listening)."""
-    program = (_SockFilter * 1)(_SockFilter(_BPF_RET_K, 0, 0, index))
-    fprog = _SockFprog(1, program)
-    view = socket.socket(fileno=listener)  # borrowed: libzmq owns the descriptor
-    try:
-        view.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_REUSEPORT_CBPF, bytes(fprog))
-    finally:
-        view.detach()
-
-
-def _listening_socket(host: str, port: int) -> socket.socket:
-    host = "0.0.0.0" if host == "*" else host  # libzmq's "any" spelling
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        if family == socket.AF_INET6:
-            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)  # as libzmq's ipv6
-        sock.bind((host, port))
-        sock.listen(socket.SOMAXCONN)
-        sock.setblocking(False)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-@dataclasses.dataclass
-class _Endpoint:
-    """One CURVE port: the ZeroMQ socket bound on it and its listening descriptors
-    (owned by libzmq), oldest first (index = position in the SO_REUSEPORT group)."""
-
-    sock: zmq.Socket
-    host: str
-    port: int
-    listeners: list[int] = dataclasses.field(default_factory=list)
-
-
 class BusCurve:
     """The CURVE (and optional PLAIN) set-up of one Event BUS: keys, listeners, ZAP
     decisions and reload. `tokens()` returns the current client tokens (rotation)."""
@@ -234,7 +166,7 @@ class BusCurve:
         self._token_keys: tuple[tuple[str, ...], frozenset[bytes]] = ((), frozenset())
         self._networks = [ipaddress.ip_network(n, strict=False) for n in config.plain_networks]
         self._digests = self._file_digests()
-        self._endpoints: list[_Endpoint] = []
+        self._listeners = RotatingListeners()
         self.rotations = 0
 
     def _file_digests(self) -> tuple[str, str]:
@@ -248,19 +180,18 @@ class BusCurve:
 
     def configure(self, sock: zmq.Socket) -> None:
         """Make `sock`'s next listeners CURVE servers with the current key."""
+        self._configure(sock, self._secret)
+
+    @staticmethod
+    def _configure(sock: zmq.Socket, secret: bytes) -> None:
         sock.curve_server = True
-        sock.curve_secretkey = zmq.utils.z85.encode(self._secret)
+        sock.curve_secretkey = zmq.utils.z85.encode(secret)
         sock.zap_domain = CURVE_DOMAIN
 
     def bind(self, sock: zmq.Socket, host: str, port: int, *, rotating: bool = True) -> int:
         """Bind `sock` (configured) on `host`:`port` (0: a random port) through a
         listening socket of ours, so that a rotation can add one beside it; the port."""
-        listener = _listening_socket(host, port)
-        endpoint = _Endpoint(sock, host, listener.getsockname()[1])
-        self._attach(endpoint, listener)
-        if rotating:
-            self._endpoints.append(endpoint)
-        return endpoint.port
+        return self._listeners.bind(sock, host, port, rotating=rotating)
 
     def bind_all(self, sockets: Mapping[str, zmq.Socket], host: str, base: int) -> dict[str, int]:
         """Bind the three sockets (configured) as CURVE servers on `base` .. +2 (0:
@@ -290,26 +221,9 @@ class BusCurve:
                 self.configure(sock)  # later listeners (a rotation) are CURVE again
         return ports
 
-    @staticmethod
-    def _attach(endpoint: _Endpoint, listener: socket.socket) -> None:
-        sock = endpoint.sock
-        address = f"tcp://[{endpoint.host}]:{endpoint.port}"
-        if ":" not in endpoint.host:
-            address = f"tcp://{endpoint.host}:{endpoint.port}"
-        sock.setsockopt(zmq.USE_FD, listener.fileno())
-        try:
-            sock.bind(address)
-        except BaseException:
-            listener.close()
-            raise
-        finally:
-            sock.setsockopt(zmq.USE_FD, -1)
-        # libzmq owns the descriptor now: it closes it with the socket.
-        endpoint.listeners.append(listener.detach())
-
     def close(self) -> None:
         """Forget the listeners (called once the sockets are closed)."""
-        self._endpoints.clear()
+        self._listeners.clear()
 
     # -- ZAP -------------------------------------------------------------------------------
 
@@ -404,34 +318,12 @@ class BusCurve:
         """New listeners with `secret` beside the current ones, then every new
         connection steered to them. Raises (OSError, ZMQError) with the current key
         still serving every port when a port or the steering is not available."""
-        # Pin the group to the current newest listener first: this fails where the
-        # steering is unsupported, before a new listener could take connections at
-        # random with a key the clients may not know yet.
-        for endpoint in self._endpoints:
-            _steer_to(endpoint.listeners[-1], len(endpoint.listeners) - 1)
-        fresh: list[socket.socket] = []
-        try:
-            for endpoint in self._endpoints:
-                fresh.append(_listening_socket(endpoint.host, endpoint.port))
-        except BaseException:
-            for listener in fresh:
-                listener.close()
-            raise
-        old, before = self._secret, [len(e.listeners) for e in self._endpoints]
+        old = self._secret
+        self._listeners.rotate(
+            configure=lambda sock: self._configure(sock, secret),
+            restore=lambda sock: self._configure(sock, old),
+        )
         self._secret = secret
-        try:
-            for endpoint, listener in zip(self._endpoints, fresh, strict=True):
-                self.configure(endpoint.sock)
-                self._attach(endpoint, listener)
-                _steer_to(endpoint.listeners[-1], len(endpoint.listeners) - 1)
-        except BaseException:
-            # One key per port set, never a mix: every port back on its old listener
-            # (a new one already bound stays idle: libzmq cannot drop it alone).
-            self._secret = old
-            for endpoint, count in zip(self._endpoints, before, strict=True):
-                self.configure(endpoint.sock)
-                _steer_to(endpoint.listeners[-1], count - 1)
-            raise
         self.public_key = zmq.curve_public(zmq.utils.z85.encode(secret))
         self.rotations += 1
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from eventfleet_server.eventer.config import EventerConfig
-from eventfleet_server.eventer.decode import RegisterLimits
 from eventfleet_server.eventer.server import EventerLimits, EventerServer
+from eventfleet_server.eventer.wire import RegisterLimits
 from eventfleet_server.listener import Credentials, TokenPolicy, parse_networks
 from eventfleet_server.plugin import ProtocolContext
 

@@ -17,7 +17,7 @@ import struct
 from collections import deque
 from typing import Any
 
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 
 try:  # aiohttp's (Cython) XOR mask; the client side must mask every frame
     from aiohttp._websocket.helpers import websocket_mask as _mask
@@ -89,7 +89,7 @@ class Outbox:
     async def drain(self) -> None:
         """Run until closed: send queued messages in order."""
         queue = self._queue
-        encode = codec.encode
+        encode = wire.encode
         while not self.closed:
             await self._ready.wait()
             self._ready.clear()

@@ -26,7 +26,7 @@ import aiohttp
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.secretfile import read_secret_file
 from eventfleet_server.listener import Rejections
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 from eventfleet_server.replication.config import UpstreamConfig
 from eventfleet_server.replication.login import digest
 from eventfleet_server.replication.outbox import Outbox
@@ -184,7 +184,7 @@ class Upstream:
         # No receive timeout: the websocket heartbeat (30 s) detects a dead publisher.
         frame = await ws.receive()
         if frame.type == aiohttp.WSMsgType.TEXT:
-            return codec.decode(frame.data)
+            return wire.decode(frame.data)
         if frame.type in (
             aiohttp.WSMsgType.CLOSE,
             aiohttp.WSMsgType.CLOSING,
@@ -204,7 +204,7 @@ class Upstream:
     async def _login(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         cfg = self.config
         self.state = "login"
-        await ws.send_str(codec.encode({"mt": "AppChallenge", "src": "login"}))
+        await ws.send_str(wire.encode({"mt": "AppChallenge", "src": "login"}))
         challenge = (await self._expect(ws, "AppChallengeResult")).get("challenge")
         if not isinstance(challenge, str):
             raise UpstreamError(f"AppChallengeResult without a challenge string: {challenge!r}")
@@ -223,7 +223,7 @@ class Upstream:
             **fields,
             "digest": digest(fields, challenge, self._password),
         }
-        await ws.send_str(codec.encode(login))
+        await ws.send_str(wire.encode(login))
         result = await self._expect(ws, "AppLoginResult")
         if result.get("error") or result.get("ok") is False:
             raise UpstreamError(f"login as {cfg.sip!r} refused: {result.get('error')}")
@@ -239,9 +239,9 @@ class Upstream:
             "usn": self.usn,
             "add": cfg.add,
             "del": cfg.delete,
-            "columns": codec.columns_object(cfg.columns),
+            "columns": wire.columns_object(cfg.columns),
         }
-        await ws.send_str(codec.encode(start))
+        await ws.send_str(wire.encode(start))
         result = await self._expect(ws, "ReplicateStartResult")
         if result.get("error"):
             raise UpstreamError(f"ReplicateStart refused: {result['error']}")

@@ -23,7 +23,7 @@ from eventfleet_server.listener import (
     receive_text_frames,
 )
 from eventfleet_server.plugin import ProtocolServer
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 from eventfleet_server.replication.adapter import EngineBackend
 from eventfleet_server.replication.config import ReplicationConfig
 from eventfleet_server.replication.login import Credentials, FailedLogins
@@ -256,8 +256,8 @@ class _Connection:
             )
             return
         try:
-            msg = codec.decode(text)
-        except codec.FrameError as e:
+            msg = wire.decode(text)
+        except wire.FrameError as e:
             session.refuse(None, RejectReason.BAD_FRAME, str(e))
             return
         session.handle(msg)

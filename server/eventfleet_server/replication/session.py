@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from eventfleet_server.listener import Rejections, RejectReason
-from eventfleet_server.replication import wire as codec
+from eventfleet_server.replication import wire
 from eventfleet_server.replication.config import TableConfig
 from eventfleet_server.replication.login import (
     Challenges,
@@ -123,7 +123,7 @@ class PublisherSession:
 
     def refuse(self, msg: dict | None, reason: RejectReason, error: str) -> None:
         self._rejections.reject(reason, error, self._peer)
-        self._send(codec.error_reply(msg, error))
+        self._send(wire.error_reply(msg, error))
 
     def handle(self, msg: dict[str, Any]) -> None:
         """One decoded message; every refusal is answered and counted, never raised."""
@@ -131,7 +131,7 @@ class PublisherSession:
         try:
             if mt == "AppChallenge":
                 self._send(
-                    codec.reply(msg, "AppChallengeResult", challenge=self._challenges.issue())
+                    wire.reply(msg, "AppChallengeResult", challenge=self._challenges.issue())
                 )
             elif mt == "AppLogin":
                 self._login(msg)
@@ -163,7 +163,7 @@ class PublisherSession:
             self._rejections.reject(
                 RejectReason.LOGIN_RATE_LIMITED, f"AppLogin: {error}", self._peer
             )
-            self._send(codec.reply(msg, "AppLoginResult", ok=False, error=error))
+            self._send(wire.reply(msg, "AppLoginResult", ok=False, error=error))
             return
         try:
             challenge = self._challenges.take()
@@ -173,15 +173,15 @@ class PublisherSession:
             self._rejections.reject(
                 RejectReason.LOGIN_FAILED, f"sip={msg.get('sip')!r}: {e}", self._peer
             )
-            self._send(codec.reply(msg, "AppLoginResult", ok=False, error=str(e)))
+            self._send(wire.reply(msg, "AppLoginResult", ok=False, error=str(e)))
             return
         if not self._claim_session():
             error = "too many replication sessions; retry later"
-            self._send(codec.reply(msg, "AppLoginResult", ok=False, error=error))
+            self._send(wire.reply(msg, "AppLoginResult", ok=False, error=error))
             return
         self.user = user
         log.info("replication login from %s as %r", self._peer, user)
-        self._send(codec.reply(msg, "AppLoginResult", ok=True))
+        self._send(wire.reply(msg, "AppLoginResult", ok=True))
 
     def _table(self, msg: dict[str, Any]) -> tuple[str, Table] | None:
         api = msg.get("api")
@@ -213,7 +213,7 @@ class PublisherSession:
         for name, value in (("add", add), ("del", delete)):
             if not isinstance(value, bool):
                 raise FrameError(f"'{name}' must be a boolean, got {value!r}")
-        requested = codec.parse_columns(msg.get("columns", {}))
+        requested = wire.parse_columns(msg.get("columns", {}))
         if conf.columns is None:
             granted = dict(requested)
         else:
@@ -250,12 +250,12 @@ class PublisherSession:
         )
         offered = conf.columns if not granted and conf.columns is not None else granted
         self._send(
-            codec.reply(
+            wire.reply(
                 msg,
                 "ReplicateStartResult",
                 guid=self._backend.guid,
                 usn=snapshot,
-                columns=codec.columns_object(offered),
+                columns=wire.columns_object(offered),
                 full=full,
                 rows=len(keys),
                 add=add and conf.add,
@@ -281,7 +281,7 @@ class PublisherSession:
         if rep.pending is None:
             # Pipelining replicators may have asked for more rows than there were: the
             # pass is over, say so again (not an error).
-            self._send(codec.reply(msg, "ReplicateNextResult", usn=rep.snapshot))
+            self._send(wire.reply(msg, "ReplicateNextResult", usn=rep.snapshot))
             return
         rows = rep.table.rows
         pending = rep.pending
@@ -301,7 +301,7 @@ class PublisherSession:
                 )
                 continue
             self._send(
-                codec.reply(
+                wire.reply(
                     msg, "ReplicateNextResult", usn=row.seq, columns=self._project(rep, row.columns)
                 )
             )
@@ -309,7 +309,7 @@ class PublisherSession:
         # End of the initial pass, then catch-up, then live: one synchronous step, so no
         # change stored meanwhile can fall between them.
         rep.pending = None
-        self._send(codec.reply(msg, "ReplicateNextResult", usn=rep.snapshot))
+        self._send(wire.reply(msg, "ReplicateNextResult", usn=rep.snapshot))
         for seq, key in rep.table.changed_since(rep.snapshot):
             row = rows[key]
             if row.columns is None:
@@ -426,7 +426,7 @@ class PublisherSession:
         fields: dict[str, Any] = {"error": f"{msg['mt']} refused: {error}"}
         if current is not None:
             fields["columns"] = self._project(rep, current)
-        self._send(codec.reply(msg, f"{msg['mt']}Result", **fields))
+        self._send(wire.reply(msg, f"{msg['mt']}Result", **fields))
 
     # -- changes stored on this replica ------------------------------------------------
 

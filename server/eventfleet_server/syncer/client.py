@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from eventfleet_server import chatter
 from eventfleet_server.common.model import EventId, EventType
 from eventfleet_server.storage import Storage
-from eventfleet_server.syncer import wire as protocol
+from eventfleet_server.syncer import wire
 from eventfleet_server.syncer.merger import MergeOwner, Merger
 from eventfleet_server.syncer.rows import decode_rows
 from eventfleet_server.syncer.wire import ProtocolError
@@ -146,8 +146,8 @@ class SyncStream:
         watcher: asyncio.Task | None = None
         try:
             conv = conn.send(
-                protocol.INIT_REQ,
-                protocol.encode_init_req(
+                wire.INIT_REQ,
+                wire.encode_init_req(
                     after,
                     self._client_name,
                     self._token() if callable(self._token) else self._token,
@@ -160,9 +160,9 @@ class SyncStream:
                     msg = await conn.receive()
             except TimeoutError:
                 raise ConnectionError(f"no MsgInitRes within {limits.init_timeout} s") from None
-            if msg.type != protocol.INIT_RES or msg.conv != conv:
-                raise ProtocolError(f"expected {protocol.INIT_RES}, got {msg.type!r}")
-            error = protocol.decode_init_res(msg.data)
+            if msg.type != wire.INIT_RES or msg.conv != conv:
+                raise ProtocolError(f"expected {wire.INIT_RES}, got {msg.type!r}")
+            error = wire.decode_init_res(msg.data)
             if error is not None:
                 raise InitRefusedError(error)
             stats.connected = True
@@ -212,7 +212,7 @@ class SyncStream:
                     return  # the peer went away; the caller reconnects
                 raise
             t = msg.type
-            if t == protocol.EVENTS:
+            if t == wire.EVENTS:
                 # Straight to merge rows: no model object per event on this path.
                 rows = decode_rows(msg.data, self.server_id, types)
                 now = time.time()
@@ -226,7 +226,7 @@ class SyncStream:
                 stats.last_received_at = now
                 stats.last_event_age = max(0.0, now - last[5] / 1e6)
                 await merger.put(owner, rows)
-            elif t == protocol.SYNCED:
+            elif t == wire.SYNCED:
                 if stats.synced:
                     raise ProtocolError("second MsgSynced")
                 await merger.barrier(owner)
@@ -236,7 +236,7 @@ class SyncStream:
                 self._check_stop.set()
                 if until_synced:
                     return
-            elif t == protocol.FLUSH_REQ:
+            elif t == wire.FLUSH_REQ:
                 fut = merger.barrier(owner)
                 fut.add_done_callback(lambda f, conv=msg.conv: self._flushed(conn, conv, f))
             else:
@@ -246,4 +246,4 @@ class SyncStream:
         if fut.cancelled() or fut.exception() is not None:
             return  # not committed: no MsgFlushRes (the connection is closing anyway)
         with contextlib.suppress(ConnectionError):
-            conn.send(protocol.FLUSH_RES, protocol.encode_none(), conv=conv)
+            conn.send(wire.FLUSH_RES, wire.encode_none(), conv=conv)

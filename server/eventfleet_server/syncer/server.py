@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,7 +25,8 @@ from eventfleet_server.common.model import Event, Status
 from eventfleet_server.engine import Engine
 from eventfleet_server.engine.fanout import SlicedFanout
 from eventfleet_server.listener import AdmissionLimits, Rejections, RejectReason, TokenPolicy
-from eventfleet_server.syncer import wire as protocol
+from eventfleet_server.syncer import wire
+from eventfleet_server.syncer.session import SyncerSession
 from eventfleet_server.syncer.wire import InitReq, ProtocolError
 
 log = logging.getLogger(__name__)
@@ -90,7 +89,7 @@ class SyncerServer:
             "syncer",
             host,
             port,
-            init_type=protocol.INIT_REQ,
+            init_type=wire.INIT_REQ,
             initialize=self._initialize,
             limits=admission,
             rejections=self.rejections,
@@ -98,7 +97,7 @@ class SyncerServer:
             ping_timeout=limits.ping_timeout,
             ssl=ssl,
         )
-        self._sessions: dict[int, set[_Session]] = {}  # served server id -> sessions
+        self._sessions: dict[int, set[SyncerSession]] = {}  # served server id -> sessions
         self._unsubscribe: Callable[[], None] | None = None
         # Large committed sessions go to peers a slice at a time from a task, in order
         # with everything after them, so encoding 16 MiB never holds the loop at once.
@@ -119,7 +118,7 @@ class SyncerServer:
     def rejected(self) -> dict[str, int]:
         return self.rejections.counts
 
-    def sessions(self) -> list[_Session]:
+    def sessions(self) -> list[SyncerSession]:
         return [s for group in self._sessions.values() for s in group]
 
     def connections(self) -> list[dict]:
@@ -205,15 +204,15 @@ class SyncerServer:
 
     # -- connections -------------------------------------------------------------------------
 
-    async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> _Session:
+    async def _initialize(self, conn: chatter.Connection, msg: chatter.Msg) -> SyncerSession:
         try:
-            req = protocol.decode_init_req(msg.data)
+            req = wire.decode_init_req(msg.data)
         except ProtocolError as e:
             raise _init_error(RejectReason.BAD_MESSAGE, str(e), None) from e
         error, reason = self._check(req)
         if error:
             raise _init_error(reason, error, req.client_name)
-        conn.send(protocol.INIT_RES, protocol.encode_init_res(None), conv=msg.conv)
+        conn.send(wire.INIT_RES, wire.encode_init_res(None), conv=msg.conv)
         log.info(
             "syncer client %r connected from %s: server_id=%s after=%s subscriptions=%s",
             req.client_name,
@@ -222,13 +221,13 @@ class SyncerServer:
             tuple(req.last_event_id),
             [list(p) for p in req.subscription.patterns],
         )
-        return _Session(self, conn, req)
+        return SyncerSession(self, conn, req)
 
-    def _register(self, session: _Session) -> None:
+    def _register(self, session: SyncerSession) -> None:
         # Registered before history is read: whatever commits from now on is buffered.
         self._sessions.setdefault(session.server_id, set()).add(session)
 
-    def _unregister(self, session: _Session) -> None:
+    def _unregister(self, session: SyncerSession) -> None:
         group = self._sessions.get(session.server_id)
         if group is not None:
             group.discard(session)
@@ -267,243 +266,4 @@ class SyncerServer:
 
 
 def _init_error(reason: RejectReason, error: str, name: str | None) -> InitRejected:
-    return InitRejected(reason, error, (protocol.INIT_RES, protocol.encode_init_res(error)), name)
-
-
-class _Session:
-    """One initialized Syncer client connection serving one server id."""
-
-    def __init__(self, server: SyncerServer, conn: chatter.Connection, req: InitReq):
-        self.server = server
-        self.conn = conn
-        self.req = req
-        self.name = req.client_name
-        self.server_id = req.last_event_id.server
-        self.label = f"{req.client_name!r} ({conn.peer}) server_id={self.server_id}"
-        self.live = False
-        self.synced = asyncio.get_running_loop().create_future()
-        self.sent_events = 0
-        self.last_sent = req.last_event_id.instance
-        self.connected_at = time.time()
-        self._limits = server._limits
-        self._buffer: deque[tuple[list[Event], list[bytes]]] = deque()
-        self._buffered = 0
-        self._flushes: dict[chatter.Conversation, asyncio.Future] = {}
-
-    def describe(self) -> dict:
-        return {
-            "client": self.name,
-            "peer": self.conn.peer,
-            "server_id": self.server_id,
-            "state": "live" if self.live else "history",
-            "sent_events": self.sent_events,
-            "last_sent_instance": self.last_sent,
-        }
-
-    def select(self, events: list[Event], sbs: list[bytes]) -> tuple[list[Event], list[bytes]]:
-        """The subscribed events and their bytes (`sbs`, aligned with `events`)."""
-        sub = self.req.subscription
-        if sub.matches_all:
-            return events, sbs
-        if sub.is_empty:
-            return [], []
-        keep = [i for i, e in enumerate(events) if sub.matches(e.type)]
-        return [events[i] for i in keep], [sbs[i] for i in keep]
-
-    # -- live ------------------------------------------------------------------------------
-
-    def on_live(self, events: list[Event], sbs: list[bytes], encoded: bytes | None) -> None:
-        if self.conn.is_closed:
-            return
-        floor = self.req.last_event_id.instance
-        if events[0].id.instance <= floor:
-            # The client asked for ids above `lastEventId` only: it holds these (a
-            # relayed older event, or our own events echoed back by a merge).
-            events, sbs = _above(events, sbs, floor)
-            encoded = None
-            if not events:
-                return
-        if not self.live:
-            self._buffer.append((events, sbs))
-            self._buffered += len(events)
-            if self._buffered > self._limits.max_buffered_events:
-                self._drop(
-                    f"too slow, {self._buffered} events buffered during history "
-                    f"(limit {self._limits.max_buffered_events})"
-                )
-            return
-        self._send(sbs, events[-1].id.instance, encoded)
-        if self.conn.write_buffer_size > self._limits.max_write_buffer:
-            self._drop(
-                f"not reading, {self.conn.write_buffer_size} bytes unsent "
-                f"(limit {self._limits.max_write_buffer})"
-            )
-
-    def _drop(self, why: str) -> None:
-        """Close a peer that does not keep up, without waiting for it to read (a plain
-        close would keep the socket until the unsent bytes are read, which a peer that
-        stopped reading never does)."""
-        chatter.refuse(
-            self.conn,
-            self.server.rejections,
-            RejectReason.SLOW_PEER,
-            f"syncer client {self.label}: {why}",
-            abort=True,
-        )
-
-    def _send(self, sbs: list[bytes], last_instance: int, encoded: bytes | None = None) -> None:
-        """One MsgEvents of one session: the stored bytes `sbs` joined behind their count
-        (or `encoded`, that message already joined); `last_instance` is its last id."""
-        data = encoded if encoded is not None else codec.events_array(sbs)
-        try:
-            self.conn.send(protocol.EVENTS, data)
-        except ConnectionError:
-            return
-        self.sent_events += len(sbs)
-        self.last_sent = max(self.last_sent, last_instance)
-
-    # -- flush -----------------------------------------------------------------------------
-
-    async def flush(self, timeout: float) -> bool:
-        """MsgFlushReq once synced; True when MsgFlushRes arrives within `timeout`."""
-        try:
-            async with asyncio.timeout(timeout):
-                await asyncio.shield(self.synced)
-                fut = asyncio.get_running_loop().create_future()
-                conv = self.conn.send(protocol.FLUSH_REQ, protocol.encode_none(), last=False)
-                self._flushes[conv] = fut
-                try:
-                    await fut
-                finally:
-                    self._flushes.pop(conv, None)
-            return True
-        except (TimeoutError, ConnectionError):
-            return False
-
-    # -- the connection ----------------------------------------------------------------------
-
-    async def run(self) -> None:
-        self.server._register(self)
-        try:
-            await self._run()
-        finally:
-            self.server._unregister(self)
-
-    async def _run(self) -> None:
-        tasks = self.server._tasks.group(f"peer:{self.conn.peer}")
-        reader = tasks.spawn("reader", self._read_loop(), critical=False)
-        try:
-            history = tasks.spawn("history", self._send_history(), critical=False)
-            done, _ = await asyncio.wait({reader, history}, return_when=asyncio.FIRST_COMPLETED)
-            if history in done and history.exception() is None:
-                await reader  # live from here on: events go out from `on_live`
-            else:
-                history.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await history
-                if history in done and history.exception() is not None:
-                    err = history.exception()
-                    if not isinstance(err, ConnectionError):
-                        log.error("syncer client %s: history failed: %r", self.label, err)
-                    self.conn.close(f"syncer client {self.label}: history failed: {err}")
-        finally:
-            await tasks.close()
-            self.conn.close()
-            for fut in self._flushes.values():
-                if not fut.done():
-                    fut.set_exception(ConnectionError("connection closed"))
-            if not self.synced.done():
-                self.synced.set_exception(ConnectionError("connection closed"))
-                self.synced.exception()  # retrieved: nobody may be waiting
-
-    async def _send_history(self) -> None:
-        storage = self.server._engine.storage
-        page_size = self._limits.history_page
-        after = self.req.last_event_id.instance
-        sub = self.req.subscription
-        wanted: dict[int, bool] = {}  # type id -> subscribed (only for a partial subscription)
-        group: list[bytes] = []  # held back: the next page may continue its session
-        group_session = group_last = 0
-        started = time.monotonic()
-        loop = asyncio.get_running_loop()
-
-        def read(after: int) -> asyncio.Task:
-            return loop.create_task(storage.read_server_stream(self.server_id, after, page_size))
-
-        # The next page is read (storage's reader thread) while this one is sent (event
-        # loop): catch-up throughput is the slower of the two, not the sum. Rows are
-        # (session, instance, type id, stored bytes): one MsgEvents per session.
-        pending: asyncio.Task | None = read(after)
-        try:
-            while pending is not None:
-                page = await pending
-                pending = read(page[-1][1]) if len(page) == page_size else None
-                if sub.is_empty:
-                    continue
-                for session, instance, type_id, sbs in page:
-                    if not sub.matches_all:
-                        ok = wanted.get(type_id)
-                        if ok is None:
-                            ok = wanted[type_id] = sub.matches(storage.type_of(type_id))
-                        if not ok:
-                            continue
-                    if group and group_session != session:
-                        self._send(group, group_last)
-                        group = []
-                    group_session, group_last = session, instance
-                    group.append(sbs)
-                await self._drain()
-        finally:
-            if pending is not None:
-                pending.cancel()
-        if group:
-            self._send(group, group_last)
-        self.conn.send(protocol.SYNCED, protocol.encode_none())
-        history = self.sent_events
-        # Committed after the init: sent now, after MsgSynced. Those also read as
-        # history (committed between the listener and the read) are skipped.
-        while self._buffer:
-            events, sbs = _above(*self._buffer.popleft(), self.last_sent)
-            if events:
-                self._send(sbs, events[-1].id.instance)
-        self._buffered = 0
-        self.live = True
-        self.synced.set_result(None)
-        log.info(
-            "syncer client %s synced: %d history events in %.2f s, last instance %d",
-            self.label,
-            history,
-            time.monotonic() - started,
-            self.last_sent,
-        )
-
-    async def _drain(self) -> None:
-        try:
-            async with asyncio.timeout(self._limits.send_timeout):
-                await self.conn.drain()
-        except TimeoutError:
-            self._drop(f"not reading, history write blocked for {self._limits.send_timeout} s")
-            raise ConnectionError("peer stopped reading") from None
-
-    async def _read_loop(self) -> None:
-        """The client only ever sends MsgFlushRes after the init."""
-        label = f"syncer client {self.label}"
-        async for msg in chatter.messages(self.conn, self.server.rejections, label):
-            if msg.type == protocol.FLUSH_RES:
-                fut = self._flushes.get(msg.conv)
-                if fut is not None and not fut.done():
-                    fut.set_result(None)
-                continue
-            chatter.refuse(
-                self.conn,
-                self.server.rejections,
-                RejectReason.UNEXPECTED_MESSAGE,
-                f"{label}: unexpected message {msg.type!r}",
-            )
-            return
-
-
-def _above(events: list[Event], sbs: list[bytes], floor: int) -> tuple[list[Event], list[bytes]]:
-    """The events (and their bytes) with instance above `floor`."""
-    keep = [i for i, e in enumerate(events) if e.id.instance > floor]
-    return [events[i] for i in keep], [sbs[i] for i in keep]
+    return InitRejected(reason, error, (wire.INIT_RES, wire.encode_init_res(error)), name)

@@ -1,0 +1,272 @@
+"""One initialized Eventer client connection: subscriptions with flow-controlled
+notifies, register and query requests.
+
+The `EventerServer` (server.py) accepts the connection and runs the init; it hands the
+session the events to notify (`select`, `notify`) and runs `run` until the client leaves.
+The session reaches the engine, its limits, task group and rejection counters through
+that server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from typing import TYPE_CHECKING
+
+from eventfleet_server import chatter
+from eventfleet_server.common import codec
+from eventfleet_server.common.model import Event, QueryLatestParams
+from eventfleet_server.common.subscription import Subscription
+from eventfleet_server.engine import EngineError
+from eventfleet_server.eventer.wire import (
+    CHUNK_EVENTS,
+    BadRequest,
+    MalformedRequest,
+    decode_query_req,
+    decode_register,
+    event_elements,
+    register_res,
+)
+from eventfleet_server.listener import RejectReason
+
+if TYPE_CHECKING:
+    from eventfleet_server.eventer.server import EventerServer
+
+log = logging.getLogger(__name__)
+
+_P = "HatEventer."
+
+
+class EventerSession:
+    """One initialized client connection."""
+
+    def __init__(self, server: EventerServer, conn, name, subscription, server_id, persisted):
+        self.server = server
+        self.conn: chatter.Connection = conn
+        self.name: str = name
+        self.subscription: Subscription = subscription
+        self.server_id: int | None = server_id
+        self.persisted: bool = persisted
+        self._limits = server._limits
+        self._engine = server._engine
+        self._since_checkpoint = 0
+        self._outstanding_acks = 0
+        self._queue: deque[tuple[bytes, int]] = deque()
+        self._queued_events = 0
+        self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
+        # Per-session group: queries still running when the client leaves are cancelled.
+        self._tasks = server._tasks.group(f"client:{conn.peer}")
+        conn.max_write_buffer = self._limits.max_write_buffer
+
+    def select(self, events: list[Event], sbs: list[bytes]) -> list[bytes]:
+        """The SBS bytes of the events (`sbs`, aligned) this client subscribed to."""
+        if self.subscription.is_empty:
+            return []
+        if self.server_id is not None and events[0].id.server != self.server_id:
+            return []  # a session's events all come from one server
+        if self.subscription.matches_all:
+            return sbs
+        matches = self.subscription.matches
+        return [b for e, b in zip(events, sbs, strict=True) if matches(e.type)]
+
+    # -- notifications with flow control ---------------------------------------------------
+
+    def notify(self, data: bytes, count: int) -> None:
+        if self._queue or self._outstanding_acks >= self._limits.ack_window:
+            self._queue.append((data, count))
+            self._queued_events += count
+            if self._queued_events > self._limits.max_queued_events:
+                self._refuse(
+                    RejectReason.SLOW_SUBSCRIBER,
+                    f"subscriber too slow: {self._queued_events} events queued, "
+                    f"{self._outstanding_acks} MsgEventsAck outstanding "
+                    f"(limit {self._limits.max_queued_events})",
+                    abort=True,
+                )
+            return
+        self._send_notify(data)
+
+    def _send_notify(self, data: bytes) -> None:
+        self._since_checkpoint += 1
+        checkpoint = self._since_checkpoint >= self._limits.ack_every
+        if checkpoint:
+            self._since_checkpoint = 0
+            self._outstanding_acks += 1
+        self._send(_P + "MsgEventsNotify", data, last=not checkpoint)
+
+    def _send(self, msg_type: str, data: bytes, **kwargs) -> bool:
+        """Queue a message unless the client stopped reading (then close it, logged and
+        counted). False when nothing was sent."""
+        conn = self.conn
+        if conn.is_closed:
+            return False
+        buffered = conn.write_buffer_size
+        if buffered + len(data) > self._limits.max_write_buffer:
+            self._refuse(
+                RejectReason.SLOW_CLIENT,
+                f"not reading: {buffered} bytes unsent, {len(data)} more would exceed "
+                f"max_write_buffer {self._limits.max_write_buffer}",
+                abort=True,
+            )
+            return False
+        try:
+            conn.send(msg_type, data, **kwargs)
+        except ConnectionError:
+            return False
+        return True
+
+    def _on_ack(self) -> None:
+        if self._outstanding_acks == 0:
+            return  # an ack we did not ask for: harmless
+        self._outstanding_acks -= 1
+        while self._queue and self._outstanding_acks < self._limits.ack_window:
+            data, count = self._queue.popleft()
+            self._queued_events -= count
+            self._send_notify(data)
+
+    # -- requests --------------------------------------------------------------------------
+
+    def _refuse(self, reason: RejectReason, detail: str, *, abort: bool = False) -> None:
+        chatter.refuse(
+            self.conn,
+            self.server.rejections,
+            reason,
+            f"client {self.name!r}: {detail}",
+            abort=abort,
+        )
+
+    async def run(self) -> None:
+        try:
+            await self._read_loop()
+        finally:
+            await self._tasks.close()
+
+    async def _read_loop(self) -> None:
+        label = f"eventer client {self.name!r}"
+        async for msg in chatter.messages(self.conn, self.server.rejections, label):
+            t = msg.type
+            if t == _P + "MsgRegisterReq":
+                await self._on_register(msg)
+            elif t == _P + "MsgEventsAck":
+                self._on_ack()
+            elif t == _P + "MsgQueryReq":
+                await self._queries.acquire()
+                self._tasks.spawn("query", self._on_query(msg), critical=False)
+            else:
+                self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
+                return
+
+    async def _on_register(self, msg: chatter.Msg) -> None:
+        conn = self.conn
+        wants_response = not msg.last
+        # Where each event lies in the request: its stored bytes are spliced from them.
+        spans: list[tuple[int, int, int]] = []
+        try:
+            # Slice by slice, yielding between slices: a maximal request never holds
+            # the loop (docs/security.md). Limits are checked before decoding.
+            events = await decode_register(msg.data, self._limits.register, spans)
+        except MalformedRequest as e:
+            self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
+            return
+        except Exception as e:
+            # The whole request fails; the connection stays (the client may go on).
+            self.server.rejections.reject(
+                RejectReason.REGISTER_FAILED,
+                f"register by {self.name!r} refused: {e}",
+                conn.peer,
+            )
+            if wants_response:
+                self._respond_register(msg, None)
+            return
+        if conn.is_closed:
+            return
+        elements: list[bytes] = []
+
+        def encode(created: list[Event]) -> list[bytes]:
+            # Spliced from the request (~1 µs/event); encoded only if it cannot be.
+            spliced = event_elements(msg.data, spans, created)
+            elements.extend(
+                spliced if spliced is not None else [codec.encode_event(e) for e in created]
+            )
+            return elements
+
+        done = None
+        if wants_response:
+            # Answered right after the commit, in the commit's loop iteration: a
+            # MsgRegisterRes means the events are durable.
+            def done(ok: bool) -> None:
+                self._respond_register(msg, elements if ok else None)
+
+        try:
+            _, fut = self._engine.register(events, validated=True, encode=encode, done=done)
+        except EngineError as e:
+            self.server.rejections.reject(
+                RejectReason.REGISTER_FAILED,
+                f"register of {len(events)} events by {self.name!r} failed: {e}",
+                conn.peer,
+            )
+            if wants_response:
+                self._respond_register(msg, None)
+            return
+        if not wants_response and len(events) > CHUNK_EVENTS:
+            # No answer to wait for: still, the next request waits for this commit, so
+            # a client cannot queue uncommitted batches faster than the disk takes them.
+            with contextlib.suppress(Exception):
+                await fut
+
+    def _respond_register(self, msg: chatter.Msg, elements: list[bytes] | None) -> None:
+        """MsgRegisterRes: the events' stored bytes joined behind the header (one C join,
+        no encoding), or the failure choice."""
+        if self.conn.is_closed:
+            return
+        if elements is None:
+            data = codec.repo.encode(_P + "MsgRegisterRes", ("failure", None))
+        else:
+            data = register_res(elements)
+        self._send(_P + "MsgRegisterRes", data, conv=msg.conv)
+
+    async def _on_query(self, msg: chatter.Msg) -> None:
+        try:
+            try:
+                params = decode_query_req(msg.data)
+            except BadRequest as e:
+                self._refuse(RejectReason.BAD_QUERY, f"invalid MsgQueryReq: {e}")
+                return
+            except Exception as e:  # a bug of the decoder (the fuzz targets fail on it)
+                log.exception("MsgQueryReq from %r: decoder failed", self.name)
+                self._refuse(RejectReason.BAD_QUERY, f"invalid MsgQueryReq: {e!r}")
+                return
+            try:
+                result = await self._engine.query_sbs(params)
+            except Exception:
+                log.exception("query %r by %r failed", params, self.name)
+                self.conn.close(f"client {self.name!r}: query failed on the server")
+                return
+            items, more = result
+            cap = self._limits.max_latest_results
+            if isinstance(params, QueryLatestParams) and len(items) > cap:
+                # At most the cap; moreFollows tells the client there were more (narrow
+                # the types to see them).
+                items, more = items[:cap], True
+            # The stored bytes of each event joined behind the count: nothing encoded.
+            data = codec.query_res(items, more)
+            if not self._send(_P + "MsgQueryRes", data, conv=msg.conv):
+                return
+            # Hold the query slot until the reply has left: a client that sends queries
+            # and never reads runs out of slots instead of growing our memory.
+            try:
+                async with asyncio.timeout(self._limits.send_timeout):
+                    await self.conn.drain()
+            except TimeoutError:
+                self._refuse(
+                    RejectReason.SLOW_CLIENT,
+                    f"not reading: a query reply did not drain within "
+                    f"{self._limits.send_timeout:g} s",
+                    abort=True,
+                )
+            except ConnectionError:
+                pass
+        finally:
+            self._queries.release()
