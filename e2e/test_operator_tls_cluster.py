@@ -17,8 +17,8 @@ The module's fleets are also watched as users watch theirs, with prometheus-oper
 and spark-operator's real CRDs installed (neither controller runs here: see
 docs/observability.md and docs/aggregation.md): a real Prometheus scrapes the TLS fleet
 and a plain one through the ServiceMonitors the operator wrote (e2e/cluster/monitoring.py),
-and one run of the plain fleet's ScheduledSparkApplication runs as its driver pod in the
-Spark image (e2e/cluster/spark.py), its result reaching ``status.aggregation.lastResult``.
+and one run of each fleet's ScheduledSparkApplication runs as its driver pod in the Spark
+image (e2e/cluster/spark.py), its result reaching ``status.aggregation.lastResult``.
 """
 
 from __future__ import annotations
