@@ -260,6 +260,10 @@ _QUIET.disabled = True
 
 class _Sent(list):
     def __call__(self, msg) -> None:
+        if isinstance(msg, str):  # a frame joined from a stored row: it must be one
+            replication_wire.decode(msg)
+            self.append(msg)
+            return
         self.append(replication_wire.encode(msg))  # a reply must be encodable
 
 
