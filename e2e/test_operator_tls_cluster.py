@@ -12,6 +12,13 @@ the operator writes. The cert-manager controller itself is not run here (it is n
 buildable from the Go module proxy as a module, see docs/security.md): the test plays
 its part, signing the requested Certificate and writing the Secret and the Certificate's
 Ready status as cert-manager would.
+
+The module's fleets are also watched as users watch theirs, with prometheus-operator's
+and spark-operator's real CRDs installed (neither controller runs here: see
+docs/observability.md and docs/aggregation.md): a real Prometheus scrapes the TLS fleet
+and a plain one through the ServiceMonitors the operator wrote (e2e/cluster/monitoring.py),
+and one run of each fleet's ScheduledSparkApplication runs as its driver pod in the Spark
+image (e2e/cluster/spark.py), its result reaching ``status.aggregation.lastResult``.
 """
 
 from __future__ import annotations
@@ -23,20 +30,22 @@ import json
 import ssl
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
 from eventfleet_operator import naming, pki
 
+from e2e.cluster import monitoring, spark
 from e2e.cluster.clients import ClusterKubectl
-from e2e.cluster.layout import ROOT
+from e2e.cluster.layout import NODE_IP, ROOT
 from e2e.cluster.replicas import Replicas, register
 from e2e.operator_helpers import condition, eventserver, wait_condition, wait_for
 
 pytest_plugins = ["e2e.cluster.fixtures"]
 pytestmark = pytest.mark.timeout(900)
 
-CM_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
+EXTERNAL_CRDS = CM_CRDS = ROOT / "e2e" / "k8s" / "external-crds"
 
 
 def secret_text(kubectl, name: str, key: str) -> str:
@@ -155,6 +164,194 @@ def test_operator_ca_tls_fleet_and_renewal_without_restart(kubectl, operator_rel
         return [line for line in out.stdout.splitlines() if '"e2e"' in line] or None
 
     wait_for(on_replica_0, timeout=240, what="replica 1's event on replica 0 (query over TLS)")
+
+
+@pytest.fixture(scope="module")
+def watchers(real_cluster, kubectl, operator_release):
+    """The ServiceMonitor and ScheduledSparkApplication CRDs installed in the API server
+    (removed after: the other modules expect them missing) and the Spark image imported
+    into containerd (1.2 GB: only for this module, not at every cluster start)."""
+    crds = [
+        EXTERNAL_CRDS / "monitoring.coreos.com_servicemonitors.yaml",
+        EXTERNAL_CRDS / "sparkoperator.k8s.io_scheduledsparkapplications.yaml",
+    ]
+    for crd in crds:  # `create`, not `apply`: the last-applied annotation would be too big
+        kubectl.run("create", "-f", str(crd))
+    try:
+        for name in (
+            "servicemonitors.monitoring.coreos.com",
+            "scheduledsparkapplications.sparkoperator.k8s.io",
+        ):
+            # Polled: `kubectl wait` right after `create` fails on a CRD without status yet.
+            wait_for(
+                lambda n=name: (
+                    condition(kubectl.get("crd", n), "Established").get("status") == "True"
+                ),
+                timeout=60,
+                what=f"{name} established",
+            )
+        wait_for(
+            lambda: (
+                {"servicemonitors", "scheduledsparkapplications"}
+                <= set(kubectl.run("api-resources", "-o", "name").stdout.replace(".", " ").split())
+            ),
+            timeout=120,
+            what="the new kinds in kubectl's discovery",
+        )
+        real_cluster.import_project_images("spark")
+        yield
+    finally:
+        for crd in crds:
+            kubectl.run("delete", "-f", str(crd), "--timeout=120s", timeout=130, check=False)
+
+
+# Prometheus runs on the node (the host), as a Prometheus with hostNetwork would: its
+# scrapes come from the node's address, which the fleet's NetworkPolicy admits to the
+# HTTP port as a monitoring source.
+WATCHED = {
+    "monitoring": {"serviceMonitor": {"enabled": True, "interval": "5s"}},
+    "networkPolicy": {"monitoring": {"from": [{"ipBlock": {"cidr": f"{NODE_IP}/32"}}]}},
+    # Small buckets: the job's default window ends at the last complete bucket, so the
+    # test's events are in it a few seconds after they were registered.
+    "aggregation": {"enabled": True, "bucketSeconds": 2, "windowSeconds": 1800},
+}
+
+
+def test_prometheus_scrapes_every_replica_through_the_operators_service_monitor(
+    real_cluster, kubectl, watchers, tmp_path
+):
+    """A plain fleet (http) and the TLS fleet `sec` (https, verified with the fleet CA
+    from the Secret the ServiceMonitor names), each scraped by a real Prometheus
+    configured from the ServiceMonitor as prometheus-operator would configure it."""
+    kubectl.apply(eventserver("plain", 2, **WATCHED))
+    kubectl.run("patch", "eventserver/sec", "--type=merge", "-p", json.dumps({"spec": WATCHED}))
+    monitors = {
+        name: wait_for(
+            lambda n=name: kubectl.get("servicemonitor", n), timeout=120, what=f"{name}'s monitor"
+        )
+        for name in ("plain", "sec")
+    }
+    assert monitors["plain"]["spec"]["endpoints"][0]["scheme"] == "http"
+    assert monitors["sec"]["spec"]["endpoints"][0]["scheme"] == "https"
+    wait_condition(kubectl, "plain", "Ready")
+    token = monitoring.prometheus_identity(kubectl, tmp_path)
+    sd_file = tmp_path / "targets.json"
+    monitoring.write_targets(sd_file, [])
+    jobs = [
+        job
+        for monitor in monitors.values()
+        for job in monitoring.scrape_jobs(kubectl, monitor, sd_file=sd_file, workdir=tmp_path)
+    ]
+    api = {
+        "api_server": real_cluster.api_server,
+        "api_ca": real_cluster.workdir / "pki" / "ca.crt",
+        "token_file": token,
+    }
+    replicas = {"plain-0": "http", "plain-1": "http", "sec-0": "https", "sec-1": "https"}
+    prometheus = monitoring.Prometheus(jobs, tmp_path)
+    try:
+        last: list = []
+
+        def every_target_up():
+            # Discovery follows the cluster as Prometheus' own would (pods restart).
+            monitoring.write_targets(sd_file, monitoring.discover(kubectl.namespace, **api))
+            last[:] = prometheus.targets()
+            health = {t["labels"].get("pod"): t["health"] for t in last}
+            return health == dict.fromkeys(replicas, "up")
+
+        try:
+            wait_for(every_target_up, timeout=180, what="every replica's target up")
+        except AssertionError as e:
+            seen = [(t["scrapeUrl"], t["health"], t["lastError"]) for t in last]
+            raise AssertionError(f"{e}; targets: {seen}") from None
+        for target in last:
+            pod, labels = target["labels"]["pod"], target["labels"]
+            assert target["scrapeUrl"].startswith(f"{replicas[pod]}://"), target
+            assert labels["namespace"] == kubectl.namespace, labels
+            assert labels["job"] == labels["service"] == f"{pod.split('-')[0]}-peers", labels
+            assert labels["endpoint"] == "http", labels
+
+        # A replica's own metric, read back through Prometheus.
+        pods = Replicas(kubectl, "plain", tmp_path / "plain")
+        register(pods, 1, 3, event_type="e2e/scraped")
+        query = (
+            f'eventfleet_events_registered_total{{namespace="{kubectl.namespace}",'
+            'pod="plain-1",origin="client"}'
+        )
+        wait_for(
+            lambda: [r for r in prometheus.query(query) if float(r["value"][1]) >= 3],
+            timeout=120,
+            what=f"{query} >= 3",
+        )
+        ids = prometheus.query(f'eventfleet_server_id{{namespace="{kubectl.namespace}"}}')
+        assert {r["metric"]["pod"] for r in ids} == set(replicas), ids
+    finally:
+        prometheus.stop()
+
+
+@pytest.mark.parametrize("fleet", ["plain", "sec"])
+def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status(
+    kubectl, watchers, tmp_path, fleet
+):
+    """The Spark image runs one run of the ScheduledSparkApplication the operator wrote,
+    as its driver pod with exactly its arguments (e2e/cluster/spark.py: spark-operator
+    does not run here), against the fleet's client Service — plain, and with TLS (the
+    job verifies the replicas with the fleet CA the pod mounts); the operator reads the
+    driver's termination message into ``status.aggregation.lastResult``."""
+    wait_condition(kubectl, fleet, "Ready")  # the fleets of the test above
+    pods = Replicas(kubectl, fleet, tmp_path)
+    ca_file = tmp_path / "ca.crt"
+    if fleet == "sec":
+        ca_file.write_text(secret_text(kubectl, "sec-tls", "ca.crt"))
+
+    def tls(ordinal: int) -> tuple[str, str] | None:
+        if fleet != "sec":
+            return None
+        return (str(ca_file), naming.peer_host(fleet, kubectl.namespace, ordinal))
+
+    register(pods, 0, 4, tls=tls(0), event_type="e2e/agg", first=100)
+    register(pods, 1, 3, tls=tls(1), event_type="e2e/agg", first=104)
+    time.sleep(2.5)  # the last complete bucket (2 s) now holds every event above
+    app = wait_for(
+        lambda: kubectl.get("scheduledsparkapplication", f"{fleet}-agg"),
+        timeout=60,
+        what="the ScheduledSparkApplication",
+    )
+    # What spark-operator's chart creates in each job namespace: the driver's account.
+    account = app["spec"]["template"]["driver"]["serviceAccount"]
+    kubectl.apply({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account}})
+    run = f"{fleet}-agg-{time.time_ns()}"  # how spark-operator names a run
+    pod = spark.run_driver(kubectl, app, run, timeout=600)
+    log = kubectl.run("logs", f"{run}-driver", check=False).stdout
+    assert pod["status"]["phase"] == "Succeeded", log[-5000:]
+    summaries = [ln for ln in log.splitlines() if ln.startswith("aggregate ")]
+    assert summaries and all("bucket=2s" in ln for ln in summaries), log[-5000:]
+
+    def last_result():
+        report = kubectl.get("eventserver", fleet)["status"].get("aggregation") or {}
+        result = report.get("lastResult") or {}
+        return result if result.get("run") == run else None
+
+    result = wait_for(last_result, timeout=120, what="lastResult of the run")
+    assert result["result"] == "Succeeded" and result["exitCode"] == 0, result
+    assert result["events"] >= 7 and result["aggregates"] >= 1, result
+    assert result["registered"] == result["aggregates"], result  # a first run: all new
+
+    # The aggregates were registered back into the fleet: every replica holds them.
+    def aggregates_on(ordinal: int):
+        over_tls = tls(ordinal)
+        tls_args = ["--tls-ca", over_tls[0], "--tls-server-name", over_tls[1]] if over_tls else []
+        out = subprocess.run(
+            [sys.executable, "-m", "eventfleet_cli", "query", "--eventer", pods.eventer(ordinal),
+             "--token-file", str(pods.token_file(ordinal)), *tls_args, "timeseries",
+             "eventfleet/aggregate/2/*"],
+            check=True, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+        return lines if len(lines) == result["registered"] else None
+
+    for ordinal in (0, 1):
+        wait_for(lambda o=ordinal: aggregates_on(o), timeout=120, what=f"aggregates on {ordinal}")
 
 
 def test_cert_manager_certificate_with_its_real_crds(kubectl, operator_release, tmp_path):

@@ -814,7 +814,8 @@ def _aggregation_pod_labels(spec: FleetSpec) -> dict[str, str]:
     return naming.labels(spec.name, "aggregation")
 
 
-# The group of the Spark image's user (the official image's `spark`, uid and gid 185).
+# The Spark image's user and group (the official image's `spark`, uid and gid 185).
+SPARK_UID = 185
 SPARK_GID = 185
 
 
@@ -859,7 +860,19 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
     ]
     volumes: list[dict[str, Any]] = []
     mounts: list[dict[str, Any]] = []
-    pod_security: dict[str, Any] = {}
+    # The `restricted` Pod Security Standard, which the namespaces the fleets run in may
+    # enforce (the tests' do): without these the API server refuses the driver pod and
+    # no run ever starts. The image's user is numeric (185), so runAsNonRoot holds.
+    pod_security_context: dict[str, Any] = {
+        "runAsNonRoot": True,
+        "runAsUser": SPARK_UID,
+        "runAsGroup": SPARK_GID,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    container_security = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
     if spec.tls.enabled:
         # Only the CA (never the fleet's key): the job verifies the replicas.
         arguments += ["--tls-ca", f"{naming.SPARK_TLS_CA_DIR}/ca.crt"]
@@ -884,7 +897,11 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
         )
         mounts.append({"name": "aggregates", "mountPath": AGGREGATION_OUTPUT_DIR})
         # The Spark image runs as uid 185: the volume's files get its group, writable.
-        pod_security = {"podSecurityContext": {"fsGroup": SPARK_GID}}
+        pod_security_context["fsGroup"] = SPARK_GID
+    pod_security = {
+        "podSecurityContext": pod_security_context,
+        "securityContext": container_security,
+    }
     app_volumes: dict[str, Any] = {"volumes": volumes} if volumes else {}
     pod_mounts: dict[str, Any] = {"volumeMounts": mounts} if mounts else {}
     conf: dict[str, Any] = {}

@@ -73,7 +73,7 @@ def test_claim_is_mounted_in_driver_and_executors_and_is_the_default_output():
     for pod in (tmpl["driver"], tmpl["executor"]):
         # Executors write the Parquet parts and the driver commits them: both need it.
         assert pod["volumeMounts"] == [mount]
-        assert pod["podSecurityContext"] == {"fsGroup": builders.SPARK_GID}
+        assert pod["podSecurityContext"]["fsGroup"] == builders.SPARK_GID
     assert argument(tmpl, "--output") == model.AGGREGATION_OUTPUT_DIR
 
 
@@ -112,7 +112,7 @@ def test_s3a_output_with_credentials_from_a_secret_and_hadoop_conf():
         names = [e["name"] for e in pod["env"]]
         assert names == ["EVENTFLEET_TOKEN", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"]
         assert pod["env"][1:] == S3_ENV
-        assert "volumeMounts" not in pod and "podSecurityContext" not in pod
+        assert "volumeMounts" not in pod and "fsGroup" not in pod["podSecurityContext"]
 
 
 def test_default_output_is_ephemeral_and_nothing_extra_is_rendered():
@@ -123,6 +123,24 @@ def test_default_output_is_ephemeral_and_nothing_extra_is_rendered():
     for key in ("volumes", "sparkConf", "hadoopConf"):
         assert key not in tmpl
     assert [e["name"] for e in tmpl["driver"]["env"]] == ["EVENTFLEET_TOKEN"]
+
+
+def test_driver_and_executors_meet_the_restricted_pod_security_standard():
+    """A namespace enforcing `restricted` (the e2e tests' do) refuses a pod without
+    these: spark-operator's driver would never start and no run would ever happen."""
+    for tls in ({}, {"enabled": True}):
+        tmpl = spark_app(fleet({}, tls=tls))["spec"]["template"]
+        for pod in (tmpl["driver"], tmpl["executor"]):
+            assert pod["podSecurityContext"] == {
+                "runAsNonRoot": True,
+                "runAsUser": builders.SPARK_UID,
+                "runAsGroup": builders.SPARK_GID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            }
+            assert pod["securityContext"] == {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+            }
 
 
 @pytest.mark.parametrize(
