@@ -457,9 +457,10 @@ async def test_connections_without_a_session_never_take_a_session_place(tmp_path
 
 async def test_what_fuzzing_found_is_refused_or_served_by_a_real_replica(tmp_path):
     """The Jetstream faults the session fuzz targets found (docs/security.md, "Decoders
-    and fuzzing" 5-8), over real websockets: a date of 400 digits and a NaN are refused and
-    counted, the session goes on; a lone surrogate in a string and an upper-case reference
-    are stored, fanned out to another session and served in a later ScopeState."""
+    and fuzzing" 5-9), over real websockets: a date of 400 digits, NaN and 1e4001 are
+    refused and counted, the session goes on; a lone surrogate in a string and an
+    upper-case reference are stored, fanned out to another session and served in a later
+    ScopeState."""
 
     async def take(ws, wanted: str) -> dict:
         while True:
@@ -491,6 +492,7 @@ async def test_what_fuzzing_found_is_refused_or_served_by_a_real_replica(tmp_pat
         reply = await take(a, "ScopeSyncReply")
         assert reply["fragmentReplies"][0]["error"]["type"] == "invalid-property"
         await a.send_str(sync(3, [big]).replace("1" + "0" * 400, "NaN"))  # not JSON
+        await a.send_str(sync(3, [big]).replace("1" + "0" * 400, "1e4001"))  # read as inf
         item = {"type": "add", "clsName": "Item", "uuid": "A2", "properties": {"text": "\ud800"}}
         link = {"type": "change", "clsName": "List", "uuid": root, "properties": {"items": ["A2"]}}
         await a.send_str(sync(4, [item, link]))
@@ -508,4 +510,4 @@ async def test_what_fuzzing_found_is_refused_or_served_by_a_real_replica(tmp_pat
         for ws in (a, b, c):
             await ws.close()
         counted = await rejections(r1)
-        assert counted.get("bad_fragment") == 1 and counted.get("bad_frame") == 1, counted
+        assert counted.get("bad_fragment") == 1 and counted.get("bad_frame") == 2, counted

@@ -26,6 +26,7 @@ from eventfleet_server.common.model import (
     QueryTimeseriesParams,
 )
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
+from eventfleet_server.common.sbsint import SbsIntError
 from eventfleet_server.common.subscription import InvalidSubscriptionError, Subscription
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer.wire import (
@@ -106,10 +107,11 @@ def chatter_frames(data: bytes) -> None:
 
 
 def chatter_large_msg(data: bytes) -> None:
-    """The hand parser of HatChatter.Msg bodies."""
+    """The hand parser of HatChatter.Msg bodies: its refusals are `SbsIntError` and
+    `UnicodeDecodeError` (its docstring); any other ValueError is a bug."""
     try:
         chatter_connection.parse_msg(data)
-    except (ValueError, UnicodeDecodeError):
+    except (SbsIntError, UnicodeDecodeError):
         pass
 
 
@@ -961,3 +963,14 @@ TARGETS = {
     "jetstream_scope_fetch": jetstream_scope_fetch,
     "jetstream_built": jetstream_built,
 }
+# The targets that count (a key at 0 until the first input gets through).
+for _name in (
+    "replication_frame",
+    "replication_logged_in",
+    "jetstream_frame",
+    "jetstream_session",
+    "jetstream_scope_sync",
+    "jetstream_scope_fetch",
+    "jetstream_built",
+):
+    REACHED[_name] = 0

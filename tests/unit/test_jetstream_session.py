@@ -414,16 +414,26 @@ def test_a_number_beyond_a_double_is_a_refused_property_not_an_exception(big):
     assert number.check_properties("R", {"n": 2**53}) is None
 
 
-@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
-def test_nan_and_infinity_are_not_json(constant):
+@pytest.mark.parametrize(
+    ("constant", "why"),
+    [
+        ("NaN", "NaN is not JSON"),
+        ("Infinity", "Infinity is not JSON"),
+        ("-Infinity", "-Infinity is not JSON"),
+        ("1e4001", "number 1e4001 is beyond a double"),  # JSON, but read as inf
+        ("-1.5E400", "number -1.5E400 is beyond a double"),
+    ],
+)
+def test_nan_and_infinity_are_not_json(constant, why):
     # Python's json reads them; stored under an "any" property, every frame carrying the
-    # model would be unreadable for a client's JSON.parse.
+    # model would be unreadable for a client's JSON.parse (Python writes inf as Infinity).
     from eventfleet_server.jetstream import wire
 
     frame = '{"type":"ScopeSync","index":2,"scopeIndex":0,"fragments":[{"x":' + constant + "}]}"
-    with pytest.raises(wire.WireError, match=f"{constant} is not JSON") as e:
+    with pytest.raises(wire.WireError, match=why) as e:
         wire.decode(frame)
     assert e.value.type == "invalid-json"
+    assert wire.decode(frame.replace(constant, "1.5e300"))[0]["fragments"] == [{"x": 1.5e300}]
 
 
 def test_lone_surrogates_are_sent_as_json_escapes():

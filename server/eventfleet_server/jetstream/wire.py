@@ -7,6 +7,7 @@ Engine-free, transport-free. Shapes follow the reference server (npm ``jetstream
 from __future__ import annotations
 
 import json
+import math
 import re
 from json.encoder import encode_basestring as _string
 from typing import Any
@@ -43,7 +44,7 @@ def decode(text: str) -> list[dict]:
     Messages are returned in frame order; each is a dict with a string ``type``.
     """
     try:
-        data = json.loads(text, parse_constant=_not_json)
+        data = json.loads(text, parse_constant=_not_json, parse_float=_finite_float)
     except (ValueError, RecursionError) as e:
         raise WireError("invalid-json", f"frame is not JSON: {str(e)[:80]}") from None
     items = data if isinstance(data, list) else [data]
@@ -59,6 +60,15 @@ def _not_json(constant: str) -> None:
     # Python's json reads NaN and ±Infinity; JSON (and a client's JSON.parse) does not: a
     # property of kind "any" would store them and every frame carrying it be unreadable.
     raise ValueError(f"{constant} is not JSON")
+
+
+def _finite_float(text: str) -> float:
+    # A number literal beyond a double (1e400) is JSON, but Python reads it as inf and
+    # writes that back as Infinity, which is not: refused like NaN.
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:20]} is beyond a double")
+    return value
 
 
 FRAGMENTS_JSON = "_fragments_json"
