@@ -453,3 +453,59 @@ async def test_connections_without_a_session_never_take_a_session_place(tmp_path
         counted = await rejections(r1)
         assert counted["evicted_before_init"] == 4, counted
         assert counted["too_many_connections"] == 2, counted
+
+
+async def test_what_fuzzing_found_is_refused_or_served_by_a_real_replica(tmp_path):
+    """The Jetstream faults the session fuzz targets found (docs/security.md, "Decoders
+    and fuzzing" 5-8), over real websockets: a date of 400 digits and a NaN are refused and
+    counted, the session goes on; a lone surrogate in a string and an upper-case reference
+    are stored, fanned out to another session and served in a later ScopeState."""
+
+    async def take(ws, wanted: str) -> dict:
+        while True:
+            for m in json.loads((await ws.receive(timeout=10)).data):
+                if m["type"] == wanted:
+                    return m
+
+    async def session(http, url: str, index: int = 1):
+        ws = await http.ws_connect(url)
+        create = {"type": "SessionCreate", "index": 0, "version": "0.1.0"}
+        await ws.send_str(json.dumps({**create, "params": {"token": "s3cret"}}))
+        assert (await take(ws, "SessionCreateReply"))["sessionToken"]
+        await ws.send_str(json.dumps({"type": "ScopeFetch", "index": index, "name": "s"}))
+        return ws, await take(ws, "ScopeState")
+
+    async with replicas(tmp_path, 1, token="s3cret") as (r1,), aiohttp.ClientSession() as http:
+        url = js_url(r1)
+        a, state = await session(http, url)
+        b, _ = await session(http, url)
+        root = state["rootUUID"]
+
+        def sync(index: int, fragments: list) -> str:
+            return json.dumps(
+                {"type": "ScopeSync", "index": index, "scopeIndex": 0, "fragments": fragments}
+            )
+
+        big = {"type": "add", "clsName": "Item", "uuid": "b1", "properties": {"created": 10**400}}
+        await a.send_str(sync(2, [big]))
+        reply = await take(a, "ScopeSyncReply")
+        assert reply["fragmentReplies"][0]["error"]["type"] == "invalid-property"
+        await a.send_str(sync(3, [big]).replace("1" + "0" * 400, "NaN"))  # not JSON
+        item = {"type": "add", "clsName": "Item", "uuid": "A2", "properties": {"text": "\ud800"}}
+        link = {"type": "change", "clsName": "List", "uuid": root, "properties": {"items": ["A2"]}}
+        await a.send_str(sync(4, [item, link]))
+        assert (await take(a, "ScopeSyncReply"))["fragmentReplies"] == [{}, {}]
+        fanned = await take(b, "ScopeSync")  # the other session gets the change
+        assert {f["uuid"]: f["properties"] for f in fanned["fragments"]} == {
+            "a2": {"text": "\ud800"},
+            root: {"items": ["a2"]},
+        }
+        c, state = await session(http, url)  # a later fetch serves the model
+        assert {f["uuid"]: f["properties"] for f in state["fragments"]} == {
+            root: {"items": ["a2"]},
+            "a2": {"text": "\ud800"},
+        }
+        for ws in (a, b, c):
+            await ws.close()
+        counted = await rejections(r1)
+        assert counted.get("bad_fragment") == 1 and counted.get("bad_frame") == 1, counted

@@ -6,9 +6,10 @@ chart's RBAC; the replicas are the project's server image run by the kubelet and
 containerd, reached by the operator through its own URL template. Nothing of what the
 operator renders is rewritten.
 
-One fleet (``day2``, three replicas, the Event BUS on) carries the module's scenarios in
-order: pause, hibernate and wake (and the stale-Ready regression: the StatefulSet's status
-held back while the fleet wakes); a peer-token rotation reaching the replicas through the
+One fleet (``day2``, three replicas, the Event BUS on with CURVE) carries the module's
+scenarios in order: pause, hibernate and wake (and the stale-Ready regression: the
+StatefulSet's status held back while the fleet wakes); a peer-token rotation and the
+runbook's BUS CURVE server key rotation, each reaching the replicas through the
 kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
 rollout of a crash-looping image reverted without manual steps, and a restart request.
 Deletion with ``whenDeleted: Retain`` and volume growth use fleets of their own.
@@ -16,6 +17,7 @@ Deletion with ``whenDeleted: Retain`` and volume growth use fleets of their own.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import json
@@ -29,11 +31,15 @@ import time
 import kubernetes_validate
 import pytest
 import yaml
+from eventfleet_operator import buskeys
+from eventfleet_server.bus.curve import token_keypair
 
+from e2e.bus_client import wait_live
 from e2e.cluster.clients import ClusterKubectl
 from e2e.cluster.cluster import Cluster, _start_time
 from e2e.cluster.layout import CONTAINERD_SOCKET, PAUSE_IMAGE, PROVISIONER_NAME
 from e2e.cluster.replicas import Replicas, register
+from e2e.doc_blocks import DocShell, cluster_blocks
 from e2e.operator_helpers import (
     condition,
     event_reasons,
@@ -43,6 +49,7 @@ from e2e.operator_helpers import (
     wait_condition,
     wait_for,
 )
+from e2e.test_bus_curve import CurveBusClient, refused
 
 pytest_plugins = ["e2e.cluster.fixtures"]
 # Rollouts replace pods one at a time, each waiting for ready + in sync: minutes on a
@@ -50,6 +57,8 @@ pytest_plugins = ["e2e.cluster.fixtures"]
 pytestmark = pytest.mark.timeout(900)
 
 FLEET = "day2"
+RUNBOOK = pathlib.Path(__file__).resolve().parents[1] / "docs" / "runbook.md"
+SECTION = "Rotate the Event BUS CURVE server key"
 # A crash-looping "image": the cluster's pause image under another name. The kubelet
 # starts it with the replica's command (``eventfleet server``), which it does not have.
 BAD_IMAGE = "docker.io/bad/server:crashloop"
@@ -72,7 +81,9 @@ def pods(
     kubectl: ClusterKubectl, operator_release: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Replicas:
     """The module's fleet, Ready and in sync."""
-    kubectl.apply(eventserver(FLEET, 3))
+    kubectl.apply(
+        eventserver(FLEET, 3, protocols={"bus": {"enabled": True, "curve": {"enabled": True}}})
+    )
     wait_condition(kubectl, FLEET, "Ready")
     wait_condition(kubectl, FLEET, "PeersSynced")
     return Replicas(kubectl, FLEET, tmp_path_factory.mktemp("replicas"))
@@ -267,6 +278,101 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     assert wait_for(flushed, timeout=120, what="the flush after the rotation")["result"] == (
         "Verified"
     )
+
+
+def test_bus_curve_server_key_rotation_as_the_runbook_says_without_a_restart(
+    kubectl, pods, real_cluster, tmp_path
+):
+    """docs/runbook.md, "Rotate the Event BUS CURVE server key", run as written (the
+    fleet's name for ``demo``): a CURVE BUS client on the host, connected through the
+    client Service before the rotation, keeps its session; the new key reaches every
+    replica through the kubelet's refresh of the mounted Secret and is served without a
+    restart; a new client needs the new public key, which status.busCurve publishes,
+    and one with the old key is refused."""
+    wait_for(
+        lambda: kubectl.get("eventserver", FLEET)["status"]["busCurve"].get("replicasServing") == 3,
+        timeout=60,
+        what="every replica counted as serving the key",
+    )
+    es = kubectl.get("eventserver", FLEET)
+    old = es["status"]["busCurve"]["publicKey"]
+    assert es["status"]["busCurve"]["secretName"] == f"{FLEET}-bus-curve"
+    stored = kubectl.get("secret", f"{FLEET}-bus-curve")["data"]
+    assert base64.b64decode(stored["server.pub"]).decode().strip() == old
+    assert "server.key" in stored
+    config = yaml.safe_load(kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"])
+    port = config["bus"]["port"]
+    ip = kubectl.get("service", FLEET)["spec"]["clusterIP"]
+    token = base64.b64decode(kubectl.get("secret", f"{FLEET}-token")["data"]["token"])
+    keypair = token_keypair(token.decode().splitlines()[0].strip())
+
+    def served_key(ordinal: int) -> str | None:
+        bus = ((pods.status(ordinal) or {}).get("protocols") or {}).get("bus") or {}
+        return (bus.get("curve") or {}).get("public_key")
+
+    for ordinal in range(3):
+        wait_for(lambda o=ordinal: served_key(o) == old, timeout=60, what=f"{FLEET}-{ordinal}")
+    containers = [pods.container(i) for i in range(3)]
+    shell = DocShell(real_cluster.kubeconfig, kubectl.namespace, tmp_path / "reader")
+    rotate, show = (b.replace("demo", FLEET) for _, b in cluster_blocks(RUNBOOK, SECTION))
+
+    async def scenario() -> str:
+        established = CurveBusClient(port, old.encode(), keypair, host=ip)
+        clients = [established]
+        try:
+            established.subscribe("/c/")
+            await wait_live(established, established, "/c/before", timeout=60)
+            await asyncio.to_thread(shell.run, rotate, where="the rotation step")
+            written = base64.b64decode(
+                kubectl.get("secret", f"{FLEET}-bus-curve")["data"]["server.key"]
+            )
+            new = buskeys.from_secret(written.decode()).public_z85
+            assert new != old
+
+            def published():
+                status = kubectl.get("eventserver", FLEET)["status"]["busCurve"]
+                pub = kubectl.get("secret", f"{FLEET}-bus-curve")["data"]["server.pub"]
+                return status["publicKey"] == new == base64.b64decode(pub).decode().strip()
+
+            await asyncio.to_thread(
+                wait_for, published, timeout=120, what="status.busCurve with the new key"
+            )
+            for ordinal in range(3):
+                # The kubelet refreshes Secret volumes on its sync period plus its cache TTL.
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda o=ordinal: served_key(o) == new,
+                    timeout=240,
+                    what=f"{FLEET}-{ordinal} serving the new key (kubelet volume refresh)",
+                )
+
+            def counted():
+                status = kubectl.get("eventserver", FLEET)["status"]["busCurve"]
+                return status["publicKey"] == new and status.get("replicasServing") == 3
+
+            await asyncio.to_thread(
+                wait_for, counted, timeout=120, what="status.busCurve.replicasServing 3"
+            )
+            shown = await asyncio.to_thread(shell.run, show, where="the public key step")
+            assert shown.split() == [new, "3/3"], shown
+            fresh = CurveBusClient(port, new.encode(), keypair, host=ip)
+            stale = CurveBusClient(port, old.encode(), keypair, host=ip)
+            clients += [fresh, stale]
+            fresh.subscribe("/c/")
+            await wait_live(fresh, fresh, "/c/after", timeout=60)
+            # The session made before the rotation still publishes and subscribes.
+            await wait_live(established, established, "/c/established", timeout=60)
+            await refused(stale, "/c/stale")
+            return new
+        finally:
+            for client in clients:
+                client.close()
+
+    asyncio.run(scenario())
+    assert [pods.container(i) for i in range(3)] == containers and not pods.restarts
+    for ordinal in range(3):
+        bus = pods.status(ordinal)["protocols"]["bus"]
+        assert bus["curve"]["rotations"] >= 1, bus
 
 
 def test_kubectl_eventfleet_plugin(kubectl, pods, tmp_path):

@@ -36,7 +36,10 @@ The Parquet written through ``/export`` must be byte-identical to the Eventer pa
 
 The Spark Parquet output is checked against the baseline's aggregates, and the
 registered aggregate events against the Parquet rows (no duplicates after two runs).
-Replica CPU seconds are read from /proc for each phase: the server side of the read.
+Replica CPU seconds are read from /proc for each phase: the server side of the read;
+and the reading side's (this process, the Spark JVM and its Python workers, a cold job's
+subprocess): on a shared machine CPU per event moves far less with the load than wall
+time does.
 """
 
 from __future__ import annotations
@@ -59,12 +62,6 @@ import tempfile
 import time
 
 from e2e.bench import servers
-
-SPARK_CONF = {
-    "spark.ui.enabled": "false",
-    "spark.sql.shuffle.partitions": "4",
-    "spark.sql.session.timeZone": "UTC",
-}
 
 
 def _payload(rng: random.Random, i: int):
@@ -137,22 +134,106 @@ async def stored_range(endpoint: str) -> tuple[int, int]:
     return timestamp_to_us(first.events[0].timestamp), timestamp_to_us(last.events[0].timestamp)
 
 
+def reader_cpu_s(replica_pid: int) -> float:
+    """CPU seconds of this process and every process under it except the replica: the
+    reading side (this process's reads, the Spark JVM, its Python workers, a cold
+    job's subprocess once it has exited and been waited for), children that ended
+    included (their time is in their parent's cutime/cstime)."""
+    children: dict[int, list[tuple[int, float]]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                raw = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        cpu = sum(int(x) for x in fields[11:15]) / servers.CLK_TCK
+        children.setdefault(int(fields[1]), []).append((int(entry), cpu))
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        raw = f.read()
+    # This process: its own time and its waited-for children's, less the replica's if
+    # it was waited for (it is not during the run).
+    total = sum(int(x) for x in raw[raw.rindex(")") + 2 :].split()[11:15]) / servers.CLK_TCK
+    stack = [os.getpid()]
+    while stack:
+        for pid, cpu in children.get(stack.pop(), ()):
+            if pid != replica_pid:
+                total += cpu
+                stack.append(pid)
+    return total
+
+
+def _tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds of `root` and each live process under it, by pid."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                raw = f.read()
+        except OSError:
+            continue
+        fields = raw[raw.rindex(")") + 2 :].split()
+        parent[int(entry)] = int(fields[1])
+        # utime + stime only: a waited-for child's time is counted as that child's.
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / servers.CLK_TCK
+    out, stack = {}, [root]
+    while stack:
+        pid = stack.pop()
+        if pid in cpu:
+            out[pid] = cpu[pid]
+        stack += [c for c, pp in parent.items() if pp == pid]
+    return out
+
+
+def _run_sampled(argv: list[str]) -> tuple[subprocess.CompletedProcess, float]:
+    """Run `argv` to its end; returns the result and its process tree's CPU seconds.
+
+    Sampled every 0.2 s while it runs (each process's own time, last sample): the JVM a
+    cold job starts is not waited for by the job's interpreter, so its time never
+    reaches this process's children's counters. Whatever a process spends in its last
+    0.2 s is missed (shutdown)."""
+    seen: dict[int, float] = {}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, text=True)
+        while proc.poll() is None:
+            seen.update(_tree_cpu(proc.pid))
+            time.sleep(0.2)
+        out.seek(0)
+        err.seek(0)
+        result = subprocess.CompletedProcess(argv, proc.returncode, out.read(), err.read())
+    return result, sum(seen.values())
+
+
 class Phase:
-    """Wall time and replica CPU of one phase."""
+    """Wall time, replica CPU and reading-side CPU (`reader_cpu_s`) of one phase."""
 
     def __init__(self, name: str, server, events: int):
         self.name, self.server, self.events = name, server, events
-        self.seconds = self.cpu = 0.0
+        self.seconds = self.cpu = self.reader_cpu = 0.0
+        self.reader_sampled: float | None = None  # a subprocess's tree, sampled
         self.note = ""
 
     def __enter__(self):
         self._cpu0 = self.server.stat().cpu_s
+        self._reader0 = reader_cpu_s(self.server.pid)
         self._t0 = time.perf_counter()
         return self
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self._t0
         self.cpu = self.server.stat().cpu_s - self._cpu0
+        self.reader_cpu = reader_cpu_s(self.server.pid) - self._reader0
+
+    @property
+    def reader_total(self) -> float:
+        # For a subprocess phase the sample (this process only waits meanwhile; its
+        # counters would count the subprocess's interpreter a second time).
+        return self.reader_cpu if self.reader_sampled is None else self.reader_sampled
 
     def row(self) -> dict:
         return {
@@ -161,6 +242,10 @@ class Phase:
             "events_per_s": round(self.events / self.seconds) if self.seconds else None,
             "replica_cpu_s": round(self.cpu, 2),
             "replica_cpu_us_per_event": round(self.cpu / self.events * 1e6, 1)
+            if self.events
+            else None,
+            "reader_cpu_s": round(self.reader_total, 2),
+            "reader_cpu_us_per_event": round(self.reader_total / self.events * 1e6, 1)
             if self.events
             else None,
             "note": self.note,
@@ -248,7 +333,7 @@ def run(args) -> dict:
         for name, argv in cold_runs:
             print(f"{name} ...", file=sys.stderr)
             with Phase(name, server, n) as p:
-                proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+                proc, p.reader_sampled = _run_sampled(argv)
             if proc.returncode != 0:
                 raise RuntimeError(f"eventfleet aggregate failed:\n{proc.stderr[-4000:]}")
             summary = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -256,13 +341,9 @@ def run(args) -> dict:
             phases.append(p)
 
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        from pyspark.sql import SparkSession
-
         t0 = time.perf_counter()
-        builder = SparkSession.builder.master(args.master).appName("eventfleet-bench")
-        for k, v in SPARK_CONF.items():
-            builder = builder.config(k, v)
-        spark = builder.getOrCreate()
+        # The job's own session (what `eventfleet aggregate` runs with locally).
+        spark = job.spark_session(args.master)
         spark.sparkContext.setLogLevel("ERROR")
         startup = time.perf_counter() - t0
         try:
@@ -440,13 +521,13 @@ def markdown(result: dict) -> str:
             else "."
         ),
         "",
-        "| phase | seconds | events/s | replica CPU µs/event | note |",
-        "| --- | ---: | ---: | ---: | --- |",
+        "| phase | seconds | events/s | replica CPU µs/event | reader CPU µs/event | note |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
     ]
     for p in result["phases"]:
         lines.append(
             f"| {p['phase']} | {p['seconds']:.1f} | {p['events_per_s']:,} | "
-            f"{p['replica_cpu_us_per_event']} | {p['note']} |"
+            f"{p['replica_cpu_us_per_event']} | {p['reader_cpu_us_per_event']} | {p['note']} |"
         )
     c = result["checks"]
     if not c:  # --reads-only

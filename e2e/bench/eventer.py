@@ -430,7 +430,8 @@ async def run(args: argparse.Namespace, workdir: pathlib.Path) -> dict:
                             log(
                                 f"[{k}] register {report.reg_label(b, q, c)}{rep_txt}: "
                                 f"{r.events_per_s:,.0f} ev/s, {r.cpu_us_per_event:,.1f} µs CPU/ev "
-                                f"(loop thread {r.main_thread_cpu_us_per_event:,.1f}) "
+                                f"(loop thread {r.main_thread_cpu_us_per_event:,.1f}, "
+                                f"kernel {r.sys_cpu_us_per_event:,.1f}) "
                                 f"({r.seconds:.2f} s, persisted +{r.persist_wait_s * 1e3:.0f} ms)"
                             )
                         except Exception as e:

@@ -109,6 +109,9 @@ class RegisterResult:
     cpu_us_per_event: float
     main_thread_cpu_us_per_event: float  # event loop; the rest is other threads (storage)
     persist_wait_s: float
+    # The kernel's share of cpu_us_per_event (stime: socket reads and writes — on
+    # loopback a send runs the receiver's TCP path too —, epoll, file writes).
+    sys_cpu_us_per_event: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -186,14 +189,21 @@ async def run_register(
         cpu_us_per_event=(s1.cpu_s - s0.cpu_s) * 1e6 / events,
         main_thread_cpu_us_per_event=(s1.main_cpu_s - s0.main_cpu_s) * 1e6 / events,
         persist_wait_s=persist_wait,
+        sys_cpu_us_per_event=(s1.sys_cpu_s - s0.sys_cpu_s) * 1e6 / events,
     )
 
 
 def median_register(runs: list[dict]) -> dict:
     """Median of each figure over repeated runs of one scenario; the runs are kept."""
     out = dict(runs[0])
-    for f in ("seconds", "events_per_s", "cpu_us_per_event", "main_thread_cpu_us_per_event"):
-        out[f] = percentile([r[f] for r in runs], 50)
+    for f in (
+        "seconds",
+        "events_per_s",
+        "cpu_us_per_event",
+        "main_thread_cpu_us_per_event",
+        "sys_cpu_us_per_event",
+    ):
+        out[f] = percentile([r.get(f, 0.0) for r in runs], 50)
     out["persist_wait_s"] = max(r["persist_wait_s"] for r in runs)
     out["runs"] = len(runs)
     if len(runs) > 1:

@@ -80,18 +80,24 @@ class ProcStat:
     rss_kib: int
     hwm_kib: int
     main_cpu_s: float = 0.0  # the main thread (the asyncio event loop in both servers)
+    sys_cpu_s: float = 0.0  # stime alone (all threads): the kernel's share of cpu_s
 
 
-def _cpu_s(stat_path: str) -> float:
+def _times(stat_path: str) -> tuple[int, int]:
     with open(stat_path) as f:
         raw = f.read()
     # comm may contain spaces/parentheses: split after the last ')'
     fields = raw[raw.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime + stime
+    return int(fields[11]), int(fields[12])  # utime, stime (ticks)
+
+
+def _cpu_s(stat_path: str) -> float:
+    return sum(_times(stat_path)) / CLK_TCK  # utime + stime
 
 
 def read_proc(pid: int) -> ProcStat:
-    cpu = _cpu_s(f"/proc/{pid}/stat")
+    utime, stime = _times(f"/proc/{pid}/stat")
+    cpu = (utime + stime) / CLK_TCK
     try:
         main = _cpu_s(f"/proc/{pid}/task/{pid}/stat")
     except OSError:
@@ -103,7 +109,7 @@ def read_proc(pid: int) -> ProcStat:
                 rss = int(line.split()[1])
             elif line.startswith("VmHWM:"):
                 hwm = int(line.split()[1])
-    return ProcStat(cpu, rss, hwm, main)
+    return ProcStat(cpu, rss, hwm, main, stime / CLK_TCK)
 
 
 @dataclass

@@ -22,6 +22,8 @@ import enum
 
 from eventfleet_server import registry
 
+from eventfleet_operator import crd
+
 
 class Service(enum.StrEnum):
     """The Services that expose replica ports (see :mod:`~eventfleet_operator.naming`)."""
@@ -100,15 +102,10 @@ PROTOCOL_PORTS: tuple[ProtocolPort, ...] = (
         if p.port is not None
     ),
     # /metrics, /healthz, /readyz, /status, /flush and the websocket protocols.
-    ProtocolPort("http", "http", 23080, services=(Service.CLIENT, Service.PEERS)),
+    ProtocolPort(
+        "http", "http", crd.default("spec.ports.http"), services=(Service.CLIENT, Service.PEERS)
+    ),
 )
-
-
-# Whether ``spec.protocols.<name>.enabled`` defaults to on, for every optional protocol
-# of the registry (with or without ports of its own).
-PROTOCOL_ENABLED_BY_DEFAULT: dict[str, bool] = {
-    p.name: p.enabled_by_default for p in registry.PROTOCOLS if p.optional
-}
 
 
 def protocol_port(protocol: str) -> ProtocolPort:

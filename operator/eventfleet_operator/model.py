@@ -1,10 +1,14 @@
 """The parsed, validated ``EventServer`` spec.
 
 The CRD schema (``crds/eventfleet.io_eventservers.yaml``) rejects most bad input at the
-API server and applies the defaults. This module applies the same defaults again (the
-operator must not depend on API-server defaulting, e.g. for objects stored before a CRD
-upgrade) and checks what a structural schema cannot: cron syntax, port overlaps,
-cross-field rules, name limits. Every problem is a :class:`SpecError` naming the field.
+API server and applies the defaults. :func:`parse` applies the same defaults again, read
+from the same schema (:mod:`~eventfleet_operator.crd`: the operator must not depend on
+API-server defaulting, e.g. for objects stored before a CRD upgrade), then builds one
+frozen dataclass per spec section from the defaulted spec and checks what a structural
+schema cannot: cron syntax, port overlaps, cross-field rules, name limits. No default,
+integer bound or choice list the CRD states is repeated here; the defaults written below
+are the ones the CRD cannot state (the image of this version, the fleet's backup prefix).
+Every problem is a :class:`SpecError` naming the field and the bad value.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import __version__, constants
-from eventfleet_operator.constants import MIN_PORT, ProtocolPort, Service
+from eventfleet_operator import __version__, constants, crd
+from eventfleet_operator.constants import ProtocolPort, Service
 
 DEFAULT_SERVER_IMAGE = f"eventfleet/server:{__version__}"
 DEFAULT_SPARK_IMAGE = f"eventfleet/spark:{__version__}"
@@ -38,12 +42,17 @@ _CRON_DESCRIPTORS = {
     "@hourly",
 }
 _CRON_FIELD = re.compile(r"^(\*|\?|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?$")
-SYNCHRONOUS_MODES = ("OFF", "NORMAL", "FULL", "EXTRA")
-RETENTION_POLICIES = ("Retain", "Delete")
-PULL_POLICIES = ("Always", "IfNotPresent", "Never")
-CONCURRENCY_POLICIES = ("Allow", "Forbid", "Replace")
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-UPDATE_STRATEGIES = ("Managed", "RollingUpdate")
+# The choices of the enum fields, as the CRD lists them.
+SYNCHRONOUS_MODES = crd.choices("spec.storage.synchronous")
+RETENTION_POLICIES = crd.choices("spec.storage.retentionPolicy.whenDeleted")
+PULL_POLICIES = crd.choices("spec.imagePullPolicy")
+CONCURRENCY_POLICIES = crd.choices("spec.aggregation.concurrencyPolicy")
+LOG_LEVELS = crd.choices("spec.logLevel")
+UPDATE_STRATEGIES = crd.choices("spec.updateStrategy.type")
+TLS_PROVIDERS = crd.choices("spec.tls.provider")
+ISSUER_KINDS = crd.choices("spec.tls.issuerRef.kind")
+EVICTION_POLICIES = crd.choices("spec.podDisruptionBudget.unhealthyPodEvictionPolicy")
+ADDRESSING_STYLES = crd.choices("spec.backup.s3.addressingStyle")
 
 
 class SpecError(ValueError):
@@ -59,19 +68,15 @@ class SpecError(ValueError):
 class Ports:
     """``spec.ports``: the base port of every :data:`PROTOCOL_PORTS` entry.
 
-    Read as ``ports["eventer"]`` or ``ports.eventer``; a protocol missing from
-    ``bases`` has its table default.
+    Read as ``ports["eventer"]`` or ``ports.eventer``.
     """
 
-    bases: tuple[tuple[str, int], ...] = ()
+    bases: tuple[tuple[str, int], ...]
 
     def __getitem__(self, protocol: str) -> int:
         for name, port in self.bases:
             if name == protocol:
                 return port
-        for entry in constants.PROTOCOL_PORTS:
-            if entry.protocol == protocol:
-                return entry.default
         raise KeyError(f"no protocol port entry {protocol!r}")
 
     def __getattr__(self, protocol: str) -> int:
@@ -85,11 +90,11 @@ class Ports:
 
 @dataclasses.dataclass(frozen=True)
 class Storage:
-    size: str = "1Gi"
-    storage_class_name: str | None = None
-    synchronous: str = "FULL"
-    when_deleted: str = "Retain"
-    when_scaled: str = "Retain"
+    size: str
+    storage_class_name: str | None
+    synchronous: str
+    when_deleted: str
+    when_scaled: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +102,7 @@ class TokenRef:
     """Where the replicas' token lives: a user Secret, or the generated ``<name>-token``."""
 
     secret_name: str
-    key: str = "token"
+    key: str
     generated: bool = True
 
 
@@ -110,8 +115,8 @@ class ClientsSpec:
     ``tokenless_networks`` (addresses or CIDRs) when that is not empty.
     """
 
-    allow_tokenless: bool = False
-    tokenless_networks: tuple[str, ...] = ()
+    allow_tokenless: bool
+    tokenless_networks: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,8 +124,8 @@ class IssuerRef:
     """A cert-manager issuer (``spec.tls.issuerRef``)."""
 
     name: str
-    kind: str = "Issuer"
-    group: str = "cert-manager.io"
+    kind: str
+    group: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,13 +138,10 @@ class TlsSpec:
     cert-manager. ``http``: HTTPS on the HTTP port too (probes follow).
     """
 
-    enabled: bool = False
-    provider: str = "Auto"
-    http: bool = True
-    issuer: IssuerRef | None = None
-
-
-TLS_PROVIDERS = ("Auto", "CertManager", "Operator")
+    enabled: bool
+    provider: str
+    http: bool
+    issuer: IssuerRef | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,9 +154,9 @@ class BusCurveSpec:
     a file of keys) and/or, with ``tokens``, by the key pair derived from the fleet token.
     """
 
-    enabled: bool = False
-    tokens: bool = True
-    allowed_keys_secret: str | None = None
+    enabled: bool
+    tokens: bool
+    allowed_keys_secret: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,23 +169,23 @@ class Retention:
 class JetstreamSpec:
     """``spec.protocols.jetstream``: served on the HTTP port (websocket), so no ports."""
 
-    enabled: bool = constants.PROTOCOL_ENABLED_BY_DEFAULT["jetstream"]
-    path: str = "/jetstream"
-    type_prefix: tuple[str, ...] = ()
+    enabled: bool
+    path: str
+    type_prefix: tuple[str, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class ServiceMonitorSpec:
-    enabled: bool = False
-    interval: str = "30s"
-    labels: tuple[tuple[str, str], ...] = ()
+    enabled: bool
+    interval: str
+    labels: tuple[tuple[str, str], ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class SparkPod:
-    cores: int = 1
-    memory: str = "512m"
-    instances: int = 1  # executors only
+    cores: int
+    memory: str
+    instances: int  # executors only (a driver's is 1)
 
 
 # Where spec.aggregation.outputVolume's claim is mounted in the driver and executors.
@@ -201,24 +203,24 @@ _URL_SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 class Aggregation:
     """``spec.aggregation``: the scheduled Spark job and where it writes."""
 
-    enabled: bool = False
-    schedule: str = "*/10 * * * *"
-    time_zone: str = "UTC"
-    concurrency_policy: str = "Forbid"
-    suspend: bool = False
-    bucket_seconds: int = 60
-    window_seconds: int = 3600
-    output: str = EPHEMERAL_AGGREGATION_OUTPUT
-    image: str = DEFAULT_SPARK_IMAGE
-    spark_version: str = "4.0.1"
-    service_account_name: str = "spark"
-    driver: SparkPod = SparkPod()
-    executor: SparkPod = SparkPod()
+    enabled: bool
+    schedule: str
+    time_zone: str
+    concurrency_policy: str
+    suspend: bool
+    bucket_seconds: int
+    window_seconds: int
+    output: str
+    image: str
+    spark_version: str
+    service_account_name: str
+    driver: SparkPod
+    executor: SparkPod
     # outputVolume.persistentVolumeClaim.claimName, mounted at AGGREGATION_OUTPUT_DIR.
-    output_claim: str = ""
-    spark_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    hadoop_conf: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    env: tuple[Mapping[str, Any], ...] = ()  # core/v1 EnvVar, driver and executors
+    output_claim: str
+    spark_conf: Mapping[str, str]
+    hadoop_conf: Mapping[str, str]
+    env: tuple[Mapping[str, Any], ...]  # core/v1 EnvVar, driver and executors
 
     @property
     def output_is_ephemeral(self) -> bool:
@@ -244,10 +246,10 @@ class NetworkPolicySpec:
     operator, the monitoring sources and the fleet itself.
     """
 
-    enabled: bool = True
-    client_from: tuple[Mapping[str, Any], ...] = ()
-    monitoring_from: tuple[Mapping[str, Any], ...] = DEFAULT_MONITORING_FROM
-    http_from: tuple[Mapping[str, Any], ...] = ()
+    enabled: bool
+    client_from: tuple[Mapping[str, Any], ...]
+    monitoring_from: tuple[Mapping[str, Any], ...]
+    http_from: tuple[Mapping[str, Any], ...]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,28 +257,28 @@ class DisruptionBudget:
     """``spec.podDisruptionBudget``. AlwaysAllow: a crash-looping pod can still be
     drained (with IfHealthyBudget an unhealthy pod blocks node drains)."""
 
-    enabled: bool = True
-    max_unavailable: int | str = 1
-    unhealthy_pod_eviction_policy: str = "AlwaysAllow"
+    enabled: bool
+    max_unavailable: int | str
+    unhealthy_pod_eviction_policy: str
 
 
 @dataclasses.dataclass(frozen=True)
 class SecurityContext:
-    run_as_user: int = 10001
-    run_as_group: int = 10001
-    fs_group: int = 10001
+    run_as_user: int
+    run_as_group: int
+    fs_group: int
 
 
 @dataclasses.dataclass(frozen=True)
 class ReplicationSpec:
     """``spec.protocols.replication``: tables published over Replication (HTTP port)."""
 
-    enabled: bool = constants.PROTOCOL_ENABLED_BY_DEFAULT["replication"]
-    type_prefix: tuple[str, ...] = ("replication",)
+    enabled: bool
+    type_prefix: tuple[str, ...]
     # Each: {"name", "key", "columns" (or None), "add", "delete"}, in the replica's terms.
-    tables: tuple[Mapping[str, Any], ...] = ()
-    users_secret: str | None = None
-    users_key: str = "users.yaml"
+    tables: tuple[Mapping[str, Any], ...]
+    users_secret: str | None
+    users_key: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,8 +286,8 @@ class S3Credentials:
     """A Secret with the access key pair; mounted as files into the replicas."""
 
     secret_name: str
-    access_key_id_key: str = "AWS_ACCESS_KEY_ID"
-    secret_access_key_key: str = "AWS_SECRET_ACCESS_KEY"
+    access_key_id_key: str
+    secret_access_key_key: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,11 +295,11 @@ class S3Location:
     """``spec.backup.s3`` and ``spec.bootstrap.fromBackup.s3``."""
 
     bucket: str
-    endpoint_url: str | None = None
-    region: str = "us-east-1"
-    prefix: str = ""
-    addressing_style: str = "path"
-    credentials: S3Credentials | None = None
+    endpoint_url: str | None
+    region: str
+    prefix: str
+    addressing_style: str
+    credentials: S3Credentials | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,9 +307,9 @@ class BackupSpec:
     """``spec.backup``: where copies go, how often, how many scheduled ones to keep."""
 
     s3: S3Location
-    schedule: str | None = None  # cron (5 fields), a descriptor or "@every 6h"; None: on demand
-    retention: int = 7
-    suspend: bool = False
+    schedule: str | None  # cron (5 fields), a descriptor or "@every 6h"; None: on demand
+    retention: int
+    suspend: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,25 +321,25 @@ class FromBackup:
     sha256: str | None = None
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class FleetSpec:
     """Everything the builders need, immutable, with every default applied."""
 
     name: str
     namespace: str
     uid: str = ""
-    replicas: int = 3
+    replicas: int
     image: str = DEFAULT_SERVER_IMAGE
-    image_pull_policy: str = "IfNotPresent"
+    image_pull_policy: str
     image_pull_secrets: tuple[str, ...] = ()
     resources: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    storage: Storage = Storage()
-    ports: Ports = Ports()
+    storage: Storage
+    ports: Ports
     token: TokenRef | None = None
     # spec.peerToken: the peer credential; None = the generated `<name>-peer-token`.
     peer_token: TokenRef | None = None
-    clients: ClientsSpec = ClientsSpec()
-    tls: TlsSpec = TlsSpec()
+    clients: ClientsSpec
+    tls: TlsSpec
     # Optional protocols (PROTOCOL_PORTS entries with optional=True) that are enabled
     # and implemented: served, their ports rendered.
     enabled_protocols: tuple[str, ...] = ()
@@ -345,30 +347,30 @@ class FleetSpec:
     # "spec.protocols.bus.enabled"): reported as Ready=False/ProtocolNotImplemented,
     # never served, their ports never rendered.
     not_implemented: tuple[str, ...] = ()
-    replication: ReplicationSpec = ReplicationSpec()
-    jetstream: JetstreamSpec = JetstreamSpec()
-    bus_curve: BusCurveSpec = BusCurveSpec()
+    replication: ReplicationSpec
+    jetstream: JetstreamSpec
+    bus_curve: BusCurveSpec
     retention: Retention = Retention()
-    subscriptions: tuple[tuple[str, ...], ...] = (("*",),)
-    service_monitor: ServiceMonitorSpec = ServiceMonitorSpec()
-    aggregation: Aggregation = Aggregation()
+    subscriptions: tuple[tuple[str, ...], ...]
+    service_monitor: ServiceMonitorSpec
+    aggregation: Aggregation
     node_selector: Mapping[str, str] = dataclasses.field(default_factory=dict)
     tolerations: tuple[Mapping[str, Any], ...] = ()
     affinity: Mapping[str, Any] | None = None
     priority_class_name: str | None = None
     pod_labels: Mapping[str, str] = dataclasses.field(default_factory=dict)
     pod_annotations: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    security: SecurityContext = SecurityContext()
-    termination_grace_period_seconds: int = 60
-    log_level: str = "INFO"
-    network_policy: NetworkPolicySpec = NetworkPolicySpec()
+    security: SecurityContext
+    termination_grace_period_seconds: int
+    log_level: str
+    network_policy: NetworkPolicySpec
     # Flush, verify, scale the StatefulSet to 0 and keep the claims; false wakes it.
-    hibernate: bool = False
-    pdb: DisruptionBudget = DisruptionBudget()
+    hibernate: bool
+    pdb: DisruptionBudget
     # None: the default zone spread; (): none at all.
     topology_spread: tuple[Mapping[str, Any], ...] | None = None
     # Managed: StatefulSet OnDelete, the operator replaces pods one at a time.
-    update_strategy: str = "Managed"
+    update_strategy: str
     backup: BackupSpec | None = None
     from_backup: FromBackup | None = None
     # The EventServer's eventfleet.io/restart annotation (not in the spec): a new value
@@ -377,12 +379,17 @@ class FleetSpec:
 
     @property
     def token_ref(self) -> TokenRef:
-        return self.token or TokenRef(secret_name=f"{self.name}-token")
+        return self.token or TokenRef(
+            secret_name=f"{self.name}-token", key=crd.default("spec.token.secretRef.key")
+        )
 
     @property
     def peer_token_ref(self) -> TokenRef:
         """The peer credential's Secret: the user's, or the generated ``<name>-peer-token``."""
-        return self.peer_token or TokenRef(secret_name=f"{self.name}-peer-token")
+        return self.peer_token or TokenRef(
+            secret_name=f"{self.name}-peer-token",
+            key=crd.default("spec.peerToken.secretRef.key"),
+        )
 
     def serves(self, entry: ProtocolPort) -> bool:
         """Does a replica of this fleet listen on ``entry``'s ports?"""
@@ -408,10 +415,22 @@ def _get(spec: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, 
     kinds = kind if isinstance(kind, tuple) else (kind,)
     # bool is an int in Python; a spec `replicas: true` must not pass as 1.
     if isinstance(value, bool) and bool not in kinds:
-        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got a boolean")
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {_shown(value)}")
     if not isinstance(value, kind):
-        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {type(value).__name__}")
+        raise SpecError(f"{path}.{key}", f"expected {_kind_name(kind)}, got {_shown(value)}")
     return value
+
+
+_SHOWN_CHARS = 80
+
+
+def _shown(value: Any) -> str:
+    """A bad value for a message: its type and (shortened) repr."""
+    text = repr(value)
+    if len(text) > _SHOWN_CHARS:
+        text = text[: _SHOWN_CHARS - 3] + "..."
+    kind = "a boolean" if isinstance(value, bool) else type(value).__name__
+    return f"{kind} {text}"
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
@@ -430,26 +449,30 @@ def _obj(spec: Mapping[str, Any], key: str, path: str) -> Mapping[str, Any]:
     return _get(spec, key, path, dict) or {}
 
 
-def _int(
-    spec: Mapping[str, Any],
-    key: str,
-    path: str,
-    default: int | None,
-    lo: int,
-    hi: int | None = None,
-) -> Any:
+def _int(spec: Mapping[str, Any], key: str, path: str) -> Any:
+    """The integer at ``key`` within the CRD's ``minimum``/``maximum`` for it (None when
+    absent: the CRD states no default)."""
     value = _get(spec, key, path, int)
     if value is None:
-        return default
-    if value < lo or (hi is not None and value > hi):
+        return None
+    schema = crd.schema_at(f"{path}.{key}")
+    lo, hi = schema.get("minimum"), schema.get("maximum")
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
         bound = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
         raise SpecError(f"{path}.{key}", f"must be {bound}, got {value}")
     return value
 
 
 def _str(
-    spec: Mapping[str, Any], key: str, path: str, default: Any = None, choices: Sequence[str] = ()
+    spec: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: Any = None,
+    *,
+    choices: Sequence[str] = (),
 ) -> Any:
+    """The string at ``key``, one of ``choices`` if given. ``default`` is only for what
+    the CRD cannot state (the image of this version): the CRD's defaults are in the spec."""
     value = _get(spec, key, path, str)
     if value is None or (value == "" and default is not None):
         return default
@@ -458,16 +481,16 @@ def _str(
     return value
 
 
-def _bool(spec: Mapping[str, Any], key: str, path: str, default: bool) -> bool:
-    value = _get(spec, key, path, bool)
-    return default if value is None else value
+def _bool(spec: Mapping[str, Any], key: str, path: str) -> Any:
+    """The boolean at ``key`` (None when absent: the CRD states no default)."""
+    return _get(spec, key, path, bool)
 
 
 def _str_map(spec: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
     value = _obj(spec, key, path)
     for k, v in value.items():
         if not isinstance(v, str):
-            raise SpecError(f"{path}.{key}.{k}", f"expected a string, got {type(v).__name__}")
+            raise SpecError(f"{path}.{key}.{k}", f"expected a string, got {_shown(v)}")
     return dict(value)
 
 
@@ -535,7 +558,8 @@ def _parse_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
         for key, value in values.items():
             if isinstance(value, bool) or not isinstance(value, int | str):
                 raise SpecError(
-                    f"spec.resources.{section}.{key}", "must be a quantity such as 500m or 1Gi"
+                    f"spec.resources.{section}.{key}",
+                    f"must be a quantity such as 500m or 1Gi, got {_shown(value)}",
                 )
             if isinstance(value, str) and not _QUANTITY.match(value):
                 raise SpecError(
@@ -549,19 +573,22 @@ def _parse_resources(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _parse_storage(spec: Mapping[str, Any]) -> Storage:
     storage = _obj(spec, "storage", "spec")
-    size = _str(storage, "size", "spec.storage", "1Gi")
+    size = _str(storage, "size", "spec.storage")
     if not _QUANTITY.match(size):
         raise SpecError("spec.storage.size", f"{size!r} is not a quantity such as 1Gi")
     policy = _obj(storage, "retentionPolicy", "spec.storage")
     return Storage(
         size=size,
         storage_class_name=_str(storage, "storageClassName", "spec.storage") or None,
-        synchronous=_str(storage, "synchronous", "spec.storage", "FULL", SYNCHRONOUS_MODES),
+        synchronous=_str(storage, "synchronous", "spec.storage", choices=SYNCHRONOUS_MODES),
         when_deleted=_str(
-            policy, "whenDeleted", "spec.storage.retentionPolicy", "Retain", RETENTION_POLICIES
+            policy, "whenDeleted", "spec.storage.retentionPolicy", choices=RETENTION_POLICIES
         ),
         when_scaled=_str(
-            policy, "whenScaled", "spec.storage.retentionPolicy", "Retain", RETENTION_POLICIES
+            policy,
+            "whenScaled",
+            "spec.storage.retentionPolicy",
+            choices=crd.choices("spec.storage.retentionPolicy.whenScaled"),
         ),
     )
 
@@ -572,7 +599,7 @@ def _parse_ports(spec: Mapping[str, Any]) -> Ports:
         tuple(
             (
                 entry.protocol,
-                _int(ports, entry.protocol, "spec.ports", entry.default, MIN_PORT, entry.max_base),
+                _int(ports, entry.protocol, "spec.ports"),
             )
             for entry in constants.PROTOCOL_PORTS
         )
@@ -589,7 +616,7 @@ def _parse_token(spec: Mapping[str, Any], field: str = "token") -> TokenRef | No
     name = _str(ref, "name", path)
     if not name:
         raise SpecError(f"{path}.name", "is required when secretRef is given")
-    return TokenRef(secret_name=name, key=_str(ref, "key", path, "token"), generated=False)
+    return TokenRef(secret_name=name, key=_str(ref, "key", path), generated=False)
 
 
 def _parse_peer_token(spec: Mapping[str, Any]) -> TokenRef | None:
@@ -615,7 +642,7 @@ def _parse_peer_token(spec: Mapping[str, Any]) -> TokenRef | None:
 def _parse_clients(spec: Mapping[str, Any]) -> ClientsSpec:
     path = "spec.clients"
     section = _obj(spec, "clients", "spec")
-    allow = _bool(section, "allowTokenless", path, False)
+    allow = _bool(section, "allowTokenless", path)
     networks = _get(section, "tokenlessNetworks", path, list) or []
     for i, value in enumerate(networks):
         try:
@@ -638,15 +665,13 @@ def _parse_clients(spec: Mapping[str, Any]) -> ClientsSpec:
 
 def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]:
     subs = _get(_obj(spec, "syncer", "spec"), "subscriptions", "spec.syncer", list)
-    if subs is None:
-        return (("*",),)
     if not subs:
         raise SpecError("spec.syncer.subscriptions", "must list at least one event type")
     out = []
     for i, sub in enumerate(subs):
         field = f"spec.syncer.subscriptions[{i}]"
         if not isinstance(sub, list) or not sub or not all(isinstance(s, str) for s in sub):
-            raise SpecError(field, "must be a non-empty list of strings")
+            raise SpecError(field, f"must be a non-empty list of strings, got {_shown(sub)}")
         if "*" in sub[:-1]:
             # hat-event semantics: '*' matches the rest and is only valid last.
             raise SpecError(field, f"'*' is only valid as the last segment, got {sub!r}")
@@ -656,14 +681,14 @@ def _parse_subscriptions(spec: Mapping[str, Any]) -> tuple[tuple[str, ...], ...]
 
 def _parse_monitoring(spec: Mapping[str, Any]) -> ServiceMonitorSpec:
     sm = _obj(_obj(spec, "monitoring", "spec"), "serviceMonitor", "spec.monitoring")
-    interval = _str(sm, "interval", "spec.monitoring.serviceMonitor", "30s")
+    interval = _str(sm, "interval", "spec.monitoring.serviceMonitor")
     if not _DURATION.match(interval):
         raise SpecError(
             "spec.monitoring.serviceMonitor.interval", f"{interval!r} is not a duration such as 30s"
         )
     labels = _str_map(sm, "labels", "spec.monitoring.serviceMonitor")
     return ServiceMonitorSpec(
-        enabled=_bool(sm, "enabled", "spec.monitoring.serviceMonitor", False),
+        enabled=_bool(sm, "enabled", "spec.monitoring.serviceMonitor"),
         interval=interval,
         labels=tuple(sorted(labels.items())),
     )
@@ -672,15 +697,15 @@ def _parse_monitoring(spec: Mapping[str, Any]) -> ServiceMonitorSpec:
 def _parse_spark_pod(agg: Mapping[str, Any], key: str) -> SparkPod:
     path = f"spec.aggregation.{key}"
     pod = _obj(agg, key, "spec.aggregation")
-    memory = _str(pod, "memory", path, "512m")
+    memory = _str(pod, "memory", path)
     if not _SPARK_MEMORY.match(memory):
         raise SpecError(
             f"{path}.memory", f"{memory!r} is not a Spark memory size such as 512m or 2g"
         )
     return SparkPod(
-        cores=_int(pod, "cores", path, 1, 1),
+        cores=_int(pod, "cores", path),
         memory=memory,
-        instances=_int(pod, "instances", path, 1, 1) if key == "executor" else 1,
+        instances=_int(pod, "instances", path) if key == "executor" else 1,
     )
 
 
@@ -731,7 +756,7 @@ def _parse_spark_env(agg: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
     for i, entry in enumerate(entries):
         path = f"spec.aggregation.env[{i}]"
         if not isinstance(entry, dict):
-            raise SpecError(path, f"expected an object, got {type(entry).__name__}")
+            raise SpecError(path, f"expected an object, got {_shown(entry)}")
         name = _str(entry, "name", path)
         if not name or not _ENV_NAME.match(name):
             raise SpecError(f"{path}.name", f"{name!r} is not a valid environment variable name")
@@ -758,7 +783,7 @@ def _parse_spark_env(agg: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]:
             ((kind, ref),) = value_from.items()
             ref_path = f"{path}.valueFrom.{kind}"
             if not isinstance(ref, dict):
-                raise SpecError(ref_path, f"expected an object, got {type(ref).__name__}")
+                raise SpecError(ref_path, f"expected an object, got {_shown(ref)}")
             ref_name, key = _str(ref, "name", ref_path), _str(ref, "key", ref_path)
             if not ref_name or not key:
                 raise SpecError(ref_path, "needs name and key")
@@ -776,17 +801,17 @@ def _parse_aggregation(spec: Mapping[str, Any]) -> Aggregation:
     path = "spec.aggregation"
     claim = _parse_output_claim(agg)
     parsed = Aggregation(
-        enabled=_bool(agg, "enabled", path, False),
-        schedule=_str(agg, "schedule", path, "*/10 * * * *"),
-        time_zone=_str(agg, "timeZone", path, "UTC"),
-        concurrency_policy=_str(agg, "concurrencyPolicy", path, "Forbid", CONCURRENCY_POLICIES),
-        suspend=_bool(agg, "suspend", path, False),
-        bucket_seconds=_int(agg, "bucketSeconds", path, 60, 1),
-        window_seconds=_int(agg, "windowSeconds", path, 3600, 1),
+        enabled=_bool(agg, "enabled", path),
+        schedule=_str(agg, "schedule", path),
+        time_zone=_str(agg, "timeZone", path),
+        concurrency_policy=_str(agg, "concurrencyPolicy", path, choices=CONCURRENCY_POLICIES),
+        suspend=_bool(agg, "suspend", path),
+        bucket_seconds=_int(agg, "bucketSeconds", path),
+        window_seconds=_int(agg, "windowSeconds", path),
         output=_parse_output(agg, claim),
         image=_str(agg, "image", path, DEFAULT_SPARK_IMAGE),
-        spark_version=_str(agg, "sparkVersion", path, "4.0.1"),
-        service_account_name=_str(agg, "serviceAccountName", path, "spark"),
+        spark_version=_str(agg, "sparkVersion", path),
+        service_account_name=_str(agg, "serviceAccountName", path),
         driver=_parse_spark_pod(agg, "driver"),
         executor=_parse_spark_pod(agg, "executor"),
         output_claim=claim,
@@ -817,7 +842,9 @@ def _parse_protocols(protocols: Mapping[str, Any]) -> tuple[tuple[str, ...], tup
             continue
         path = f"spec.protocols.{entry.protocol}"
         section = _obj(protocols, entry.protocol, "spec.protocols")
-        if not _bool(section, "enabled", path, entry.enabled_by_default):
+        switch = _bool(section, "enabled", path)
+        # A registry protocol the CRD does not list yet (a new one): the registry's default.
+        if not (entry.enabled_by_default if switch is None else switch):
             continue
         if entry.implemented:
             enabled.append(entry.protocol)
@@ -835,7 +862,7 @@ def _peers(section: Mapping[str, Any], key: str, path: str) -> tuple[Mapping[str
     for i, peer in enumerate(value):
         field = f"{path}.{key}[{i}]"
         if not isinstance(peer, dict) or not peer:
-            raise SpecError(field, "must be a NetworkPolicyPeer object")
+            raise SpecError(field, f"must be a NetworkPolicyPeer object, got {_shown(peer)}")
         unknown = sorted(set(peer) - allowed)
         if unknown:
             raise SpecError(
@@ -852,7 +879,7 @@ def _parse_network_policy(spec: Mapping[str, Any]) -> NetworkPolicySpec:
     http = _obj(np, "http", path)
     monitoring_from = _peers(monitoring, "from", f"{path}.monitoring")
     return NetworkPolicySpec(
-        enabled=_bool(np, "enabled", path, True),
+        enabled=_bool(np, "enabled", path),
         client_from=_peers(clients, "from", f"{path}.clients") or (),
         monitoring_from=DEFAULT_MONITORING_FROM if monitoring_from is None else monitoring_from,
         http_from=_peers(http, "from", f"{path}.http") or (),
@@ -860,26 +887,23 @@ def _parse_network_policy(spec: Mapping[str, Any]) -> NetworkPolicySpec:
 
 
 _PERCENT = re.compile(r"^[0-9]+%$")
-EVICTION_POLICIES = ("AlwaysAllow", "IfHealthyBudget")
 
 
 def _parse_pdb(spec: Mapping[str, Any]) -> DisruptionBudget:
     path = "spec.podDisruptionBudget"
     pdb = _obj(spec, "podDisruptionBudget", "spec")
     max_unavailable = _get(pdb, "maxUnavailable", path, (int, str))
-    if max_unavailable is None:
-        max_unavailable = 1
-    elif isinstance(max_unavailable, int) and max_unavailable < 0:
+    if isinstance(max_unavailable, int) and max_unavailable < 0:
         raise SpecError(f"{path}.maxUnavailable", f"must be at least 0, got {max_unavailable}")
     elif isinstance(max_unavailable, str) and not _PERCENT.match(max_unavailable):
         raise SpecError(
             f"{path}.maxUnavailable", f"must be a number or a percentage, got {max_unavailable!r}"
         )
     return DisruptionBudget(
-        enabled=_bool(pdb, "enabled", path, True),
+        enabled=_bool(pdb, "enabled", path),
         max_unavailable=max_unavailable,
         unhealthy_pod_eviction_policy=_str(
-            pdb, "unhealthyPodEvictionPolicy", path, "AlwaysAllow", EVICTION_POLICIES
+            pdb, "unhealthyPodEvictionPolicy", path, choices=EVICTION_POLICIES
         ),
     )
 
@@ -891,7 +915,7 @@ def _parse_topology_spread(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], 
     for i, item in enumerate(items):
         field = f"spec.topologySpreadConstraints[{i}]"
         if not isinstance(item, dict):
-            raise SpecError(field, "must be an object")
+            raise SpecError(field, f"must be an object, got {_shown(item)}")
         for key in ("maxSkew", "topologyKey", "whenUnsatisfiable"):
             if key not in item:
                 raise SpecError(f"{field}.{key}", "is required")
@@ -902,8 +926,6 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     path = "spec.protocols.replication"
     section = _obj(protocols, "replication", "spec.protocols")
     prefix = _get(section, "typePrefix", path, list)
-    if prefix is None:
-        prefix = ["replication"]
     if not prefix or not all(isinstance(p, str) and p for p in prefix):
         raise SpecError(
             f"{path}.typePrefix", f"must be a list of non-empty strings, got {prefix!r}"
@@ -913,7 +935,7 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     for i, table in enumerate(_get(section, "tables", path, list) or []):
         where = f"{path}.tables[{i}]"
         if not isinstance(table, dict):
-            raise SpecError(where, "must be an object")
+            raise SpecError(where, f"must be an object, got {_shown(table)}")
         name = _str(table, "name", where)
         if not name or "?" in name or "*" in name:
             raise SpecError(f"{where}.name", f"must be a non-empty name without ?/*, got {name!r}")
@@ -928,12 +950,12 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
         tables.append(
             {
                 "name": name,
-                "key": _str(table, "key", where, "id") or "id",
+                "key": _str(table, "key", where),
                 "columns": {c: {"update": bool(f.get("update", False))} for c, f in columns.items()}
                 if columns is not None
                 else None,
-                "add": _bool(table, "add", where, True),
-                "delete": _bool(table, "delete", where, True),
+                "add": _bool(table, "add", where),
+                "delete": _bool(table, "delete", where),
             }
         )
     users_path = f"{path}.usersSecretRef"
@@ -942,11 +964,12 @@ def _parse_replication(protocols: Mapping[str, Any]) -> ReplicationSpec:
     if users and not users_secret:
         raise SpecError(f"{users_path}.name", "is required")
     return ReplicationSpec(
-        enabled=_bool(section, "enabled", path, ReplicationSpec.enabled),
+        enabled=_bool(section, "enabled", path),
         type_prefix=tuple(prefix),
         tables=tuple(tables),
         users_secret=users_secret,
-        users_key=_str(users, "key", users_path, "users.yaml"),
+        # No usersSecretRef: its key's default, as a ref {name} alone would have.
+        users_key=_str(users, "key", users_path) or crd.default(f"{users_path}.key"),
     )
 
 
@@ -961,8 +984,8 @@ def _parse_bus_curve(protocols: Mapping[str, Any]) -> BusCurveSpec:
     if secret is not None and not _DNS1123_SUBDOMAIN.match(secret):
         raise SpecError(f"{ref_path}.name", f"must be a Secret name, got {secret!r}")
     parsed = BusCurveSpec(
-        enabled=_bool(section, "enabled", path, False),
-        tokens=_bool(section, "tokens", path, True),
+        enabled=_bool(section, "enabled", path),
+        tokens=_bool(section, "tokens", path),
         allowed_keys_secret=secret,
     )
     if parsed.enabled and not parsed.tokens and parsed.allowed_keys_secret is None:
@@ -979,7 +1002,7 @@ _JETSTREAM_PATH = re.compile(r"^/[A-Za-z0-9_./-]*[A-Za-z0-9_.-]$")
 def _parse_tls(spec: Mapping[str, Any]) -> TlsSpec:
     path = "spec.tls"
     section = _obj(spec, "tls", "spec")
-    provider = _str(section, "provider", path, "Auto", TLS_PROVIDERS)
+    provider = _str(section, "provider", path, choices=TLS_PROVIDERS)
     issuer = None
     if section.get("issuerRef") is not None:
         ref = _obj(section, "issuerRef", path)
@@ -988,8 +1011,8 @@ def _parse_tls(spec: Mapping[str, Any]) -> TlsSpec:
             raise SpecError(f"{path}.issuerRef.name", "is required")
         issuer = IssuerRef(
             name=name,
-            kind=_str(ref, "kind", f"{path}.issuerRef", "Issuer", ("Issuer", "ClusterIssuer")),
-            group=_str(ref, "group", f"{path}.issuerRef", "cert-manager.io"),
+            kind=_str(ref, "kind", f"{path}.issuerRef", choices=ISSUER_KINDS),
+            group=_str(ref, "group", f"{path}.issuerRef"),
         )
         if provider == "Operator":
             raise SpecError(
@@ -997,9 +1020,9 @@ def _parse_tls(spec: Mapping[str, Any]) -> TlsSpec:
                 "is a cert-manager issuer: it needs provider CertManager or Auto, not Operator",
             )
     return TlsSpec(
-        enabled=_bool(section, "enabled", path, False),
+        enabled=_bool(section, "enabled", path),
         provider=provider,
-        http=_bool(section, "http", path, True),
+        http=_bool(section, "http", path),
         issuer=issuer,
     )
 
@@ -1007,7 +1030,7 @@ def _parse_tls(spec: Mapping[str, Any]) -> TlsSpec:
 def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
     path = "spec.protocols.jetstream"
     section = _obj(protocols, "jetstream", "spec.protocols")
-    url_path = _str(section, "path", path, "/jetstream")
+    url_path = _str(section, "path", path)
     if not _JETSTREAM_PATH.match(url_path):
         raise SpecError(f"{path}.path", f"must be a URL path like /jetstream, got {url_path!r}")
     prefix = _get(section, "typePrefix", path, list) or []
@@ -1017,7 +1040,7 @@ def _parse_jetstream(protocols: Mapping[str, Any]) -> JetstreamSpec:
                 f"{path}.typePrefix[{i}]", f"must be an event type segment, got {segment!r}"
             )
     return JetstreamSpec(
-        enabled=_bool(section, "enabled", path, JetstreamSpec.enabled),
+        enabled=_bool(section, "enabled", path),
         path=url_path,
         type_prefix=tuple(prefix),
     )
@@ -1027,12 +1050,11 @@ def _parse_tolerations(spec: Mapping[str, Any]) -> tuple[Mapping[str, Any], ...]
     tolerations = _get(spec, "tolerations", "spec", list) or []
     for i, tol in enumerate(tolerations):
         if not isinstance(tol, dict):
-            raise SpecError(f"spec.tolerations[{i}]", "must be an object")
+            raise SpecError(f"spec.tolerations[{i}]", f"must be an object, got {_shown(tol)}")
     return tuple(dict(t) for t in tolerations)
 
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-ADDRESSING_STYLES = ("path", "virtual", "auto")
 
 
 def _parse_s3(parent: Mapping[str, Any], path: str, *, default_prefix: str = "") -> S3Location:
@@ -1055,16 +1077,16 @@ def _parse_s3(parent: Mapping[str, Any], path: str, *, default_prefix: str = "")
             raise SpecError(f"{where}.name", "is required")
         credentials = S3Credentials(
             secret_name=secret,
-            access_key_id_key=_str(creds, "accessKeyIdKey", where, "AWS_ACCESS_KEY_ID"),
-            secret_access_key_key=_str(creds, "secretAccessKeyKey", where, "AWS_SECRET_ACCESS_KEY"),
+            access_key_id_key=_str(creds, "accessKeyIdKey", where),
+            secret_access_key_key=_str(creds, "secretAccessKeyKey", where),
         )
     prefix = _str(s3, "prefix", path)
     return S3Location(
         bucket=bucket,
         endpoint_url=endpoint,
-        region=_str(s3, "region", path, "us-east-1"),
+        region=_str(s3, "region", path),
         prefix=default_prefix if prefix is None else prefix,
-        addressing_style=_str(s3, "addressingStyle", path, "path", ADDRESSING_STYLES),
+        addressing_style=_str(s3, "addressingStyle", path, choices=ADDRESSING_STYLES),
         credentials=credentials,
     )
 
@@ -1080,8 +1102,8 @@ def _parse_backup(spec: Mapping[str, Any], name: str, namespace: str) -> BackupS
     return BackupSpec(
         s3=_parse_s3(backup, path, default_prefix=f"{namespace}/{name}/"),
         schedule=schedule,
-        retention=_int(backup, "retention", path, 7, 1, 1000),
-        suspend=_bool(backup, "suspend", path, False),
+        retention=_int(backup, "retention", path),
+        suspend=_bool(backup, "suspend", path),
     )
 
 
@@ -1105,7 +1127,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
     validate_name(name)
     spec = spec or {}
     if not isinstance(spec, Mapping):
-        raise SpecError("spec", "must be an object")
+        raise SpecError("spec", f"must be an object, got {_shown(spec)}")
+    spec = crd.with_defaults(spec)
     pull_secrets = _get(spec, "imagePullSecrets", "spec", list) or []
     for i, ref in enumerate(pull_secrets):
         if not isinstance(ref, dict) or not isinstance(ref.get("name"), str) or not ref["name"]:
@@ -1119,9 +1142,9 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         name=name,
         namespace=namespace,
         uid=uid,
-        replicas=_int(spec, "replicas", "spec", 3, 1, 64),
+        replicas=_int(spec, "replicas", "spec"),
         image=_str(spec, "image", "spec", DEFAULT_SERVER_IMAGE),
-        image_pull_policy=_str(spec, "imagePullPolicy", "spec", "IfNotPresent", PULL_POLICIES),
+        image_pull_policy=_str(spec, "imagePullPolicy", "spec", choices=PULL_POLICIES),
         image_pull_secrets=tuple(ref["name"] for ref in pull_secrets),
         resources=_parse_resources(spec),
         storage=_parse_storage(spec),
@@ -1136,8 +1159,8 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         jetstream=_parse_jetstream(protocols),
         bus_curve=_parse_bus_curve(protocols),
         retention=Retention(
-            max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention", None, 1),
-            max_events=_int(retention, "maxEvents", "spec.retention", None, 1),
+            max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention"),
+            max_events=_int(retention, "maxEvents", "spec.retention"),
         ),
         subscriptions=_parse_subscriptions(spec),
         service_monitor=_parse_monitoring(spec),
@@ -1149,24 +1172,21 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         pod_labels=_str_map(spec, "podLabels", "spec"),
         pod_annotations=_str_map(spec, "podAnnotations", "spec"),
         security=SecurityContext(
-            run_as_user=_int(security, "runAsUser", "spec.securityContext", 10001, 1),
-            run_as_group=_int(security, "runAsGroup", "spec.securityContext", 10001, 1),
-            fs_group=_int(security, "fsGroup", "spec.securityContext", 10001, 1),
+            run_as_user=_int(security, "runAsUser", "spec.securityContext"),
+            run_as_group=_int(security, "runAsGroup", "spec.securityContext"),
+            fs_group=_int(security, "fsGroup", "spec.securityContext"),
         ),
-        termination_grace_period_seconds=_int(
-            spec, "terminationGracePeriodSeconds", "spec", 60, 10
-        ),
-        log_level=_str(spec, "logLevel", "spec", "INFO", LOG_LEVELS),
+        termination_grace_period_seconds=_int(spec, "terminationGracePeriodSeconds", "spec"),
+        log_level=_str(spec, "logLevel", "spec", choices=LOG_LEVELS),
         network_policy=_parse_network_policy(spec),
-        hibernate=_bool(spec, "hibernate", "spec", False),
+        hibernate=_bool(spec, "hibernate", "spec"),
         pdb=_parse_pdb(spec),
         topology_spread=_parse_topology_spread(spec),
         update_strategy=_str(
             _obj(spec, "updateStrategy", "spec"),
             "type",
             "spec.updateStrategy",
-            "Managed",
-            UPDATE_STRATEGIES,
+            choices=UPDATE_STRATEGIES,
         ),
         backup=_parse_backup(spec, name, namespace),
         from_backup=_parse_from_backup(spec),

@@ -26,7 +26,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from eventfleet_operator import GROUP, PLURAL, VERSION, naming
+from eventfleet_operator import GROUP, PLURAL, VERSION, crd, naming
 
 
 class PluginError(Exception):
@@ -174,7 +174,9 @@ def summary(es: Mapping[str, Any]) -> dict[str, Any]:
         "replicas": spec.get("replicas"),
         "hibernate": bool(spec.get("hibernate")),
         "paused": notes.get(naming.PAUSE_ANNOTATION) == naming.PAUSED,
-        "updateStrategy": (spec.get("updateStrategy") or {}).get("type", "Managed"),
+        "updateStrategy": (spec.get("updateStrategy") or {}).get(
+            "type", crd.default("spec.updateStrategy.type")
+        ),
         "phase": status.get("phase"),
         "readyReplicas": status.get("readyReplicas", 0),
         "statefulSetReplicas": status.get("statefulSetReplicas"),

@@ -174,5 +174,5 @@ async def _apply_children(
         storage=status_mod.StorageReport(growth.resize, growth.immutable_error),
         tokens=status_mod.TokensReport(loaded, digest, creds.error, creds.rotation),
         tls=cert,
-        bus_curve=bus_curve,
+        bus_curve=buscurve.serving(bus_curve, peers),
     )

@@ -86,6 +86,9 @@ class ReplicaStatus:
     credentials: Mapping[str, Any] | None = None
     # The store's schema version (storage.schema_version); None from older images.
     schema_version: int | None = None
+    # The Event BUS CURVE public key the replica serves to new connections
+    # (protocols.bus.curve.public_key); None without CURVE or from an older image.
+    bus_curve_key: str | None = None
 
     @classmethod
     def parse(cls, data: Any) -> ReplicaStatus:
@@ -117,6 +120,8 @@ class ReplicaStatus:
             except (KeyError, TypeError, ValueError) as e:
                 raise ValueError(f"status.peers[{i}]: {e}") from e
         storage = data.get("storage") or {}
+        curve = ((data.get("protocols") or {}).get("bus") or {}).get("curve")
+        curve_key = curve.get("public_key") if isinstance(curve, Mapping) else None
         return cls(
             server_id=int(data.get("server_id") or 0),
             status=str(data.get("status") or "unknown"),
@@ -131,6 +136,7 @@ class ReplicaStatus:
             credentials=data.get("credentials")
             if isinstance(data.get("credentials"), Mapping)
             else None,
+            bus_curve_key=curve_key if isinstance(curve_key, str) else None,
         )
 
     def own_last_id(self) -> EventId | None:

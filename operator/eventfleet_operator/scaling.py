@@ -41,6 +41,17 @@ class Decision:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reach:
+    """How the checks reach one fleet's replicas: where each answers, the client, the
+    token to present, and whether a replica that does not answer ever had a volume."""
+
+    endpoints: Endpoints
+    client: ReplicaClient
+    claim_exists: Callable[[int], Awaitable[bool]]
+    token: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
 class Problem:
     reason: Reason
     message: str
@@ -49,25 +60,23 @@ class Problem:
 async def check_leaving(
     spec: FleetSpec,
     ordinal: int,
+    reach: Reach,
     *,
-    endpoints: Endpoints,
-    client: ReplicaClient,
-    claim_exists: Callable[[int], Awaitable[bool]],
     remaining: Sequence[int] | None = None,
-    token: str | None = None,
 ) -> Problem | None:
     """``None`` if every remaining replica holds replica ``ordinal``'s events.
 
     ``remaining`` defaults to the ordinals below ``spec.replicas`` (a scale-down); a
     hibernation or a pod replacement checks against every other replica instead.
     """
+    endpoints, client, token = reach.endpoints, reach.client, reach.token
     pod = naming.pod(spec.name, ordinal)
     server_id = naming.server_id(ordinal)
     url = endpoints.url(spec.namespace, spec.name, ordinal, spec.ports.http)
     try:
         own_status = await client.status(url, token)
     except ReplicaUnreachable as e:
-        if not await claim_exists(ordinal):
+        if not await reach.claim_exists(ordinal):
             return None  # no volume: the replica never stored an event
         return Problem(Reason.REPLICA_UNREACHABLE, f"cannot verify leaving replica {pod}: {e}")
     if own_status.server_id != server_id:
@@ -106,14 +115,7 @@ async def check_leaving(
 
 
 async def plan(
-    spec: FleetSpec,
-    current: int | None,
-    *,
-    endpoints: Endpoints,
-    client: ReplicaClient,
-    claim_exists: Callable[[int], Awaitable[bool]],
-    force: bool = False,
-    token: str | None = None,
+    spec: FleetSpec, current: int | None, reach: Reach, *, force: bool = False
 ) -> Decision:
     """Decide the StatefulSet's replica count for this pass (never below what is safe)."""
     desired = spec.replicas
@@ -127,14 +129,7 @@ async def plan(
         )
     target = current
     for ordinal in reversed(range(desired, current)):
-        problem = await check_leaving(
-            spec,
-            ordinal,
-            endpoints=endpoints,
-            client=client,
-            claim_exists=claim_exists,
-            token=token,
-        )
+        problem = await check_leaving(spec, ordinal, reach)
         if problem is not None:
             return Decision(
                 target=target,
@@ -152,44 +147,21 @@ async def plan(
     )
 
 
-async def verify_all(
-    spec: FleetSpec,
-    count: int,
-    *,
-    endpoints: Endpoints,
-    client: ReplicaClient,
-    claim_exists: Callable[[int], Awaitable[bool]],
-    token: str | None = None,
-) -> Problem | None:
+async def verify_all(spec: FleetSpec, count: int, reach: Reach) -> Problem | None:
     """Flush every replica to every other one and verify each holds each other's events.
 
     The first problem found (highest ordinal first), or None when all pairs hold.
     """
     everyone = range(count)
     for ordinal in reversed(everyone):
-        problem = await check_leaving(
-            spec,
-            ordinal,
-            endpoints=endpoints,
-            client=client,
-            claim_exists=claim_exists,
-            remaining=everyone,
-            token=token,
-        )
+        problem = await check_leaving(spec, ordinal, reach, remaining=everyone)
         if problem is not None:
             return problem
     return None
 
 
 async def plan_hibernation(
-    spec: FleetSpec,
-    current: int | None,
-    *,
-    endpoints: Endpoints,
-    client: ReplicaClient,
-    claim_exists: Callable[[int], Awaitable[bool]],
-    force: bool = False,
-    token: str | None = None,
+    spec: FleetSpec, current: int | None, reach: Reach, *, force: bool = False
 ) -> Decision:
     """Scale to 0 only once every running replica's events are on every other one.
 
@@ -204,9 +176,7 @@ async def plan_hibernation(
             reason=Reason.SCALE_DOWN_FORCED,
             message=f"{FORCE_ANNOTATION} is set: hibernated without checks",
         )
-    problem = await verify_all(
-        spec, current, endpoints=endpoints, client=client, claim_exists=claim_exists, token=token
-    )
+    problem = await verify_all(spec, current, reach)
     if problem is not None:
         return Decision(
             target=current,

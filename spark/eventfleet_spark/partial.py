@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from eventfleet_spark.payloads import PAYLOAD_CLASSES, classify
+from eventfleet_spark.payloads import PAYLOAD_CLASSES, classify_fast
 from eventfleet_spark.schema import TypeFilter
 
 PARTIAL_SCHEMA_DDL = (
@@ -48,6 +48,7 @@ PARTIAL_ARROW_SCHEMA = pa.schema(
     ]
 )
 _CLASS_INDEX = {name: i for i, name in enumerate(PAYLOAD_CLASSES)}
+_EXCLUDED = object()  # the group of an excluded type
 _US = 1_000_000
 
 
@@ -110,17 +111,18 @@ class PartialAggregator:
 
     def _fold(self, types: list, stamps: list, kinds: list, texts: list) -> None:
         # Both read paths end here with the same values in the same order, so both
-        # produce the same partial rows, bit for bit.
-        bucket_us, groups, exclude = self._bucket_us, self._groups, self._exclude
-        group_types, depth = self._group_types, self._depth
+        # produce the same partial rows, bit for bit. The loop runs once per event: the
+        # exclusion and the group of each type are decided once per type (`_group_of`).
+        bucket_us, groups, group_types = self._bucket_us, self._groups, self._group_types
+        group_of, class_index = self._group_of, _CLASS_INDEX
+        bucket = None
         for t, ts, kind, text in zip(types, stamps, kinds, texts, strict=True):
-            if exclude is not None and not exclude.keeps(t):
-                continue
             g = group_types.get(t)
             if g is None:
-                g = group_types[t] = t if depth is None else t[:depth]
+                g = group_of(t)
+            if g is _EXCLUDED:
+                continue
             bucket = ts - ts % bucket_us
-            self._current = bucket
             acc = groups.get((g, bucket))
             if acc is None:
                 acc = groups[(g, bucket)] = _Group(ts)
@@ -129,21 +131,34 @@ class PartialAggregator:
                 acc.first = ts
             if ts > acc.last:
                 acc.last = ts
-            cls, numbers, skipped = classify(kind, text)
-            acc.classes[_CLASS_INDEX[cls]] += 1
-            acc.skipped += skipped
-            fields = acc.fields
-            for name, x in numbers.items():
-                st = fields.get(name)
-                if st is None:
-                    fields[name] = [1, x, x, 0.0 + x]
-                else:
-                    st[0] += 1
-                    if x < st[1]:
-                        st[1] = x
-                    if x > st[2]:
-                        st[2] = x
-                    st[3] += x
+            cls, numbers, skipped = classify_fast(kind, text)
+            acc.classes[class_index[cls]] += 1
+            if skipped:
+                acc.skipped += skipped
+            if numbers:
+                fields = acc.fields
+                for name, x in numbers.items():
+                    st = fields.get(name)
+                    if st is None:
+                        fields[name] = [1, x, x, 0.0 + x]
+                    else:
+                        st[0] += 1
+                        if x < st[1]:
+                            st[1] = x
+                        if x > st[2]:
+                            st[2] = x
+                        st[3] += x
+        if bucket is not None:
+            self._current = bucket
+
+    def _group_of(self, event_type: tuple):
+        """The group of `event_type` (itself or its prefix), or `_EXCLUDED`; cached."""
+        if self._exclude is not None and not self._exclude.keeps(event_type):
+            group = _EXCLUDED
+        else:
+            group = event_type if self._depth is None else event_type[: self._depth]
+        self._group_types[event_type] = group
+        return group
 
     def finished(self) -> Iterator[pa.RecordBatch]:
         """Batches of the groups of buckets before the current one."""

@@ -14,12 +14,18 @@ The rules (the same for the Spark job and the plain-Python `reference`):
 This runs in the Spark source's Python workers, next to the Eventer decoding, rather
 than as JVM expressions: parsing to VARIANT and testing every value's type with
 ``schema_of_variant`` measured several times the cost of ``json.loads`` here.
+
+`classify` is the definition (the standard library's parser, used by `reference`);
+`classify_fast` is what the workers call: the same result, with msgspec's parser tried
+first (~4x faster per payload) and `classify` taking over for any text msgspec refuses.
 """
 
 from __future__ import annotations
 
 import json
 import math
+
+import msgspec
 
 ROOT_FIELD = "$"
 """Field name of a payload that is itself a number (JSONPath's root)."""
@@ -75,6 +81,42 @@ def classify(kind: str, text: str | None) -> tuple[str, dict[str, float], int]:
             x = _number(item)
             if x is not None:
                 numbers[key] = x
+        return (NUMERIC if numbers else NON_NUMERIC), numbers, len(value) - len(numbers)
+    x = _number(value)
+    if x is None:
+        return NON_NUMERIC, _NO_NUMBERS, 0
+    return NUMERIC, {ROOT_FIELD: x}, 0
+
+
+_fast_decode = msgspec.json.Decoder().decode
+_FAST_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, UnicodeError, RecursionError)
+
+
+def classify_fast(kind: str, text: str | None) -> tuple[str, dict[str, float], int]:
+    """`classify`'s result, computed faster for what msgspec parses.
+
+    Where msgspec accepts a text it yields the value the standard library does (the
+    same dict with the last of duplicate keys, ints as ints, floats correctly rounded;
+    tests/unit/test_payload_classify.py compares the two); everything it refuses (NaN
+    and Infinity literals, numbers beyond the double range, lone surrogates, invalid
+    JSON) goes to `classify`, which decides as the rules say.
+    """
+    if kind != "json":
+        return (EMPTY if kind == "none" else BINARY), _NO_NUMBERS, 0
+    try:
+        value = _fast_decode(text)
+    except _FAST_ERRORS:
+        return classify(kind, text)
+    if type(value) is dict:
+        numbers = {}
+        for key, item in value.items():
+            t = type(item)
+            if t is float:  # msgspec never yields NaN or an infinity
+                numbers[key] = item + 0.0
+            elif t is int:
+                x = _number(item)
+                if x is not None:
+                    numbers[key] = x
         return (NUMERIC if numbers else NON_NUMERIC), numbers, len(value) - len(numbers)
     x = _number(value)
     if x is None:

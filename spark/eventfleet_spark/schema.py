@@ -34,7 +34,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from eventfleet_spark.payloads import classify
+from eventfleet_spark.payloads import classify_fast
 
 EVENT_SCHEMA_DDL = (
     "server BIGINT NOT NULL, session BIGINT NOT NULL, instance BIGINT NOT NULL,"
@@ -109,7 +109,7 @@ class PageConverter:
 
     Keeps a per-type cache of the joined key, so the per-event cost is a handful of
     dict lookups and list appends; Arrow builds each column in one call. With
-    `numbers`, each payload is also classified (`payloads.classify`).
+    `numbers`, each payload is also classified (`payloads.classify_fast`).
     """
 
     def __init__(self, exclude: TypeFilter | None = None, numbers: bool = False):
@@ -144,7 +144,7 @@ class PageConverter:
             kinds = batch.column("payload_kind").to_pylist()
             texts = batch.column("payload_json").to_pylist()
             for kind, text in zip(kinds, texts, strict=True):
-                cls, found, skip = classify(kind, text)
+                cls, found, skip = classify_fast(kind, text)
                 classes.append(cls)
                 if found:
                     num_keys.extend(found)
@@ -194,7 +194,7 @@ class PageConverter:
             bin_types.append(bin_type)
             bins.append(data)
             if numbers:
-                cls, found, skip = classify(kind, text)
+                cls, found, skip = classify_fast(kind, text)
                 classes.append(cls)
                 if found:
                     num_keys.extend(found)

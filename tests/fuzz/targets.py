@@ -6,9 +6,12 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import collections
+import json
 import logging
 import pathlib
 import shutil
+import struct
 import tempfile
 from types import SimpleNamespace
 
@@ -35,6 +38,9 @@ from eventfleet_server.eventer.wire import (
     decode_register,
 )
 from eventfleet_server.jetstream import wire as jetstream_wire
+from eventfleet_server.jetstream.adapter import EngineBackend as JetstreamBackend
+from eventfleet_server.jetstream.config import JetstreamConfig
+from eventfleet_server.jetstream.scope import root_uuid
 from eventfleet_server.jetstream.server import JetstreamServer
 from eventfleet_server.jetstream.session import JetstreamProtocol
 from eventfleet_server.listener import Rejections, RejectReason, TokenPolicy
@@ -45,6 +51,10 @@ from eventfleet_server.replication.login import Credentials, FailedLogins, diges
 from eventfleet_server.replication.session import PublisherSession
 from eventfleet_server.storage import Storage
 from eventfleet_server.syncer import wire as syncer_wire
+
+# Inputs that got past the frame decoder, per target (the rest were refused as bad
+# frames): scripts/fuzz reports it, so a run's case count says how deep it went.
+REACHED: collections.Counter[str] = collections.Counter()
 
 
 class _Transport:
@@ -248,6 +258,10 @@ _QUIET.disabled = True
 
 class _Sent(list):
     def __call__(self, msg) -> None:
+        if isinstance(msg, str):  # a frame joined from a stored row: it must be one
+            replication_wire.decode(msg)
+            self.append(msg)
+            return
         self.append(replication_wire.encode(msg))  # a reply must be encodable
 
 
@@ -283,6 +297,7 @@ def replication_frame(data: bytes) -> None:
     msg = _replication_frame(data)
     if msg is None:
         return
+    REACHED["replication_frame"] += 1
     sent = _Sent()
     # The backend is never reached before login.
     session, rejections = _publisher_session(SimpleNamespace(tables={}, table_configs={}), sent)
@@ -307,7 +322,30 @@ REPLICATION_TABLES = {
 }
 
 
-class _Replica:
+class _Store:
+    """A real store and engine on a private event loop, in a temp dir."""
+
+    def __init__(self, prefix: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.fatal: list[str] = []  # the engine's writer stopped: a failure of the target
+        self.tasks = Tasks("fuzz", self.fatal.append)
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix=prefix))
+        self.storage = self.loop.run_until_complete(
+            Storage.open(self.dir / "e.sqlite", synchronous="OFF")
+        )
+        self.engine = Engine(self.storage, 1, tasks=self.tasks)
+        self.loop.run_until_complete(self.engine.start())
+        self.engine.set_operational()
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.stop())
+        self.loop.run_until_complete(self.storage.close())
+        self.loop.run_until_complete(self.tasks.close(5.0))
+        self.loop.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class _Replica(_Store):
     """A real store, engine and replication backend (EngineBackend) on a private event
     loop, in a temp dir; rebuilt once the fuzzer's writes make it large (bounded time per
     input: each session's ReplicateStart walks every row)."""
@@ -315,19 +353,10 @@ class _Replica:
     MAX_SEQ = 2000
 
     def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.fatal: list[str] = []  # the engine's writer stopped: a failure of the target
-        self.tasks = Tasks("fuzz", self.fatal.append)
-        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-fuzz-replica-"))
+        super().__init__("eventfleet-fuzz-replica-")
         config = ReplicationConfig.from_mapping(
             {"tables": [{"name": n, **t} for n, t in REPLICATION_TABLES.items()]}
         )
-        self.storage = self.loop.run_until_complete(
-            Storage.open(self.dir / "e.sqlite", synchronous="OFF")
-        )
-        self.engine = Engine(self.storage, 1, tasks=self.tasks)
-        self.loop.run_until_complete(self.engine.start())
-        self.engine.set_operational()
         self.backend = EngineBackend(self.engine, config)
         self.loop.run_until_complete(self._fill())
 
@@ -344,11 +373,7 @@ class _Replica:
 
     def close(self) -> None:
         self.backend.stop()
-        self.loop.run_until_complete(self.engine.stop())
-        self.loop.run_until_complete(self.storage.close())
-        self.loop.run_until_complete(self.tasks.close(5.0))
-        self.loop.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().close()
 
 
 _replica: _Replica | None = None
@@ -418,6 +443,7 @@ def replication_logged_in(data: bytes) -> None:
     msg = _replication_frame(data)
     if msg is None:
         return
+    REACHED["replication_logged_in"] += 1
     replica = _replica_now()
     sent = _Sent()
     session, rejections = _logged_in_session(replica, sent)
@@ -448,6 +474,7 @@ def jetstream_frame(data: bytes) -> None:
         messages = jetstream_wire.decode(_text(data))
     except jetstream_wire.WireError:
         return
+    REACHED["jetstream_frame"] += 1
     for m in messages:
         try:
             jetstream_wire.index_of(m)
@@ -477,6 +504,443 @@ def jetstream_frame(data: bytes) -> None:
         assert outlet.sent[0]["type"] == "SessionCreateReply" and "error" in outlet.sent[0]
 
 
+# -- Jetstream past the handshake ---------------------------------------------------------------
+
+# The replica's default classes (the demo's list) plus every other property kind the
+# server checks: a number, any JSON, a collection of primitives and a single reference.
+JETSTREAM_CLASSES = {
+    "List": {"title": "string", "items": ["Item"], "pinned": "Item"},
+    "Item": {
+        "text": "string",
+        "done": "boolean",
+        "created": "date",
+        "n": "number",
+        "extra": "any",
+        "tags": ["string"],
+    },
+}
+JETSTREAM_SCOPE = "s"
+
+
+def _strict_json(text: str):
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} in a frame sent to a client (not JSON)")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+class _Client:
+    """The Outlet of one client session: every frame must be what a websocket text frame
+    can carry (UTF-8) and what a browser's JSON.parse reads back."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict] = []
+        self.closed: tuple[int, str] | None = None
+
+    def send(self, messages: list[dict]) -> None:
+        text = jetstream_wire.encode(messages)
+        text.encode("utf-8")  # aiohttp's send_str, and the direct write, encode strictly
+        _strict_json(text)
+        self.sent.extend(messages)
+
+    def close(self, code: int, reason: str) -> None:
+        self.closed = (code, reason)
+
+
+class _JetstreamReplica(_Store):
+    """A real store and engine with the replica's Jetstream stack on top (the engine
+    backend and the protocol, configured from the replica's defaults), a scope with a
+    list of two items in it, and an observer session that fetched the scope, so every
+    accepted sync is fanned out to another client. Rebuilt after `MAX_SYNCS` stored syncs
+    (bounded time per input: a fetch loads the scope's latest events)."""
+
+    MAX_SYNCS = 500
+
+    def __init__(self) -> None:
+        super().__init__("eventfleet-fuzz-jetstream-")
+        defaults = config.load(None, environ={})["jetstream"]
+        self.config = config.build(JetstreamConfig, {**defaults, "classes": JETSTREAM_CLASSES})
+        self.rejections = Rejections("fuzz", logger=_QUIET)
+        self.backend = JetstreamBackend(
+            self.engine, self.config.type_prefix, self.config.model_schema()
+        )
+        server = SimpleNamespace(_tokens=TokenPolicy.of("secret"))
+        self.protocol = JetstreamProtocol(
+            self.backend,
+            authenticate=lambda presented: JetstreamServer._authenticate(server, presented),
+            reject=lambda reason, detail: self.rejections.reject(RejectReason(reason), detail),
+            scope_pattern=self.config.scope_pattern,
+            max_fragments=self.config.max_fragments,
+            resend_buffer=self.config.resend_buffer,
+            session_expiry=self.config.session_expiry,
+        )
+        self.backend.start(self.protocol.broadcast)
+        self.observer = _Client()
+        self.observer_session = self.loop.run_until_complete(self._fill())
+
+    async def _fill(self):
+        session = self.session(self.observer)
+        fetch = {"type": "ScopeFetch", "index": 1, "name": JETSTREAM_SCOPE}
+        await self.protocol.handle(session, fetch)
+        root = self.observer.sent[-1]["rootUUID"]
+        await self.protocol.handle(
+            session,
+            {
+                "type": "ScopeSync",
+                "index": 2,
+                "scopeIndex": 0,
+                "fragments": [
+                    {"type": "add", "clsName": "Item", "uuid": "i1", "properties": {"text": "a"}},
+                    {"type": "add", "clsName": "Item", "uuid": "i2", "properties": {"n": 2}},
+                    {
+                        "type": "change",
+                        "clsName": "List",
+                        "uuid": root,
+                        "properties": {"title": "t", "items": ["i1", "i2"], "pinned": "i1"},
+                    },
+                ],
+            },
+        )
+        await self.engine.flush()
+        assert self.observer.sent[-1]["fragmentReplies"] == [{}, {}, {}], self.observer.sent[-1]
+        assert not self.rejections.counts, self.rejections.counts
+        return session
+
+    def session(self, client: _Client):
+        session = self.protocol.create_session(
+            {"type": "SessionCreate", "version": "0.0.1", "params": {"token": "secret"}}, client
+        )
+        assert session is not None, client.sent
+        return session
+
+    def close(self) -> None:
+        self.protocol.close_all()
+        self.backend.stop()
+        super().close()
+
+
+_jetstream: _JetstreamReplica | None = None
+
+
+def _jetstream_now() -> _JetstreamReplica:
+    global _jetstream
+    if _jetstream is not None and _jetstream.protocol.syncs_applied > _JetstreamReplica.MAX_SYNCS:
+        _jetstream.close()
+        _jetstream = None
+    if _jetstream is None:
+        _jetstream = _JetstreamReplica()
+    return _jetstream
+
+
+def _index(message: dict) -> int | None:
+    try:
+        return jetstream_wire.index_of(message)
+    except jetstream_wire.WireError:
+        return None
+
+
+async def _handle_checked(js: _JetstreamReplica, session, client: _Client, message: dict) -> None:
+    """One client message, and what the protocol promises for it: a reply to every
+    ScopeFetch and ScopeSync (an error in it counted as one rejection), a counted
+    rejection for anything it cannot use, nothing for a resent index."""
+    rejected = sum(js.rejections.counts.values())
+    sent = len(client.sent)
+    seen = session.client_index
+    await js.protocol.handle(session, message)
+    await js.engine.flush()  # accepted writes commit and fan out to the observer
+    new = client.sent[sent:]
+    counted = sum(js.rejections.counts.values()) - rejected
+    kind, index = message["type"], _index(message)
+    if index is None:
+        assert counted == 1 and not new, (counted, new)
+        return
+    if index != 0 and index <= seen:
+        assert counted == 0 and not new, (counted, new)  # a resend: dropped
+        return
+    if kind == "Ping":
+        ack = message.get("ack")
+        bad = isinstance(ack, bool) or not isinstance(ack, int) or ack < 0
+        assert counted == bad, (counted, ack)
+        return
+    if kind not in ("ScopeFetch", "ScopeSync"):
+        assert counted == 1 and not new, (counted, new)
+        return
+    replies = [m for m in new if m["type"] == kind + "Reply"]
+    assert len(replies) == 1 and replies[0]["replyTo"] == index, new
+    reply = replies[0]
+    if kind == "ScopeFetch":
+        if "error" in reply:  # the one refusal; "scope-unavailable" is a store failure
+            assert reply["error"]["type"] == "invalid-scope-name", reply
+            assert counted == 1, counted
+        else:
+            assert counted == 0 and new[-1]["type"] == "ScopeState", new
+        return
+    errors = [r["error"] for r in reply["fragmentReplies"] if "error" in r]
+    # "could-not-apply-sync-message": the store refused what the checks accepted.
+    assert all(e["type"] != "could-not-apply-sync-message" for e in errors), errors
+    fragments = message.get("fragments")
+    # An empty sync of a scope never fetched is refused with nothing to carry the error.
+    empty_unknown = fragments == [] and not _fetched(js, session, message.get("scopeIndex"))
+    refused = bool(errors) or not isinstance(fragments, list) or empty_unknown
+    assert counted == refused, (counted, errors)
+
+
+def _fetched(js: _JetstreamReplica, session, scope_index) -> bool:
+    if isinstance(scope_index, bool) or not isinstance(scope_index, int):
+        return False
+    if not 0 <= scope_index < len(session.scopes) or session.scopes[scope_index] is None:
+        return False
+    return js.backend.scope(session.scopes[scope_index]) is not None
+
+
+async def _check_scopes_match_the_store(js: _JetstreamReplica, session) -> None:
+    """Every scope the session fetched holds what a fresh load from the store holds: the
+    in-memory models (checked against by the next sync) never drift from what was stored."""
+    fresh = JetstreamBackend(js.engine, js.config.type_prefix, js.config.model_schema())
+    for name in {n for n in session.scopes if n is not None}:
+        cached = js.backend.scope(name)
+        loaded = await fresh.open_scope(name)
+        assert {u: (m.cls_name, m.properties) for u, m in cached.models.items()} == {
+            u: (m.cls_name, m.properties) for u, m in loaded.models.items()
+        }, name
+        # Every reference names a model as it is stored (uuids are kept lower-case):
+        # one the checks resolved but a ScopeState could not would drop out of the state.
+        for uid, model in cached.models.items():
+            for ref in cached._references(model.cls_name, model.properties):
+                assert ref == ref.lower(), (uid, model.properties)
+
+
+async def _session_messages(js: _JetstreamReplica, messages: list[dict]) -> None:
+    client = _Client()
+    session = js.session(client)
+    try:
+        await _handle_checked(
+            js, session, client, {"type": "ScopeFetch", "index": 1, "name": JETSTREAM_SCOPE}
+        )
+        for message in messages:
+            await _handle_checked(js, session, client, message)
+        await _check_scopes_match_the_store(js, session)
+        assert client.closed is None, client.closed  # no client message ends a session
+    finally:
+        js.protocol.expire(session)
+    assert js.observer.closed is None, js.observer.closed
+    assert not js.fatal and not js.engine.callback_failures, (js.fatal, js.engine.callback_failures)
+    assert not js.observer_session.expired
+
+
+def _run_session(target: str, messages: list[dict]) -> None:
+    REACHED[target] += 1
+    js = _jetstream_now()
+    js.loop.run_until_complete(_session_messages(js, messages))
+
+
+def close_jetstream() -> None:
+    """Close the replica behind the Jetstream session targets, if one was made."""
+    global _jetstream
+    if _jetstream is not None:
+        _jetstream.close()
+        _jetstream = None
+
+
+def jetstream_session(data: bytes) -> None:
+    """A Jetstream frame from a client whose session exists (SessionCreate with the right
+    token, the scope fetched) on a real replica's Jetstream stack (store, engine, engine
+    backend, protocol): any messages — ScopeFetch, ScopeSync, Ping, others —, each handled
+    and committed, accepted changes fanned out to another session. The only acceptable
+    refusal is the protocol's (a reply and one counted rejection, or for messages without
+    a reply a counted rejection); any exception, a frame a client could not read, a
+    callback failure in the engine or a scope that differs from the store fails it."""
+    try:
+        messages = jetstream_wire.decode(_text(data))
+    except jetstream_wire.WireError:
+        return  # the server's bad_frame refusal, before the protocol
+    shifted = [{**m, "index": m["index"] + 1} if _index(m) else m for m in messages]
+    _run_session("jetstream_session", shifted)
+
+
+def jetstream_scope_sync(data: bytes) -> None:
+    """A ScopeSync on the fetched scope whose fragments (JSON text that is not an object)
+    or fields (an object: fragments, atomic, scopeIndex…, read after the defaults so they
+    win) are the fuzzed text, in a frame decoded as the server does; checked as
+    `jetstream_session`. Puts the fuzzer straight at the fragment checks."""
+    text = _text(data).strip()
+    head = '{"type":"ScopeSync","index":2,"scopeIndex":0,'
+    frame = head + text[1:] if text.startswith("{") else head + '"fragments":' + text + "}"
+    try:
+        messages = jetstream_wire.decode(frame)
+    except jetstream_wire.WireError:
+        return
+    _run_session("jetstream_scope_sync", messages)
+
+
+def jetstream_scope_fetch(data: bytes) -> None:
+    """A ScopeFetch whose name is the fuzzed text, then a ScopeSync of the new scope's root
+    on it; checked as `jetstream_session`."""
+    name = _text(data)
+    _run_session(
+        "jetstream_scope_fetch",
+        [
+            {"type": "ScopeFetch", "index": 2, "name": name},
+            {
+                "type": "ScopeSync",
+                "index": 3,
+                "scopeIndex": 1,
+                "fragments": [
+                    {"type": "add", "clsName": "Item", "uuid": "x1", "properties": {"text": name}},
+                    {
+                        "type": "change",
+                        "clsName": "List",
+                        "uuid": jetstream_root(name),
+                        "properties": {"title": name, "items": ["x1"]},
+                    },
+                ],
+            },
+        ],
+    )
+
+
+class _Choices:
+    """Fuzz bytes read as a series of choices (0 once they run out): a byte-driven builder
+    of well-formed messages, so that every input reaches the session, not the JSON syntax."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def byte(self) -> int:
+        b = self.data[self.pos] if self.pos < len(self.data) else 0
+        self.pos += 1
+        return b
+
+    def pick(self, options: list):
+        return options[self.byte() % len(options)]
+
+    def text(self) -> str:
+        """Up to 12 UTF-16 code units, lone surrogates included (JSON can carry them)."""
+        n = 2 * (self.byte() % 13)
+        raw = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return raw[: len(raw) // 2 * 2].decode("utf-16-le", "surrogatepass")
+
+    def number(self):
+        kind = self.byte() % 6
+        if kind == 0:
+            return self.byte() - 128
+        if kind == 1:
+            return 10 ** (2 * self.byte()) * self.pick([1, -1])  # to 10**510: past a double
+        if kind == 2:
+            b = bytes(self.byte() for _ in range(8))
+            return struct.unpack("<d", b)[0]  # any double, NaN and infinities included
+        if kind == 3:
+            return self.byte() * 1e12 + 0.5
+        if kind == 4:
+            return 2**53 + self.byte()
+        return 0
+
+    def value(self, depth: int = 0):
+        kind = self.byte() % (10 if depth < 3 else 7)
+        if kind == 0:
+            return None
+        if kind == 1:
+            return bool(self.byte() & 1)
+        if kind == 2:
+            return self.number()
+        if kind == 3:
+            return self.text()
+        if kind == 4:
+            return self.pick(["i1", "i2", "i3", "I2", jetstream_root(JETSTREAM_SCOPE), "x-1"])
+        if kind == 5:
+            return self.pick(["2026-11-27T04:00:00Z", "2026-11-27", "0001-01-01T00:00:00+14:00"])
+        if kind == 6:
+            return self.pick(["", "*", "?", "a" * 65, "é", "\u2028"])
+        if kind in (7, 8):
+            return [self.value(depth + 1) for _ in range(self.byte() % 4)]
+        keys = ["title", "items", "pinned", "text", "done", "created", "n", "extra", "tags"]
+        return {
+            self.pick([*keys, self.text()]): self.value(depth + 1) for _ in range(self.byte() % 4)
+        }
+
+    def uuid(self) -> str:
+        root = jetstream_root(JETSTREAM_SCOPE)
+        return self.pick([root, "i1", "i1", "i2", "i2", "i3", "n1", "n2", "I1", self.text()])
+
+    def property(self, key: str):
+        """Mostly a value of the key's declared kind (so that whole fragments pass and
+        reach the store and the fan-out), else any value."""
+        if self.byte() % 4 == 0:
+            return self.value()
+        kinds = {
+            "title": self.text,
+            "text": self.text,
+            "done": lambda: bool(self.byte() & 1),
+            "created": lambda: self.pick([self.number(), self.value()]),
+            "n": self.number,
+            "extra": self.value,
+            "tags": lambda: [self.text() for _ in range(self.byte() % 3)],
+            "items": lambda: [self.uuid() for _ in range(self.byte() % 4)],
+            "pinned": self.uuid,
+        }
+        return kinds.get(key, self.value)()
+
+    def fragment(self):
+        keys = ["title", "items", "pinned", "text", "done", "created", "n", "extra", "tags"]
+        fragment = {
+            "type": self.pick(["add", "add", "change", "change", "remove", self.text()]),
+            "clsName": self.pick(["List", "Item", "Item", self.text(), None]),
+            "uuid": self.uuid(),
+        }
+        shape = self.byte() % 8
+        if shape < 6:
+            names = [self.pick([*keys, *keys, self.text()]) for _ in range(self.byte() % 5)]
+            fragment["properties"] = {k: self.property(k) for k in names}
+        elif shape == 6:
+            fragment["properties"] = self.value()
+        return fragment
+
+    def message(self) -> dict:
+        kind = self.byte() % 8
+        index = self.pick([2, 3, 4, 5, 0, 1, -1, "2", None, 2.0])
+        if kind < 5:
+            message = {
+                "type": "ScopeSync",
+                "index": index,
+                "scopeIndex": self.pick([0, 0, 0, 1, 2, -1, "0", None, True]),
+                "fragments": [self.fragment() for _ in range(self.byte() % 7)],
+            }
+            atomic = self.byte() % 4
+            if atomic < 3:
+                message["atomic"] = [False, True, self.value()][atomic]
+            return message
+        if kind == 5:
+            name = self.pick([JETSTREAM_SCOPE, "t", "u.v:w-x_y", "", "*", "a" * 101, self.text()])
+            return {"type": "ScopeFetch", "index": index, "name": name}
+        if kind == 6:
+            return {"type": "Ping", "index": 0, "ack": self.value(), "resendMissing": self.value()}
+        return {"type": self.pick(["SessionCreate", "Nope", self.text()]), "index": index}
+
+
+def jetstream_built(data: bytes) -> None:
+    """Up to four well-formed Jetstream messages built from the fuzz bytes (`_Choices`:
+    syncs of adds and changes with properties of every JSON kind — numbers beyond a double,
+    NaN, lone surrogates, the scope's own uuids and references —, fetches, Pings), sent as
+    one JSON frame in a session on the fetched scope; checked as `jetstream_session`.
+    Random bytes rarely make JSON: this target spends every case past the decoder."""
+    choices = _Choices(data)
+    messages = [choices.message() for _ in range(1 + choices.byte() % 4)]
+    frame = json.dumps(messages)  # NaN and Infinity as Python writes them: the wire refuses
+    try:
+        decoded = jetstream_wire.decode(frame)
+    except jetstream_wire.WireError:
+        assert "NaN" in frame or "Infinity" in frame, frame  # nothing else is refused
+        return
+    _run_session("jetstream_built", decoded)
+
+
+def jetstream_root(name: str) -> str:
+    """The root uuid of scope `name` on the fuzz replica."""
+    return root_uuid((), name)
+
+
 TARGETS = {
     "chatter_frames": chatter_frames,
     "chatter_large_msg": chatter_large_msg,
@@ -492,4 +956,8 @@ TARGETS = {
     "replication_frame": replication_frame,
     "replication_logged_in": replication_logged_in,
     "jetstream_frame": jetstream_frame,
+    "jetstream_session": jetstream_session,
+    "jetstream_scope_sync": jetstream_scope_sync,
+    "jetstream_scope_fetch": jetstream_scope_fetch,
+    "jetstream_built": jetstream_built,
 }

@@ -14,6 +14,7 @@ import asyncio
 import datetime
 import json
 import os
+import pathlib
 
 import pytest
 import yaml
@@ -45,9 +46,11 @@ from tests.fuzz import targets
 @pytest.fixture(scope="module", autouse=True)
 def _close_fuzz_replica():
     """The logged-in Replication target keeps a real store open between examples; close it
-    after the module, or pytest cannot exit (its worker threads are not daemons)."""
+    after the module, or pytest cannot exit (its worker threads are not daemons); the
+    Jetstream session targets' replica likewise."""
     yield
     targets.close_replica()
+    targets.close_jetstream()
 
 
 EXAMPLES = int(os.environ.get("EVENTFLEET_FUZZ_EXAMPLES", "200"))
@@ -630,3 +633,100 @@ def test_structured_jetstream_frames(msgs, single):
 )
 def test_mutated_jetstream_frames(data):
     targets.jetstream_frame(data)
+
+
+# -- Jetstream past the handshake ---------------------------------------------------------------
+
+ROOT_S = targets.jetstream_root(targets.JETSTREAM_SCOPE)
+# Model uuids: the scope's own (the root, the two items), new valid ones, and anything.
+model_uuids = st.sampled_from([ROOT_S, "i1", "i2", "i3", "I1", "x-1_Y"]) | json_text
+property_values = (
+    st.sampled_from(
+        [ROOT_S, "i1", "i2", "i3", ["i1"], ["i1", "i3"], "2026-11-27T04:00:00Z", 1.5, True, 10**400]
+    )
+    | json_values
+)
+fragments = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["add", "change", "remove"]) | json_values,
+        "clsName": st.sampled_from(["List", "Item"]) | json_values,
+        "uuid": model_uuids,
+    },
+    optional={
+        "properties": st.dictionaries(
+            st.sampled_from(
+                ["title", "items", "pinned", "text", "done", "created", "n", "extra", "tags"]
+            )
+            | json_text,
+            property_values,
+            max_size=4,
+        )
+        | json_values
+    },
+)
+jetstream_after_session = st.fixed_dictionaries(
+    {
+        "type": st.sampled_from(["ScopeSync", "ScopeFetch", "Ping", "SessionCreate"]) | json_text,
+        "index": st.integers(-1, 5) | json_values,
+    },
+    optional={
+        "scopeIndex": st.integers(-1, 2) | json_values,
+        "fragments": st.lists(fragments, max_size=4) | json_values,
+        "atomic": st.booleans() | json_values,
+        "name": st.sampled_from(["s", "t", "", "*", "a" * 101]) | json_text,
+        "ack": st.integers(-1, 10) | json_values,
+        "resendMissing": st.booleans() | json_values,
+    },
+)
+
+
+@FUZZ
+@given(msgs=st.lists(jetstream_after_session, min_size=1, max_size=3))
+def test_structured_jetstream_messages_in_a_session(msgs):
+    targets.jetstream_session(json.dumps(msgs).encode())
+
+
+@FUZZ
+@given(frags=st.lists(fragments, max_size=5), atomic=st.booleans())
+def test_structured_jetstream_syncs(frags, atomic):
+    targets.jetstream_scope_sync(json.dumps({"fragments": frags, "atomic": atomic}).encode())
+
+
+@FUZZ
+@given(
+    data=mutated(
+        st.lists(jetstream_after_session, min_size=1, max_size=3).map(
+            lambda m: json.dumps(m).encode()
+        )
+    )
+)
+def test_mutated_jetstream_messages_in_a_session(data):
+    targets.jetstream_session(data)
+
+
+# -- kept inputs -------------------------------------------------------------------------------
+
+FUZZ_DIR = pathlib.Path(__file__).parent
+KEPT = sorted(
+    (kind, path)
+    for kind in ("corpus", "regressions")
+    for path in (FUZZ_DIR / kind).glob("*/*")
+    if path.is_file()
+)
+
+
+@pytest.mark.parametrize(
+    "path", [p for _, p in KEPT], ids=[f"{k}/{p.parent.name}/{p.name}" for k, p in KEPT]
+)
+def test_kept_inputs(path):
+    """The seeds (tests/fuzz/corpus/TARGET/) and every input of a past finding
+    (tests/fuzz/regressions/TARGET/) pass their target: a finding stays fixed."""
+    targets.TARGETS[path.parent.name](path.read_bytes())
+
+
+def test_kept_inputs_are_found():
+    assert {p.parent.name for k, p in KEPT if k == "corpus"} >= {
+        "jetstream_session",
+        "jetstream_scope_sync",
+        "jetstream_scope_fetch",
+    }

@@ -396,3 +396,58 @@ def test_state_encoding_is_cached_until_the_scope_changes():
     assert scope.state()[1] is first[1]
     scope.apply([ModelRecord("List", ROOT, {"title": "t"}, (1,))])
     assert scope.state()[1] != first[1] and '"title":"t"' in scope.state()[1]
+
+
+# -- found by fuzzing (tests/fuzz: jetstream_scope_sync, docs/security.md) -------------------
+
+
+@pytest.mark.parametrize("big", [10**400, -(10**309)], ids=["1e400", "-1e309"])
+def test_a_number_beyond_a_double_is_a_refused_property_not_an_exception(big):
+    # JSON text may carry an integer of hundreds of digits: math.isfinite raised
+    # OverflowError out of the sync, the connection ended without a reply.
+    scope = Scope("s", ROOT, SCHEMA)
+    plan = scope.plan_sync([add_item("b1", created=big), set_items("b1")], atomic=False)
+    assert plan.replies[0]["error"]["type"] == "invalid-property"
+    assert "finite date" in plan.replies[0]["error"]["message"]
+    number = ModelSchema.parse({"R": {"n": "number"}}, "R")
+    assert "finite number" in number.check_properties("R", {"n": big})
+    assert number.check_properties("R", {"n": 2**53}) is None
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json(constant):
+    # Python's json reads them; stored under an "any" property, every frame carrying the
+    # model would be unreadable for a client's JSON.parse.
+    from eventfleet_server.jetstream import wire
+
+    frame = '{"type":"ScopeSync","index":2,"scopeIndex":0,"fragments":[{"x":' + constant + "}]}"
+    with pytest.raises(wire.WireError, match=f"{constant} is not JSON") as e:
+        wire.decode(frame)
+    assert e.value.type == "invalid-json"
+
+
+def test_lone_surrogates_are_sent_as_json_escapes():
+    # JSON can carry "\ud800" (a client's sync, an Eventer event's payload); a text frame
+    # must be UTF-8: the fan-out and every later ScopeState of the scope raised
+    # UnicodeEncodeError.
+    import json
+
+    from eventfleet_server.jetstream import wire
+
+    frags = [{"type": "add", "uuid": "a1", "clsName": "Item", "properties": {"text": "é\ud800"}}]
+    for message in (wire.scope_sync(1, frags), wire.scope_sync(1, frags, wire.dumps(frags))):
+        message["index"] = 3
+        sent = json.loads(wire.encode([message]).encode("utf-8"))
+        assert sent[0]["fragments"] == frags
+    assert wire.dumps({"t": "é"}) == '{"t":"é"}'  # other non-ASCII text stays as it is
+
+
+def test_upper_case_references_are_stored_as_the_uuids_they_name():
+    # Found by the jetstream_built fuzz target: references resolve case-blind, model uuids
+    # are stored lower-case; a reference kept as sent ("A2") hid its model from ScopeState.
+    scope = Scope("s", ROOT, SCHEMA)
+    plan = scope.plan_sync([add_item("A2", "milk"), set_items("A2")], atomic=False)
+    assert plan.replies == [{}, {}]
+    assert {w.uuid: w.properties for w in plan.writes}[ROOT] == {"items": ["a2"]}
+    scope.apply([ModelRecord(w.cls_name, w.uuid, w.properties, (1,)) for w in plan.writes])
+    assert [f["uuid"] for f in scope.state_fragments()] == [ROOT, "a2"]

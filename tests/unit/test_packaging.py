@@ -71,6 +71,8 @@ def test_wheel_installs_only_the_project_packages(wheel):
         # Package data that the code loads at run time is in.
         assert any(n.startswith("eventfleet_server/") and n.endswith(".sbs") for n in names)
         assert "eventfleet_server/config/schema.json" in names
+        # The operator reads its spec defaults from its copy of the EventServer CRD.
+        assert "eventfleet_operator/eventfleet.io_eventservers.yaml" in names
 
 
 def test_wheel_metadata_has_the_spdx_licence(wheel):

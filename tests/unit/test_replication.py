@@ -22,7 +22,7 @@ from eventfleet_server.replication.login import (
     check_login,
     digest,
 )
-from eventfleet_server.replication.table import Tables, row_key
+from eventfleet_server.replication.table import Tables, dumps_row, encode_columns, row_key
 
 
 class Clock:
@@ -122,6 +122,33 @@ def test_codec_errors_name_the_problem():
     assert wire.error_reply(None, "bad") == {"mt": "Error", "error": "bad"}
 
 
+@pytest.mark.parametrize(
+    "request_",
+    [
+        {"mt": "ReplicateNext", "api": "t", "src": "next"},
+        {"mt": "ReplicateNext", "api": "t"},
+        {"mt": "ReplicateNext", "api": "t", "src": None},
+        {"mt": "ReplicateNext", "api": "t", "src": 7},
+        {"mt": "ReplicateNext", "api": "t", "src": True},  # not cached as the 1 above
+        {"mt": "ReplicateNext", "api": "t", "src": 1},
+        {"mt": "ReplicateNext", "api": "t", "src": {"n": [1, "ü"]}},  # not hashable
+        {"mt": "ReplicateNext", "src": "s"},
+    ],
+)
+def test_frames_with_a_stored_row_are_what_encode_makes(request_):
+    columns = {"id": "k1", "name": 'ünï "q"', "n": 1.5, "x": None, "l": [1, {"a": 2}]}
+    text = encode_columns(columns)
+    for _ in range(2):  # the second time from the cached head
+        assert wire.reply_with_row(request_, "ReplicateNextResult", 42, text) == wire.encode(
+            wire.reply(request_, "ReplicateNextResult", usn=42, columns=columns)
+        )
+    assert wire.push_with_row("t", "ReplicateAdd", 9, text) == wire.encode(
+        {"api": "t", "mt": "ReplicateAdd", "usn": 9, "columns": columns}
+    )
+    assert encode_columns(None) is None
+    assert encode_columns({"bad": {1, 2}}) is None  # the session encodes (and reports) it
+
+
 def ev(instance, key, payload, ts=None, server=1):
     return Event(
         EventId(server, instance, instance),
@@ -155,6 +182,7 @@ def test_row_index_keeps_the_latest_event_per_row():
         == []
     )
     assert users.rows["a"].seq == 1
+    assert users.rows["a"].text == '{"id":"a","n":1}' == changes[0].after_text
     # Tombstone and a payload that is not a JSON object both delete the row.
     [c] = tables.apply([(5, ev(10, "a", None))])
     assert c.before == {"id": "a", "n": 1} and c.after is None
@@ -162,6 +190,18 @@ def test_row_index_keeps_the_latest_event_per_row():
     assert c.after is None
     assert users.snapshot() == {}
     assert users.changed_since(4) == [(5, "a"), (6, "b")]
+
+
+def test_rows_written_here_keep_the_text_they_were_stored_with():
+    tables = Tables(["replication"], [("users", "id")])
+    columns = {"id": "a", "name": "ü"}
+    text = dumps_row(columns)
+    event = ev(1, "a", EventPayloadJson(text))
+    [change] = tables.apply([(1, event)], lambda event_id: (columns, text))
+    assert change.after_text is text and tables["users"].rows["a"].text is text
+    # Without the key column the row is completed, and so encoded again.
+    [change] = tables.apply([(2, ev(2, "a", None))], lambda event_id: ({"name": "x"}, "{}"))
+    assert change.after_text == '{"name":"x","id":"a"}'
 
 
 def test_row_key():

@@ -38,6 +38,7 @@ from eventfleet_server.storage import (
     Storage,
     StorageError,
     StorageStats,
+    merge_rows,
 )
 from eventfleet_server.storage import backend as storage_backend
 from eventfleet_server.storage import (
@@ -764,16 +765,64 @@ async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_
         await storage.close()
 
 
-async def test_bus_records_are_stored_beside_their_events(storage):
-    """The Event BUS's hook (events.bus): set after commit by seq, read back by seq."""
-    inserted = await storage.write(make_events(4))
-    seqs = [seq for seq, _ in inserted]
-    assert await storage.read_bus_since_seq(0, 10) == [(s, None) for s in seqs]
-    await storage.set_bus_records([(seqs[1], b"\x82\xa1a\x01"), (seqs[3], b"rec"), (999, b"x")])
-    assert await storage.read_bus_since_seq(seqs[0], 2) == [
-        (seqs[1], b"\x82\xa1a\x01"),
-        (seqs[2], None),
+async def test_bus_records_are_written_in_the_insert_of_their_events(storage):
+    """events.bus: the recorder's record of each event is stored by the write that
+    inserts the event (events and merge rows), None as NULL; the snapshot read gives the
+    record, and the payload only where no record is stored."""
+    given = []
+
+    def of_events(batch):
+        given.append(list(batch))
+        return [b"r%d" % e.id.instance if e.id.instance % 2 else None for e in batch]
+
+    storage.set_bus_recorder(
+        of_events, lambda rows: [b"m%d" % r[merge_rows.INSTANCE] for r in rows]
+    )
+    evs = make_events(3, payload=EventPayloadJson('{"v": 1}'))
+    inserted = await storage.write(evs)
+    assert given == [evs]
+    rows = [
+        [None, 2, 1, i, ("m",), 5_000_000, None, 2, None, f'{{"m": {i}}}', b"sbs"] for i in (1, 2)
     ]
-    assert await storage.read_bus_since_seq(seqs[2], 10) == [(seqs[3], b"rec")]
-    # The events themselves and their SBS bytes are untouched.
-    assert [e for _, e in await storage.read_since_seq(0, 10)] == [e for _, e in inserted]
+    merged = await storage.write_rows(rows)
+    assert [r[merge_rows.BUS] for r in merged] == [b"m1", b"m2"]
+    assert [e for _, e in await storage.read_since_seq(0, 3)] == [e for _, e in inserted]
+
+    got, columns = await storage.read_bus_since_seq(0, 10)
+    assert got == [(1, 0, b"r1"), (2, 0, None), (3, 0, b"r3"), (4, 1, b"m1"), (5, 1, b"m2")]
+    assert [storage.type_of(t) for _, t, _ in got] == [("a",)] * 3 + [("m",)] * 2
+    # Only the row without a record comes with the columns it is built from.
+    assert columns == {2: (1, 1, 2, 1_001_000_000, 999_000_005, None, '{"v": 1}')}
+    assert await storage.read_bus_since_seq(3, 1) == ([got[3]], {})
+
+    # No recorder: NULL.
+    storage.set_bus_recorder(None, None)
+    await storage.write(make_events(1, start=10))
+    assert (await storage.read_bus_since_seq(5, 10))[0][0][2] is None
+
+
+async def test_a_failing_bus_recorder_stores_no_records_and_the_write_succeeds(storage, caplog):
+    def broken(items):
+        raise RuntimeError("recorder bug")
+
+    storage.set_bus_recorder(broken, lambda rows: [b"short"])  # one record for two rows
+    inserted = await storage.write(make_events(2))
+    rows = [[None, 2, 1, i, ("m",), 5_000_000, None, 0, None, None, b"s"] for i in (1, 2)]
+    merged = await storage.write_rows(rows)
+    assert len(inserted) == 2 and len(merged) == 2
+    assert [r[2] for r in (await storage.read_bus_since_seq(0, 10))[0]] == [None] * 4
+    assert storage.bus_recorder_failures == 2
+    assert "BUS recorder failed" in caplog.text and "recorder bug" in caplog.text
+
+
+async def test_a_failed_write_gives_rows_with_records_back_as_given(storage):
+    storage.set_bus_recorder(None, lambda rows: [b"rec"] * len(rows))
+    good = [[None, 2, 1, i, ("m",), 5_000_000, None, 0, None, None, b"s"] for i in (1, 2)]
+    bad = [[None, 2, 1, 3, ("m", 7), 5_000_000, None, 0, None, None, b"s"]]  # not a type
+    given = [list(r) for r in good + bad]
+    with pytest.raises(StorageError, match="segment 1 7"):
+        await storage.write_rows(good + bad)
+    assert good + bad == given  # no sequence number, the type, no BUS slot
+    inserted = await storage.write_rows(good)
+    assert [r[merge_rows.BUS] for r in inserted] == [b"rec", b"rec"]
+    assert [rec for _, _, rec in (await storage.read_bus_since_seq(0, 10))[0]] == [b"rec"] * 2

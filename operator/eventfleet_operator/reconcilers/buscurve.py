@@ -14,8 +14,11 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+from collections.abc import Sequence
+from typing import Any
 
 from eventfleet_operator import builders, buskeys, kube, model, naming
+from eventfleet_operator import status as status_mod
 from eventfleet_operator.reconcilers.children import Context, Emit, apply_child, remove_child
 
 
@@ -43,6 +46,20 @@ async def reconcile(
         ctx, builders.bus_curve_secret(spec, pair.secret_z85, pair.public_z85), log, emit, version
     )
     return {"secretName": name, "publicKey": pair.public_z85}
+
+
+def serving(
+    bus_curve: dict[str, str] | None, peers: Sequence[status_mod.PeerReport]
+) -> dict[str, Any] | None:
+    """``status.busCurve`` with ``replicasServing``: how many of the replicas that
+    answered serve its public key to new connections. After a rotation it climbs to
+    ``spec.replicas`` as the kubelet delivers the new key file to each pod; until then
+    some replicas still refuse clients that already use the new key."""
+    if bus_curve is None:
+        return None
+    key = bus_curve["publicKey"]
+    count = sum(1 for p in peers if p.status is not None and p.status.bus_curve_key == key)
+    return {**bus_curve, "replicasServing": count}
 
 
 def stored_pair(live: dict | None) -> tuple[buskeys.KeyPair | None, str]:

@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from eventfleet_operator import kube, metrics, naming
+from eventfleet_operator import crd, kube, metrics, naming
 from eventfleet_operator.constants import Operation
 from eventfleet_operator.reconcilers.children import Context, delete_owned
 
@@ -21,10 +21,9 @@ async def cleanup(ctx: Context, body: Mapping[str, Any], log: logging.Logger) ->
     """Delete every child explicitly: garbage collection may not run (or not yet)."""
     meta = body["metadata"]
     name, namespace = meta["name"], meta["namespace"]
-    spec = body.get("spec") or {}
-    when_deleted = ((spec.get("storage") or {}).get("retentionPolicy") or {}).get(
-        "whenDeleted", "Retain"
-    )
+    # The CRD's defaults, without the parser's checks (a spec that fails them still goes).
+    spec = crd.with_defaults(body.get("spec") or {})
+    when_deleted = ((spec.get("storage") or {}).get("retentionPolicy") or {}).get("whenDeleted")
     token_ref = ((spec.get("token") or {}).get("secretRef") or {}).get("name")
     peer_token_ref = ((spec.get("peerToken") or {}).get("secretRef") or {}).get("name")
     uid = meta.get("uid", "")

@@ -53,16 +53,8 @@ async def roll(
         return plan
     name = naming.pod(spec.name, ordinal)
     if plan.check_first:
-        claim_exists = volumes.claim_check(ctx, spec)
-
         problem = await scaling.check_leaving(
-            spec,
-            ordinal,
-            endpoints=ctx.endpoints,
-            client=ctx.replicas,
-            claim_exists=claim_exists,
-            remaining=range(plan.replicas),
-            token=token,
+            spec, ordinal, volumes.reach(ctx, spec, token), remaining=range(plan.replicas)
         )
         if problem is not None:
             log.warning("not replacing %s yet: %s", name, problem.message)

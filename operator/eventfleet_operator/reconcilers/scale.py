@@ -56,16 +56,7 @@ async def flush_on_request(
     if not request or (previous.get("lastFlush") or {}).get("requested") == request:
         return None
 
-    claim_exists = volumes.claim_check(ctx, spec)
-
-    problem = await scaling.verify_all(
-        spec,
-        count,
-        endpoints=ctx.endpoints,
-        client=ctx.replicas,
-        claim_exists=claim_exists,
-        token=token,
-    )
+    problem = await scaling.verify_all(spec, count, volumes.reach(ctx, spec, token))
     if problem is None:
         result, message = "Verified", f"all {count} replicas hold each other's events"
         emit(EventType.NORMAL, Reason.FLUSH_VERIFIED, message)
@@ -94,15 +85,7 @@ async def decide(
     are not verified elsewhere (hibernation: down to zero under the same rule)."""
     force = (meta.get("annotations") or {}).get(scaling.FORCE_ANNOTATION, "").lower() == "true"
     planner = scaling.plan_hibernation if spec.hibernate else scaling.plan
-    decision = await planner(
-        spec,
-        current,
-        endpoints=ctx.endpoints,
-        client=ctx.replicas,
-        claim_exists=volumes.claim_check(ctx, spec),
-        force=force,
-        token=token,
-    )
+    decision = await planner(spec, current, volumes.reach(ctx, spec, token), force=force)
     if decision.held:
         log.warning("scale-down held: %s", decision.message)
     return decision

@@ -11,28 +11,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from eventfleet_operator import builders, kube, model, naming, volumes
+from eventfleet_operator import builders, kube, model, naming, scaling, volumes
 from eventfleet_operator import status as status_mod
 from eventfleet_operator.constants import ConditionStatus, ConditionType, EventType, Reason
 from eventfleet_operator.reconcilers.children import Context, Emit
 
 
-async def claim_exists(ctx: Context, spec: model.FleetSpec, ordinal: int) -> bool:
-    """Does replica ``ordinal`` have its claim (``data-NAME-N``)?"""
-    claim = f"data-{naming.pod(spec.name, ordinal)}"
-    return await ctx.kube.get(kube.PVCS, spec.namespace, claim) is not None
+def reach(ctx: Context, spec: model.FleetSpec, token: str | None) -> scaling.Reach:
+    """How :mod:`scaling`'s checks reach this fleet's replicas; a replica that does not
+    answer counts as holding nothing when its claim (``data-NAME-N``) does not exist."""
 
+    async def claim_exists(ordinal: int) -> bool:
+        claim = f"data-{naming.pod(spec.name, ordinal)}"
+        return await ctx.kube.get(kube.PVCS, spec.namespace, claim) is not None
 
-def claim_check(ctx: Context, spec: model.FleetSpec) -> Callable[[int], Awaitable[bool]]:
-    """:func:`claim_exists` bound to one fleet: what :mod:`scaling`'s checks call."""
-
-    async def exists(ordinal: int) -> bool:
-        return await claim_exists(ctx, spec, ordinal)
-
-    return exists
+    return scaling.Reach(ctx.endpoints, ctx.replicas, claim_exists, token)
 
 
 @dataclasses.dataclass(frozen=True)

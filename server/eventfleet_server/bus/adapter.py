@@ -4,6 +4,14 @@
   `engine.add_sequence_listener` after every commit (own registrations and Syncer
   merges), so it is persistent, strictly increasing and in commit order. Every event is
   broadcast from that callback: persisted before broadcast, once, in order.
+- Records: every BUS event is encoded for the wire once. A PUB's frames are made when it
+  is parsed; at commit the storage asks `_records_of_events` / `_records_of_rows` for
+  each event's record (`mapping.pack_record`) and stores it in the event's own INSERT
+  (``events.bus``); the BROADCAST after the commit sends those frames, and a snapshot
+  sends the stored records. Envelopes merged from peers get their frames once, at their
+  commit, the same way, while someone subscribes (the BROADCAST needs them then). Events
+  without a stored record (not BUS envelopes, a peer's merged while nobody subscribed,
+  stores written before records were stored) are built from their columns when read.
 - Dedup: a PUB whose UUID this replica holds is dropped silently. Recent UUIDs live in
   memory; every client UUID (also those of events merged from peers) is indexed in the
   store's ``event_keys`` table after commit, and the index catches up from the events
@@ -23,6 +31,8 @@ from eventfleet_server.bus.server import BusServer, Item, PublishResult
 from eventfleet_server.common.aiotasks import Tasks
 from eventfleet_server.common.model import Event, EventId, EventType
 from eventfleet_server.engine import Engine, EngineError, RegisterError
+from eventfleet_server.storage import merge_rows
+from eventfleet_server.storage.events import KIND_BINARY, KIND_JSON
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +72,13 @@ class EngineAdapter:
         self._head = 0
         self._recent: OrderedDict[str, None] = OrderedDict()
         self._recent_max = dedup_memory
-        # (client UUID, frames) of our own PUB registrations, waiting for their commit:
-        # a PUB is encoded for the wire once, when it is parsed.
-        self._own: dict[EventId, tuple[str, Item]] = {}
+        # (client UUID, frames, stored record) of our own PUB registrations, waiting for
+        # their commit: a PUB is encoded for the wire once, when it is parsed.
+        self._own: dict[EventId, tuple[str, Item, bytes]] = {}
+        # (client UUID, frames) of the envelopes in the merge rows being written, by
+        # event id (a plain tuple: EventId hashes and compares as one): made at their
+        # commit for the INSERT and broadcast after it.
+        self._merged: dict[tuple[int, int, int], tuple[str, Item]] = {}
         self._index_rows: list[tuple[str, int]] = []
         self._index_upto = 0
         self._index_wakeup = asyncio.Event()
@@ -85,13 +99,70 @@ class EngineAdapter:
         self._head = self._storage.last_seq
         self._index_upto = self._head
         self._unsubscribe = self._engine.add_sequence_listener(self._on_sequenced)
+        self._storage.set_bus_recorder(self._records_of_events, self._records_of_rows)
         self._tasks.spawn("index", self._index_loop())
 
     async def stop(self) -> None:
         if self._unsubscribe:
             self._unsubscribe()
             self._unsubscribe = None
+            self._storage.set_bus_recorder(None, None)
         await self._flush_index()
+
+    # -- records for the INSERT (called by the storage before a write) ---------------
+
+    def _records_of_events(self, events: Sequence[Event]) -> list[bytes | None] | None:
+        """The stored records of own PUBs among `events` (the engine's batch)."""
+        own = self._own
+        if not own:
+            return None  # an Eventer-only batch pays one check
+        get = own.get
+        out: list[bytes | None] = []
+        append = out.append
+        for event in events:
+            mine = get(event.id)
+            append(None if mine is None else mine[2])
+        return out
+
+    def _records_of_rows(self, rows: list[list]) -> list[bytes | None] | None:
+        """The records of the BUS envelopes among merge rows (a peer's PUBs, merged by
+        the Syncer), made once here: stored with them and broadcast after their commit.
+
+        Only while someone subscribes, i.e. when the BROADCAST needs the frames anyway:
+        making them for every merged event would cost a replica without subscribers
+        ~2.5 µs per event (JSON -> msgpack, the timestamp text) that nobody may ever
+        read; its snapshot builds them from the columns instead (measured: docs/bus.md)."""
+        merged = self._merged
+        merged.clear()  # a failed or all-duplicate write's leftovers
+        server = self._server
+        if server is None or not server.has_subscribers():
+            return None
+        out: list[bytes | None] = []
+        append = out.append
+        envelope_of = mapping.envelope_of_stored
+        to_iso = wire.timestamp_us_to_iso
+        pack = mapping.pack_record
+        stamps: dict[int, bytes] = {}
+        for r in rows:
+            kind = r[merge_rows.KIND]
+            found = (
+                envelope_of(kind == KIND_JSON, r[merge_rows.PTYPE], r[merge_rows.PAYLOAD])
+                if kind == KIND_JSON or kind == KIND_BINARY
+                else None
+            )
+            if found is None:
+                append(None)
+                continue
+            uuid, producer, data = found
+            sts = r[merge_rows.SOURCE_TS]
+            us = r[merge_rows.TS] if sts is None else sts
+            stamp = stamps.get(us)
+            if stamp is None:
+                stamp = stamps[us] = to_iso(us).encode()
+            item = (topic_frame(r[merge_rows.TYPE]), producer.encode(), stamp, uuid.encode(), data)
+            merged[(r[1], r[2], r[3])] = (uuid, item)
+            append(pack(*item[1:]))
+        return out
 
     # -- commits -> broadcasts ---------------------------------------------------------
 
@@ -103,13 +174,15 @@ class EngineAdapter:
             # Nobody to broadcast to: only the dedup bookkeeping, which needs just the
             # client UUID (found without decoding payloads that are not envelopes).
             own = self._own
+            merged = self._merged
             index_rows = self._index_rows
             for seq, event in inserted:
                 mine = own.pop(event.id, None)
                 if mine is not None:
                     index_rows.append((mine[0], seq))
                     continue
-                uuid = mapping.envelope_uuid(event.payload)
+                peer = merged.pop(event.id, None)
+                uuid = peer[0] if peer is not None else mapping.envelope_uuid(event.payload)
                 if uuid is not None:
                     self._remember(uuid)
                     index_rows.append((uuid, seq))
@@ -121,6 +194,7 @@ class EngineAdapter:
         out = []
         append = out.append
         own = self._own
+        merged = self._merged
         index_rows = self._index_rows
         for seq, event in inserted:
             mine = own.pop(event.id, None)
@@ -128,7 +202,14 @@ class EngineAdapter:
                 index_rows.append((mine[0], seq))
                 append((seq, mine[1]))
                 continue
-            # Not registered here (a peer's event merged by the Syncer, Eventer, ...).
+            peer = merged.pop(event.id, None)
+            if peer is not None:
+                # A peer's envelope: the frames made (and stored) at its commit.
+                self._remember(peer[0])
+                index_rows.append((peer[0], seq))
+                append((seq, peer[1]))
+                continue
+            # Not a BUS envelope, or not from the Syncer (Eventer, Replication, ...).
             record = mapping.to_record(event)
             if record.from_bus:
                 self._remember(record.uuid)
@@ -141,18 +222,31 @@ class EngineAdapter:
     async def read(
         self, after: int, limit: int, subtrees: tuple[bytes, ...]
     ) -> tuple[int, list[tuple[int, Item]]]:
-        # Plain rows, no event objects: a snapshot re-encodes every event anyway.
-        rows = await self._storage.read_rows_since_seq(after, limit)
+        # The stored records, unpacked into their frames; rows without one (not BUS
+        # envelopes, older stores) are built from their columns, without event objects.
+        rows, columns = await self._storage.read_bus_since_seq(after, limit)
         if not rows:
             return after, []
         out = []
         append = out.append
+        unpack = mapping.unpack_record
         record_of = mapping.record_of
         to_iso = wire.timestamp_us_to_iso
-        for seq, server, session, instance, event_type, ts, sts, ptype, data in rows:
-            topic = topic_frame(event_type)
+        type_of = self._storage.type_of
+        topics: dict[int, bytes] = {}
+        for seq, type_id, stored in rows:
+            topic = topics.get(type_id)
+            if topic is None:
+                topic = topics[type_id] = topic_frame(type_of(type_id))
             if subtrees and not topic.startswith(subtrees):
                 continue
+            if stored is not None:
+                append((seq, (topic, *unpack(stored))))
+                continue
+            event = columns.get(seq)
+            if event is None:
+                continue  # deleted by retention between the two reads: as if before
+            server, session, instance, ts, sts, ptype, data = event
             record = record_of(server, session, instance, ptype, data)
             append(
                 (
@@ -222,6 +316,7 @@ class EngineAdapter:
         created, future = self._engine.register(events, validated=True, encode=sbs.encode)
         own = self._own
         remember = self._remember
+        pack = mapping.pack_record
         server_ts = b""
         for event, pub in zip(created, kept, strict=True):
             timestamp = pub.timestamp_frame
@@ -230,9 +325,11 @@ class EngineAdapter:
                 if not server_ts:
                     server_ts = wire.timestamp_to_iso(event.timestamp).encode()
                 timestamp = server_ts
+            data = pub.data or _NIL
             own[event.id] = (
                 pub.uuid,
-                (pub.topic_frame, pub.producer_frame, timestamp, pub.uuid_frame, pub.data or _NIL),
+                (pub.topic_frame, pub.producer_frame, timestamp, pub.uuid_frame, data),
+                pack(pub.producer_frame, timestamp, pub.uuid_frame, data),
             )
             remember(pub.uuid)
         ids = [e.id for e in created]

@@ -51,7 +51,12 @@ SequenceListener = Callable[[list[tuple[int, Event]]], None]
 inserted events: `seq` is the replica's local storage sequence number, strictly
 increasing in commit order and never reused (the Event BUS sequence, Replication usn)."""
 
-_OWN_KEY = "own_last"  # meta: [session, instance, timestamp_us] of the last committed own event
+# meta: [session, instance, timestamp_us] of the last own event, written when the engine
+# stops (and by releases before round 3 on every commit). Commits no longer write it: at
+# start the newest own event in the store gives the same (one index seek), and the id
+# itself is in `last_ids`, committed with the events; the key only matters when
+# retention deleted every recent own event (then it keeps the timestamps monotonic).
+_OWN_KEY = "own_last"
 
 
 class EngineError(Exception):
@@ -129,6 +134,7 @@ class Engine:
         self._writer_task: asyncio.Task | None = None
         self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
+        self._own_committed: Event | None = None  # the last own event committed since start
         self._commit_listeners: list[Callable[[int, float], None]] = []
         self._query_listeners: list[Callable[[QueryParams, float], None]] = []
         # Callbacks that raised, by kind (commit, done, query, status, sequence, event): a failing
@@ -168,15 +174,19 @@ class Engine:
         self._set_status(Status.STARTING)
         stored = await self._storage.get_meta(_OWN_KEY)
         session, instance, ts_us = stored if stored else (0, 0, 0)
+        newest = await self._storage.newest_of_server(self._server_id)
         held = self._storage.last_ids.get(self._server_id)
         candidates = [EventId(self._server_id, session, instance)]
+        if newest is not None:
+            candidates.append(EventId(self._server_id, newest[0], newest[1]))
+            ts_us = max(ts_us, newest[2])
         if held:
             candidates.append(held)
         if continue_after:
             candidates.append(continue_after)
         session = max(c.session for c in candidates)
         instance = max(c.instance for c in candidates)
-        if stored or held or continue_after:
+        if stored or newest or held or continue_after:
             # Skip over ids that may have been handed out but never committed.
             session += self._max_uncommitted + 1
             instance += self._max_uncommitted + 1
@@ -204,6 +214,19 @@ class Engine:
         await self.flush()
         await self._tasks.close()
         self._writer_task = None
+        await self._save_own_last()
+
+    async def _save_own_last(self) -> None:
+        # Commits do not write it (see `_OWN_KEY`); a clean stop does, once.
+        last = self._own_committed
+        if last is None:
+            return
+        value = [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]
+        try:
+            await self._storage.write([], {_OWN_KEY: value})
+        except Exception as e:
+            # Not needed for correct ids (last_ids has them): logged, the stop goes on.
+            log.warning("could not store the last own event id at stop: %s", e)
 
     async def flush(self) -> None:
         """Wait until everything registered so far is committed."""
@@ -534,9 +557,9 @@ class Engine:
         sessions, self._pending_sessions = self._pending_sessions, []
         futures, self._pending_futures = self._pending_futures, []
         dones, self._pending_done = self._pending_done, []
-        last = batch[-1]
-        meta = {_OWN_KEY: [last.id.session, last.id.instance, timestamp_to_us(last.timestamp)]}
-        return batch, batch_sbs, sessions, futures, dones, meta
+        # No meta: the own last id is in last_ids, committed with the events (a `meta`
+        # upsert per commit was ~12 µs of a ~45 µs batch-1 transaction).
+        return batch, batch_sbs, sessions, futures, dones, None
 
     def _write_failed(self, batch: list[Event], futures: list, dones: list, e: Exception) -> None:
         log.error("commit of %d events failed: %s", len(batch), e)
@@ -560,6 +583,7 @@ class Engine:
         elapsed = time.perf_counter() - started
         self._commit_succeeded()
         self._release(len(batch))
+        self._own_committed = batch[-1]
         for fut in futures:
             if not fut.done():
                 fut.set_result(None)

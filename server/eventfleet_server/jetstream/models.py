@@ -103,12 +103,12 @@ def _check_scalar(kind: str, value: Any, *, allow_null: bool) -> str | None:
     if kind == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"expected a number, got {_json_type(value)}"
-        return None if math.isfinite(value) else f"expected a finite number, got {value!r}"
+        return None if _finite(value) else f"expected a finite number, got {_short(value)}"
     if kind == "date":
         if isinstance(value, bool):
             return "expected a date (ISO 8601 text or epoch milliseconds), got a boolean"
         if isinstance(value, int | float):
-            return None if math.isfinite(value) else f"expected a finite date, got {value!r}"
+            return None if _finite(value) else f"expected a finite date, got {_short(value)}"
         if isinstance(value, str):
             try:
                 datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -120,6 +120,20 @@ def _check_scalar(kind: str, value: Any, *, allow_null: bool) -> str | None:
     if not isinstance(value, str) or not is_uuid_text(value):
         return f"expected the uuid of a {kind}, got {str(value)[:40]!r}"
     return None
+
+
+def _finite(value: int | float) -> bool:
+    """A number a client's JSON.parse reads as itself: JSON text may carry an integer of
+    hundreds of digits, which no double holds (and `math.isfinite` cannot even convert)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+def _short(value: int | float) -> str:
+    text = repr(value) if isinstance(value, float) else str(value)[:30]
+    return text if len(text) < 30 else text[:30] + "…"
 
 
 def is_uuid_text(value: str) -> bool:

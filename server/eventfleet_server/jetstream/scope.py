@@ -249,6 +249,7 @@ class Scope:
         why = self.schema.check_properties(cls_name, props)
         if why:
             return error_json("invalid-property", why)
+        props = self._lower_references(cls_name, props)
         if uid == self.root_uuid:
             if cls_name != self.schema.root_class:
                 return error_json(
@@ -265,6 +266,19 @@ class Scope:
         if kind == "add" and current is not None:
             kind = "change"  # a resent add of a stored model: its parent already exists
         return (kind, cls_name, uid, props)
+
+    def _lower_references(self, cls_name: str, props: dict) -> dict:
+        """References as the stored uuids they resolve to. Model uuids are kept lower-case
+        (a fragment's own uuid is lowered) and references are resolved case-blind, so an
+        upper-case reference was accepted, stored as sent, and its model then missing from
+        every ScopeState (the walk looks it up as written)."""
+        declared = self.schema.classes[cls_name]
+        out = dict(props)
+        for key, value in props.items():
+            ptype = declared[key]
+            if ptype.is_reference and value is not None:
+                out[key] = [v.lower() for v in value] if ptype.collection else value.lower()
+        return out
 
     def _check_references(self, cls_name: str, props: dict, known: dict[str, str]) -> str | None:
         declared = self.schema.classes[cls_name]

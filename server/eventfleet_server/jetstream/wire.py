@@ -7,6 +7,7 @@ Engine-free, transport-free. Shapes follow the reference server (npm ``jetstream
 from __future__ import annotations
 
 import json
+import re
 from json.encoder import encode_basestring as _string
 from typing import Any
 
@@ -42,7 +43,7 @@ def decode(text: str) -> list[dict]:
     Messages are returned in frame order; each is a dict with a string ``type``.
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_constant=_not_json)
     except (ValueError, RecursionError) as e:
         raise WireError("invalid-json", f"frame is not JSON: {str(e)[:80]}") from None
     items = data if isinstance(data, list) else [data]
@@ -54,11 +55,28 @@ def decode(text: str) -> list[dict]:
     return items
 
 
+def _not_json(constant: str) -> None:
+    # Python's json reads NaN and ±Infinity; JSON (and a client's JSON.parse) does not: a
+    # property of kind "any" would store them and every frame carrying it be unreadable.
+    raise ValueError(f"{constant} is not JSON")
+
+
 FRAGMENTS_JSON = "_fragments_json"
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 def dumps(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    """Compact JSON text that is valid UTF-8 once encoded.
+
+    Non-ASCII text is kept as it is (smaller frames), except lone surrogates: JSON may
+    carry them (``"\\ud800"``, from a client or a stored event's payload) and Python keeps
+    them in `str`, but a websocket text frame must be UTF-8, so strict encoding fails.
+    Such text is sent with its escapes, which a client's JSON.parse reads back the same.
+    """
+    text = json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    if text.isascii() or _SURROGATE.search(text) is None:
+        return text
+    return json.dumps(value, separators=(",", ":"))
 
 
 def encode(messages: list[dict]) -> str:

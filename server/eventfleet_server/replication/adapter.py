@@ -6,7 +6,6 @@ listener), the store's guid, and writes rows as registered events.
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -16,7 +15,7 @@ from eventfleet_server.common.model import EventPayloadJson, RegisterEvent
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.replication.config import ReplicationConfig, TableConfig
 from eventfleet_server.replication.session import WriteError
-from eventfleet_server.replication.table import UNKNOWN, Change, Tables
+from eventfleet_server.replication.table import UNKNOWN, Change, Tables, dumps_row
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +37,8 @@ class EngineBackend:
         self._unsubscribe: Callable[[], None] | None = None
         # Rows written here whose event is not committed yet: a second write to the same
         # row merges with this, not with the index's older state.
-        self._unsettled: dict[tuple[str, str], tuple[Any, dict[str, Any] | None]] = {}
+        # (event id, columns, their JSON text) by (table, key).
+        self._unsettled: dict[tuple[str, str], tuple[Any, dict[str, Any] | None, str | None]] = {}
         self._unsettled_ids: dict[Any, tuple[str, str]] = {}
 
     async def start(self) -> None:
@@ -104,7 +104,7 @@ class EngineBackend:
         entry = self._unsettled.get(where) if where is not None else None
         if entry is None or entry[0] != event_id:
             return UNKNOWN
-        return entry[1]
+        return entry[1], entry[2]
 
     def _settle(self, event_id: Any) -> None:
         where = self._unsettled_ids.pop(event_id, None)
@@ -130,22 +130,27 @@ class EngineBackend:
         returns their event ids in order. Raises `WriteError`."""
         index = self.tables[table]
         events = []
+        texts: list[str | None] = []
         for key, columns in rows:
             payload = None
+            text = None
             if columns is not None:
                 try:
-                    text = json.dumps(columns, separators=(",", ":"), allow_nan=False)
+                    # The index's own encoding: the row index takes this text as the
+                    # row's (`Table.apply`), not encoding the row a second time.
+                    text = dumps_row(columns)
                 except ValueError as e:
                     raise WriteError(f"row {key!r} is not storable as JSON: {e}") from None
                 payload = EventPayloadJson(text)
+            texts.append(text)
             events.append(RegisterEvent(index.event_type(key), None, payload))
         try:
             created, committed = self._engine.register(events)
         except EngineError as e:
             raise WriteError(str(e)) from None
         ids = [event.id for event in created]
-        for (key, columns), event_id in zip(rows, ids, strict=True):
-            self._unsettled[(table, key)] = (event_id, columns)
+        for (key, columns), text, event_id in zip(rows, texts, ids, strict=True):
+            self._unsettled[(table, key)] = (event_id, columns, text)
             self._unsettled_ids[event_id] = (table, key)
         committed.add_done_callback(lambda fut: self._committed(fut, ids))
         return ids

@@ -54,13 +54,14 @@ class Outbox:
     def __init__(self, ws: Any, limit: int):
         self._ws = ws
         self._limit = limit
-        self._queue: deque[dict[str, Any]] = deque()
+        self._queue: deque[dict[str, Any] | str] = deque()
         self._ready = asyncio.Event()
         self.overflowed = False
         self.closed = False
 
-    def put(self, msg: dict[str, Any]) -> bool:
-        """Queue `msg`; False (and nothing queued) once the limit is reached."""
+    def put(self, msg: dict[str, Any] | str) -> bool:
+        """Queue `msg` (a message, or its frame text already encoded); False (and
+        nothing queued) once the limit is reached."""
         if self.closed or self.overflowed:
             return False
         if len(self._queue) >= self._limit:
@@ -89,7 +90,10 @@ class Outbox:
     async def drain(self) -> None:
         """Run until closed: send queued messages in order."""
         queue = self._queue
-        encode = wire.encode
+
+        def encode(msg: dict[str, Any] | str) -> str:
+            return msg if type(msg) is str else wire.encode(msg)  # type: ignore[arg-type]
+
         while not self.closed:
             await self._ready.wait()
             self._ready.clear()

@@ -179,8 +179,13 @@ class _Connection:
             claim_session=ticket.promote,
         )
         self._closing = False
+        # The last ReplicateNext frame and its message: a replicator in its initial pass
+        # sends the same frame once per row, decoded once here (handling never changes
+        # a message).
+        self._next_text: str | None = None
+        self._next_msg: dict[str, Any] = {}
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: dict[str, Any] | str) -> None:
         if not self._outbox.put(msg) and self._outbox.overflowed and not self._closing:
             self._refuse_and_close(
                 RejectReason.SLOW_SUBSCRIBER,
@@ -246,6 +251,9 @@ class _Connection:
 
     def _on_text(self, text: str) -> None:
         session = self.session
+        if text == self._next_text:
+            session.handle(self._next_msg)
+            return
         # Until login, a peer may not make us parse more than this per frame.
         pre_login_max = self._server._limits.pre_init_max_msg_size
         if not session.logged_in and len(text) > pre_login_max:
@@ -260,4 +268,6 @@ class _Connection:
         except wire.FrameError as e:
             session.refuse(None, RejectReason.BAD_FRAME, str(e))
             return
+        if msg["mt"] == "ReplicateNext" and session.logged_in:
+            self._next_text, self._next_msg = text, msg
         session.handle(msg)

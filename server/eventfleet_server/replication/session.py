@@ -87,7 +87,7 @@ class PublisherSession:
         failed_logins: FailedLogins,
         challenge_ttl: float,
         peer: str,
-        send: Callable[[dict[str, Any]], None],
+        send: Callable[[dict[str, Any] | str], None],
         rejections: Rejections,
         claim_session: Callable[[], bool] = lambda: True,
     ):
@@ -300,11 +300,18 @@ class PublisherSession:
                     }
                 )
                 continue
-            self._send(
-                wire.reply(
-                    msg, "ReplicateNextResult", usn=row.seq, columns=self._project(rep, row.columns)
+            if row.text is not None and not rep.columns:
+                # Every column: the row's JSON, encoded once when it changed, joined in.
+                self._send(wire.reply_with_row(msg, "ReplicateNextResult", row.seq, row.text))
+            else:
+                self._send(
+                    wire.reply(
+                        msg,
+                        "ReplicateNextResult",
+                        usn=row.seq,
+                        columns=self._project(rep, row.columns),
+                    )
                 )
-            )
             return
         # End of the initial pass, then catch-up, then live: one synchronous step, so no
         # change stored meanwhile can fall between them.
@@ -323,13 +330,25 @@ class PublisherSession:
                     api,
                     "ReplicateAdd" if rep.full else "ReplicateUpdate",
                     seq,
-                    self._project(rep, row.columns),
+                    row.columns,
+                    row.text,
                 )
 
     def _push(
-        self, rep: _Replication, api: str, mt: str, usn: int, columns: dict[str, Any]
+        self,
+        rep: _Replication,
+        api: str,
+        mt: str,
+        usn: int,
+        columns: dict[str, Any],
+        text: str | None = None,
     ) -> None:
-        self._send({"api": api, "mt": mt, "usn": usn, "columns": columns})
+        """Send a row change; `columns` is the whole row (projected here) and `text` its
+        JSON when known (joined as is when the session takes every column)."""
+        if text is not None and not rep.columns:
+            self._send(wire.push_with_row(api, mt, usn, text))
+            return
+        self._send({"api": api, "mt": mt, "usn": usn, "columns": self._project(rep, columns)})
 
     # -- writes from the replicator ----------------------------------------------------
 
@@ -448,11 +467,9 @@ class PublisherSession:
                         {rep.table.key: _key_value(rep.table, change.key, change.before)},
                     )
             elif change.before is None:
-                self._push(rep, api, "ReplicateAdd", change.seq, self._project(rep, change.after))
+                self._push(rep, api, "ReplicateAdd", change.seq, change.after, change.after_text)
             else:
-                self._push(
-                    rep, api, "ReplicateUpdate", change.seq, self._project(rep, change.after)
-                )
+                self._push(rep, api, "ReplicateUpdate", change.seq, change.after, change.after_text)
 
 
 def _key_value(table: Table, key: str, columns: dict[str, Any] | None = None) -> Any:

@@ -10,7 +10,10 @@ JSON object (binary, array, ...) is not representable as a row and counts as del
 A row's usn is the local sequence number of that latest event: the row changed when
 that event was stored, and a late event from a peer that is older than the latest does
 not change the row (nor its usn). The index keeps every row (and tombstone) of every
-published table in memory: the sequence number, the order key and the parsed columns.
+published table in memory: the sequence number, the order key, the parsed columns and
+their JSON text, encoded once when the row changes: every session's initial pass and
+live push of the row joins that text into its frame (`wire.with_columns`) instead of
+encoding the row per session and per request.
 """
 
 from __future__ import annotations
@@ -26,12 +29,17 @@ log = logging.getLogger(__name__)
 
 
 _UNKNOWN: Any = object()
+# The frames' JSON form (`wire.encode`): compact, non-ASCII as is.
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+# The same for rows this replica writes: NaN and infinities are refused (not JSON).
+dumps_row = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode
 
 
 class Row(NamedTuple):
     seq: int
     order: tuple[int, int, int, int]
     columns: dict[str, Any] | None  # None = deleted (tombstone)
+    text: str | None = None  # `columns` as compact JSON (None: deleted, or not encodable)
 
 
 UNKNOWN = _UNKNOWN
@@ -46,6 +54,19 @@ class Change(NamedTuple):
     event: Event
     before: dict[str, Any] | None
     after: dict[str, Any] | None
+    after_text: str | None = None  # `after` as compact JSON, made once for every session
+
+
+def encode_columns(columns: dict[str, Any] | None) -> str | None:
+    """The compact JSON of a row's columns (what the frames carry), or None when there
+    is no row or it does not encode (then the sessions encode the dict themselves, and
+    report what fails)."""
+    if columns is None:
+        return None
+    try:
+        return _dumps(columns)
+    except (TypeError, ValueError, RecursionError):
+        return None
 
 
 def row_key(value: Any) -> str:
@@ -107,21 +128,33 @@ class Table:
             )
         return None
 
-    def apply(self, seq: int, event: Event, key: str, columns: Any = _UNKNOWN) -> Change | None:
+    def apply(
+        self,
+        seq: int,
+        event: Event,
+        key: str,
+        columns: Any = _UNKNOWN,
+        text: str | None = None,
+    ) -> Change | None:
         """Take a newly stored event of this table; the change, or None if the row did
         not change (an older event than the row's latest). `columns`: the row the event
-        was made from, when the caller has it (saves parsing the payload again)."""
+        was made from, when the caller has it (saves parsing the payload again), and
+        `text` its `dumps_row` JSON (saves encoding it again)."""
         order = natural_key(event)
         old = self.rows.get(key)
         if old is not None and old.order >= order:
             return None
         if columns is _UNKNOWN:
             columns = self.columns_of(key, event)
+            text = None
         elif columns is not None and self.key not in columns:
             columns = {**columns, self.key: key}
-        self.rows[key] = Row(seq, order, columns)
+            text = None
+        if text is None:
+            text = encode_columns(columns)
+        self.rows[key] = Row(seq, order, columns, text)
         before = old.columns if old is not None else None
-        return Change(self.name, key, seq, event, before, columns)
+        return Change(self.name, key, seq, event, before, columns, text)
 
     def alive_by_seq(self) -> list[tuple[int, str]]:
         return sorted((row.seq, key) for key, row in self.rows.items() if row.columns is not None)
@@ -192,8 +225,8 @@ class Tables:
         items: Iterable[tuple[int, Event]],
         known: Callable[[Any], Any] | None = None,
     ) -> list[Change]:
-        """Feed stored events; `known(event_id)` may return the row an event was made
-        from (or `UNKNOWN`)."""
+        """Feed stored events; `known(event_id)` may return ``(columns, text)`` of the
+        row an event was made from (or `UNKNOWN`)."""
         n = len(self.prefix)
         prefix = self.prefix
         changes = []
@@ -204,8 +237,11 @@ class Tables:
             table = self.tables.get(t[n])
             if table is None:
                 continue
-            columns = known(event.id) if known is not None else _UNKNOWN
-            change = table.apply(seq, event, t[n + 1], columns)
+            written = known(event.id) if known is not None else _UNKNOWN
+            if written is _UNKNOWN:
+                change = table.apply(seq, event, t[n + 1])
+            else:
+                change = table.apply(seq, event, t[n + 1], *written)
             if change is not None:
                 changes.append(change)
         return changes

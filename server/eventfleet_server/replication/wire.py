@@ -6,6 +6,7 @@ raises `FrameError` naming what is wrong; `encode` is the compact JSON the peer 
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -35,6 +36,44 @@ def decode(text: str) -> dict[str, Any]:
 
 def encode(msg: dict[str, Any]) -> str:
     return _dumps(msg)
+
+
+def reply_with_row(request: dict[str, Any], mt: str, usn: int, columns_text: str) -> str:
+    """The frame of ``reply(request, mt, usn=usn, columns=<row>)`` (what `encode` makes
+    of it, byte for byte) with the row's columns given as their JSON text — encoded once
+    when the row changed (`table.Row.text`) and joined here, not encoded per answer."""
+    api = request.get("api", _ABSENT)
+    src = request.get("src", _ABSENT)
+    if type(api) in _HASHABLE and type(src) in _HASHABLE:
+        head = _reply_head(mt, api, src)  # a replicator's requests all look alike
+    else:
+        head = _dumps(reply(request, mt))[:-1]
+    return f'{head},"usn":{usn},"columns":{columns_text}}}'
+
+
+def push_with_row(api: str, mt: str, usn: int, columns_text: str) -> str:
+    """The frame of ``{"api", "mt", "usn", "columns"}`` (a live change), the columns
+    given as their JSON text (see `reply_with_row`)."""
+    return f'{_push_head(api, mt)},"usn":{usn},"columns":{columns_text}}}'
+
+
+class _Absent:
+    """A member the request did not have (not the same as JSON null)."""
+
+
+_ABSENT = _Absent()
+_HASHABLE = (str, int, type(None), _Absent)
+
+
+@functools.lru_cache(maxsize=256)
+def _reply_head(mt: str, api: Any, src: Any) -> str:
+    request = {k: v for k, v in (("api", api), ("src", src)) if v is not _ABSENT}
+    return _dumps(reply(request, mt))[:-1]
+
+
+@functools.lru_cache(maxsize=256)
+def _push_head(api: str, mt: str) -> str:
+    return _dumps({"api": api, "mt": mt})[:-1]
 
 
 def reply(request: dict[str, Any], mt: str, **fields: Any) -> dict[str, Any]:

@@ -183,6 +183,11 @@ class Storage:
         self._last_seq = 0
         self._event_count = 0
         self._meta: dict[str, str] = {}
+        self._bus_of_events: Callable[[Sequence[Event]], Sequence[bytes | None] | None] | None
+        self._bus_of_rows: Callable[[list[list]], Sequence[bytes | None] | None] | None
+        self._bus_of_events = self._bus_of_rows = None
+        self.bus_recorder_failures = 0
+        self._rows_may_carry_bus = False  # see `write_rows`
 
         sync = synchronous.upper()
         self._inline = sync in ("OFF", "NORMAL")
@@ -400,10 +405,12 @@ class Storage:
             return []
         self._check_write(events, encoded)
         async with self._write_lock:
+            # Under the lock, on the loop's thread: the recorder reads protocol state.
+            bus = self._bus_records(self._bus_of_events, events)
             if self._inline and len(events) <= INLINE_MAX_EVENTS:
-                return self._write_inline(events, meta_items, encoded)
+                return self._write_inline(events, meta_items, encoded, bus)
             try:
-                return await _run(self._writer, self._write, events, meta_items, encoded)
+                return await _run(self._writer, self._write, events, meta_items, encoded, bus)
             except StorageError:
                 self._note_failed_write(encoded)
                 raise
@@ -429,7 +436,8 @@ class Storage:
         self._check_write(events, encoded)
         if not self.can_write_now(len(events)):
             raise StorageError(f"{self._path}: {len(events)} events cannot be written inline")
-        return self._write_inline(events, meta_items, encoded)
+        bus = self._bus_records(self._bus_of_events, events)
+        return self._write_inline(events, meta_items, encoded, bus)
 
     @staticmethod
     def _meta_items(meta: Mapping[str, Any] | None) -> list[tuple[str, str]]:
@@ -453,9 +461,10 @@ class Storage:
         events: Sequence[Event],
         meta_items: list[tuple[str, str]],
         encoded: Sequence[bytes] | None,
+        bus: Sequence[bytes | None] | None,
     ) -> list[tuple[int, Event]]:
         try:
-            inserted = self._write(events, meta_items, encoded)
+            inserted = self._write(events, meta_items, encoded, bus)
         except StorageError:
             self._note_failed_write(encoded)
             raise
@@ -481,15 +490,36 @@ class Storage:
             return []
         self._check_open()
         async with self._write_lock:
+            # Rows with records get the BUS slot (`merge_rows.BUS`), taken off again if
+            # the write fails (the rows go back as they were given); without records the
+            # INSERT leaves the column NULL and the rows are not touched.
+            if self._rows_may_carry_bus:
+                for r in rows:  # rows given back by a cancelled write may have the slot
+                    del r[merge_rows.BUS :]
+            bus = self._bus_records(self._bus_of_rows, rows)
+            if bus is not None:
+                for r, record in zip(rows, bus, strict=True):
+                    r.append(record)
+            sql = events.INSERT if bus is not None else events.INSERT_NO_BUS
             try:
                 if self._inline and len(rows) <= INLINE_MAX_EVENTS:
-                    inserted = self._write_rows(rows)
+                    inserted = self._write_rows(rows, sql)
                     self._commits_since_checkpoint += 1
                     return inserted
-                return await _run(self._writer, self._write_rows, rows)
-            except StorageError:
-                size = sum(len(r[merge_rows.SBS]) for r in rows)
-                self._failed_write_bytes = max(self._failed_write_bytes, size)
+                return await _run(self._writer, self._write_rows, rows, sql)
+            except asyncio.CancelledError:
+                # The writer thread may still be using the rows: their slot stays, and
+                # later writes take such slots off first.
+                if bus is not None:
+                    self._rows_may_carry_bus = True
+                raise
+            except Exception as e:
+                if bus is not None:
+                    for r in rows:
+                        del r[merge_rows.BUS :]
+                if isinstance(e, StorageError):
+                    size = sum(len(r[merge_rows.SBS]) for r in rows)
+                    self._failed_write_bytes = max(self._failed_write_bytes, size)
                 raise
 
     def merged_events(self, rows: list[list]) -> merge_rows.RowEvents:
@@ -520,6 +550,7 @@ class Storage:
         batch: Sequence[Event],
         meta_items: list[tuple[str, str]],
         encoded: Sequence[bytes] | None,
+        bus: Sequence[bytes | None] | None,
     ) -> list[tuple[int, Event]]:
         cache = self._cache
         type_ids = cache.ids
@@ -532,7 +563,6 @@ class Storage:
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
         conn = self._writer._conn
-        lids: list[tuple[int, int, int]] = []
         try:
             for index, event in enumerate(batch):
                 try:
@@ -559,49 +589,37 @@ class Storage:
                         type_id = cache.add(event.type, new_types)
                     seq += 1
                     rows.append(
-                        events.row(seq, event, type_id, None if encoded is None else encoded[index])
+                        events.row(
+                            seq,
+                            event,
+                            type_id,
+                            None if encoded is None else encoded[index],
+                            None if bus is None else bus[index],
+                        )
                     )
                     inserted.append((seq, event))
                 except (TypeError, ValueError, AttributeError) as e:
                     raise StorageError(f"{events.describe(index, event)}: {e}") from e
 
-            with self._transaction("write") as tx:
-                cache.insert(tx, new_types)
-                if rows:
-                    try:
-                        tx.executemany(events.INSERT, rows)
-                    except sqlite3.Error as e:
-                        # The file system (full, read-only, I/O error) before the rows.
-                        cause = faults.describe(self._path, e)
-                        if cause is not None:
-                            raise StorageFaultError(cause) from e
-                        raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
-                    except (OverflowError, UnicodeError) as e:
-                        raise StorageError(events.diagnose(batch, rows, inserted, e)) from e
-                    first = rows[0][0]
-                    latest.update(tx, first)
-                    # The servers whose highest id this batch raised, known from the
-                    # walk above: no GROUP BY over the batch's rows (18 µs of a 140 µs
-                    # batch-1 commit).
-                    lids = [(srv, top_sessions[srv], int(top)) for srv, top in tops.items()]
-                    last_ids.update(tx, lids)
-                    tx.execute(state.UPDATE, (seq, len(rows)))
-                if meta_items:
-                    state.set_meta(tx, meta_items)
+            lids = self._commit_rows(
+                "write",
+                events.INSERT,
+                rows,
+                new_types,
+                tops,
+                top_sessions,
+                meta_items,
+                lambda e: events.diagnose(batch, rows, inserted, e),
+            )
         except BaseException:
             cache.burn(new_types)
             raise
-
-        self._last_seq = seq
-        self._event_count += len(rows)
-        for server, session, instance in lids:
-            last[server] = EventId(server, session, instance)
-        for key, value in meta_items:
-            self._meta[key] = value
+        self._committed(seq, len(rows), lids, meta_items)
         return inserted
 
-    def _write_rows(self, rows: list[list]) -> list[list]:
-        # `_write` for merge rows; the loop is the same, over list items.
+    def _write_rows(self, rows: list[list], sql: str) -> list[list]:
+        # `_write` for merge rows; the loop is the same, over list items. `sql`: the
+        # INSERT for rows with or without the BUS slot.
         cache = self._cache
         type_ids = cache.ids
         last = self._last_ids
@@ -612,7 +630,6 @@ class Storage:
         seen: set[tuple[int, int]] | None = None  # built only if an old id shows up
         seq = self._last_seq
         conn = self._writer._conn
-        lids: list[tuple[int, int, int]] = []
         try:
             server = None
             top = -math.inf
@@ -650,22 +667,16 @@ class Storage:
             if server is not None:
                 tops[server] = top
 
-            with self._transaction("merge") as tx:
-                cache.insert(tx, new_types)
-                if out:
-                    try:
-                        tx.executemany(events.INSERT, out)
-                    except sqlite3.Error as e:
-                        cause = faults.describe(self._path, e)
-                        if cause is not None:
-                            raise StorageFaultError(cause) from e
-                        raise StorageError(f"merge of {len(out)} events failed: {e}") from e
-                    first = out[0][0]
-                    latest.update(tx, first)
-                    # The servers whose highest id this batch raised, from the walk above.
-                    lids = [(srv, ses, int(tops[srv])) for srv, ses in top_sessions.items()]
-                    last_ids.update(tx, lids)
-                    tx.execute(state.UPDATE, (seq, len(out)))
+            lids = self._commit_rows(
+                "merge",
+                sql,
+                out,
+                new_types,
+                tops,
+                top_sessions,
+                [],
+                lambda e: f"merge of {len(out)} events failed: {e}",
+            )
         except BaseException:
             # The rows go back as given (a retry writes them again), then the new ids go.
             types = cache.types
@@ -675,12 +686,126 @@ class Storage:
                     r[4] = types[r[4]]
             cache.burn(new_types)
             raise
-
-        self._last_seq = seq
-        self._event_count += len(out)
-        for server_id, session, instance in lids:
-            last[server_id] = EventId(server_id, session, instance)
+        self._committed(seq, len(out), lids, [])
         return out
+
+    def _commit_rows(
+        self,
+        what: str,
+        sql: str,
+        rows: Sequence[Sequence],
+        new_types: list[int],
+        tops: dict[int, float],
+        top_sessions: dict[int, int],
+        meta_items: list[tuple[str, str]],
+        diagnose: Callable[[Exception], str],
+    ) -> list[tuple[int, int, int]]:
+        """The one transaction of every event write: the new types, the rows (`sql`:
+        `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
+        latest-per-type table, `last_ids` of the servers whose top `top_sessions` names
+        (``tops`` holds the instance), the state row and the meta keys. Returns those
+        `last_ids` rows.
+
+        Raises `StorageFaultError` when the file system refused (full, read-only, I/O
+        error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
+        stored then. In-memory state is the caller's to change (`_committed`) after
+        this returns."""
+        lids: list[tuple[int, int, int]] = []
+        with self._transaction(what) as tx:
+            self._cache.insert(tx, new_types)
+            if rows:
+                try:
+                    tx.executemany(sql, rows)
+                except sqlite3.Error as e:
+                    # The file system (full, read-only, I/O error) before the rows.
+                    cause = faults.describe(self._path, e)
+                    if cause is not None:
+                        raise StorageFaultError(cause) from e
+                    raise StorageError(diagnose(e)) from e
+                except (OverflowError, UnicodeError) as e:
+                    raise StorageError(diagnose(e)) from e
+                latest.update(tx, rows[0][0])
+                # The servers whose highest id this batch raised, known from the caller's
+                # walk: no GROUP BY over the batch's rows (18 µs of a 140 µs batch-1
+                # commit).
+                lids = [(srv, ses, int(tops[srv])) for srv, ses in top_sessions.items()]
+                last_ids.update(tx, lids)
+                tx.execute(state.UPDATE, (rows[-1][0], len(rows)))
+            if meta_items:
+                state.set_meta(tx, meta_items)
+        return lids
+
+    def _committed(
+        self,
+        seq: int,
+        count: int,
+        lids: list[tuple[int, int, int]],
+        meta_items: list[tuple[str, str]],
+    ) -> None:
+        """The in-memory state after `_commit_rows` committed."""
+        self._last_seq = seq
+        self._event_count += count
+        last = self._last_ids
+        for server, session, instance in lids:
+            last[server] = EventId(server, session, instance)
+        for key, value in meta_items:
+            self._meta[key] = value
+
+    # -- the Event BUS's records (events.bus) ----------------------------------------
+
+    def set_bus_recorder(
+        self,
+        of_events: Callable[[Sequence[Event]], Sequence[bytes | None] | None] | None,
+        of_rows: Callable[[list[list]], Sequence[bytes | None] | None] | None,
+    ) -> None:
+        """Fill the ``bus`` column at commit (see `events`): before every write, on the
+        loop's thread, `of_events` gets the events `write`/`write_now` are given and
+        `of_rows` the merge rows `write_rows` is given; each returns one record (bytes)
+        or None per item, aligned, or None for "no records". What the write inserts is
+        stored with its record in the same `INSERT`. A recorder that raises is logged and
+        its write stores no records (readers build them from the columns then). None
+        removes a recorder."""
+        self._bus_of_events = of_events
+        self._bus_of_rows = of_rows
+
+    def _bus_records(
+        self, recorder: Callable[[Any], Sequence[bytes | None] | None] | None, items: Sequence
+    ) -> Sequence[bytes | None] | None:
+        if recorder is None or not items:
+            return None
+        try:
+            records = recorder(items)
+            if records is not None and len(records) != len(items):
+                raise ValueError(f"{len(records)} records for {len(items)} events")
+        except Exception:
+            self.bus_recorder_failures += 1
+            if self.bus_recorder_failures == 1:
+                log.exception("%s: BUS recorder failed; writing without records", self._path)
+            return None
+        return records
+
+    async def read_bus_since_seq(
+        self, seq: int, limit: int
+    ) -> tuple[list[tuple[int, int, bytes | None]], dict[int, tuple]]:
+        """The Event BUS snapshot's rows: up to `limit` ``(seq, type_id, record)`` with
+        sequence number above `seq`, ascending (`type_of` names a type id), and for the
+        rows whose `record` is None (`set_bus_recorder` stored none) their columns by seq:
+        ``(server, session, instance, timestamp_us, source_timestamp_us, payload_type,
+        payload_data)`` as `read_rows_since_seq` gives them."""
+        self._check_open()
+        return await _run(self._reader, self._read_bus_since_seq, seq, limit)
+
+    def _read_bus_since_seq(
+        self, seq: int, limit: int
+    ) -> tuple[list[tuple[int, int, bytes | None]], dict[int, tuple]]:
+        conn = self._reader._conn
+        rows = conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
+        missing = [r[0] for r in rows if r[2] is None]
+        columns: dict[int, tuple] = {}
+        if missing:
+            for r in conn.execute(events.BUS_COLUMNS, (json.dumps(missing),)):
+                columns[r[0]] = r[1:]
+        return rows, columns
 
     # -- reading ---------------------------------------------------------------------
 
@@ -746,6 +871,17 @@ class Storage:
         ).fetchall()
         return events.decode(rows, self._cache.types)
 
+    async def newest_of_server(self, server_id: int) -> tuple[int, int, int] | None:
+        """``(session, instance, timestamp_us)`` of the stored event of `server_id` with
+        the highest instance, None if none is stored (retention may have deleted it:
+        `last_ids` keeps the id, not the timestamp)."""
+        self._check_open()
+        return await _run(self._reader, self._newest_of_server, server_id)
+
+    def _newest_of_server(self, server_id: int) -> tuple[int, int, int] | None:
+        row = self._reader._conn.execute(last_ids.NEWEST_OF_SERVER, (server_id,)).fetchone()
+        return None if row is None else tuple(row)
+
     async def read_server_stream(
         self, server_id: int, after_instance: int, limit: int
     ) -> list[tuple[int, int, int, bytes]]:
@@ -770,30 +906,6 @@ class Storage:
         rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
         decoded = events.decode([row[1:] for row in rows], self._cache.types)
         return [(row[0], event) for row, event in zip(rows, decoded, strict=True)]
-
-    # -- the Event BUS's stored records (events.bus) -----------------------------------
-
-    async def set_bus_records(self, items: Sequence[tuple[int, bytes]]) -> None:
-        """Store the Event BUS's record (msgpack bytes) of the events with these local
-        sequence numbers, ``(seq, record)`` pairs, in one transaction (an unknown seq —
-        deleted by retention meanwhile — is skipped)."""
-        self._check_open()
-        rows = [(record, seq) for seq, record in items]
-        if rows:
-            await self._on_writer(self._set_bus_records, rows)
-
-    def _set_bus_records(self, rows: list[tuple[bytes, int]]) -> None:
-        with self._transaction("bus records write") as tx:
-            tx.executemany(events.SET_BUS, rows)
-
-    async def read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
-        """Up to `limit` ``(seq, record)`` with sequence number above `seq`, ascending;
-        `record` is what `set_bus_records` stored, None where nothing was."""
-        self._check_open()
-        return await _run(self._reader, self._read_bus_since_seq, seq, limit)
-
-    def _read_bus_since_seq(self, seq: int, limit: int) -> list[tuple[int, bytes | None]]:
-        return self._reader._conn.execute(events.BUS_SINCE_SEQ, (seq, max(limit, 0))).fetchall()
 
     async def read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
         """`read_since_seq` without model objects, for bulk readers that re-encode

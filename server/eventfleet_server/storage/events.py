@@ -11,11 +11,16 @@ are SBS arrays of ``Event``; an SBS array is its element count followed by the
 concatenated elements, so a reply is a header plus stored ``sbs`` values joined — no
 row is turned back into model objects on those paths (`common.codec.events_array`).
 
-``bus`` is a nullable BLOB reserved for the Event BUS's msgpack record of the event
-(the form its SYNC/BROADCAST send), so that the BUS can serve stored records the same
-way: `Storage.set_bus_records` fills it (after the commit, like the event keys) and
-`Storage.read_bus_since_seq` reads it back by sequence number; NULL until then. The
-storage never builds it.
+``bus`` is the Event BUS's record of the event, or NULL: the msgpack array ``[producer,
+timestamp, uuid, data]`` of bin values, the frames its SYNC and BROADCAST carry after the
+topic (the topic comes from the type, the sequence is ``seq``). It is made when the event
+is committed, by the protocol that has it at hand (`Storage.set_bus_recorder`: a PUB's
+own frames, an envelope merged from a peer), and written in the event's own `INSERT`.
+NULL means "none stored" — events that did not come in as BUS envelopes, a peer's
+envelopes merged while nobody subscribed, and every event of a store written before
+records were stored (schema 2 already had the column, always NULL then): readers build
+the record from the columns (`BUS_COLUMNS`, read only for such rows). The storage never
+builds or parses a record.
 """
 
 from __future__ import annotations
@@ -73,6 +78,11 @@ COLS = "server, session, instance, type_id, ts, source_ts, kind, ptype, payload"
 
 INSERT = (
     "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
+    " payload, sbs, bus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+# `INSERT` of rows without the ``bus`` value (NULL): merge rows nobody made records for.
+INSERT_NO_BUS = (
+    "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
     " payload, sbs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 IS_HELD = "SELECT 1 FROM events WHERE server = ? AND instance = ?"
@@ -99,9 +109,14 @@ SERVER_STREAM = (
     " WHERE server = ? AND instance > ? ORDER BY instance LIMIT ?"
 )
 SINCE_SEQ = f"SELECT seq, {COLS} FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
-# The Event BUS's stored records (see the module doc): set after commit, read by seq.
-SET_BUS = "UPDATE events SET bus = ? WHERE seq = ?"
-BUS_SINCE_SEQ = "SELECT seq, bus FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+# The Event BUS's snapshot: the stored records, and the columns a record is built from
+# for the rows stored without one (converting those columns for every row cost the
+# snapshot half again its SQL time).
+BUS_SINCE_SEQ = "SELECT seq, type_id, bus FROM events WHERE seq > ? ORDER BY seq LIMIT ?"
+BUS_COLUMNS = (
+    "SELECT seq, server, session, instance, ts, source_ts, ptype, payload FROM events"
+    " WHERE seq IN (SELECT value FROM json_each(?))"
+)
 
 # Retention.
 DELETE_OLDER = (
@@ -116,9 +131,9 @@ def encode(event: Event) -> bytes:
     return codec.encode_event(event)
 
 
-def row(seq: int, event: Event, type_id: int, sbs: bytes | None) -> tuple:
+def row(seq: int, event: Event, type_id: int, sbs: bytes | None, bus: bytes | None = None) -> tuple:
     """The `INSERT` parameters of `event` (raises TypeError/ValueError naming the bad
-    field)."""
+    field); `sbs` is encoded here when None, `bus` is stored as given."""
     event_id = event.id
     source = event.source_timestamp
     payload = event.payload
@@ -146,6 +161,7 @@ def row(seq: int, event: Event, type_id: int, sbs: bytes | None) -> tuple:
         ptype,
         data,
         _encode_checked(event) if sbs is None else sbs,
+        bus,
     )
 
 

@@ -25,6 +25,12 @@ WHERE excluded.instance > last_ids.instance
 
 SELECT = "SELECT server, session, instance FROM last_ids"
 
+# The newest stored event of one server id (the unique `events_id` index, one seek): the
+# engine's own last id and timestamp at start, which commits no longer write to `meta`.
+NEWEST_OF_SERVER = (
+    "SELECT session, instance, ts FROM events WHERE server = ? ORDER BY instance DESC LIMIT 1"
+)
+
 
 def load(conn: sqlite3.Connection) -> dict[int, EventId]:
     return {

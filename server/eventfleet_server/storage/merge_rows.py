@@ -11,9 +11,11 @@ event's type (a tuple of str) in the place of its type id and no sequence number
 the payload type and bytes, `KIND_JSON` with the text); ``sbs`` is the event's SBS
 ``Event`` encoding as received (stored as it is). `Storage.write_rows` fills in the
 sequence number and the type id in place (a list, not a tuple: one allocation per
-event instead of two) and puts the type back if the write fails, so the same rows can
-be written again. The producer (the Syncer's decoder) has checked every value: ids in
-0..2^63-1, timestamps storable, text valid UTF-8.
+event instead of two) and, when its recorder made Event BUS records, appends each row's
+(slot `BUS`, bytes or None); if the write fails it puts the type back and takes the slot
+off again, so the same rows can be written again. The producer (the Syncer's
+decoder) has checked every value: ids in 0..2^63-1, timestamps storable, text valid
+UTF-8.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ _US = 1_000_000
 
 # Positions in a merge row.
 SEQ, SERVER, SESSION, INSTANCE, TYPE, TS, SOURCE_TS, KIND, PTYPE, PAYLOAD, SBS = range(11)
+BUS = 11  # appended by `Storage.write_rows` when there are records
 
 
 def to_events(rows: list[list], types: list[EventType | None]) -> list[Event]:

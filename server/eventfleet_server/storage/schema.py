@@ -14,6 +14,13 @@ Versions (``PRAGMA user_version``):
    migrated on first start (`migrate`), in one transaction: the columns are added and
    every event's ``sbs`` is encoded from its columns.
 
+   ``events.bus`` was always NULL in the release that introduced it; since the next one
+   the Event BUS's record of each BUS envelope is written in the event's INSERT, and
+   NULL still means "none stored, build it from the columns" (`events`). That is no
+   change of layout or meaning, so the version stays 2: a store of either release opens
+   in the other (tests/fixtures/storage-v2.sqlite, written by the earlier one), and old
+   rows are not back-filled (they are served from their columns).
+
 A store of a newer version is refused before anything in it changes (no downgrade).
 """
 

@@ -1,4 +1,5 @@
-"""The chart's copies of the CRD, the operator's RBAC and the dashboard match their sources.
+"""The chart's copies of the CRD, the operator's RBAC and the dashboard, and the operator
+package's copy of the EventServer CRD, match their sources.
 
 The chart cannot reference files outside its own directory (a packaged chart is a
 tarball of that directory), so it carries copies made by scripts/sync-chart-files.
@@ -46,6 +47,13 @@ def test_every_crd_is_in_the_chart_byte_for_byte():
         copy = CHART / "files" / "crds" / src.name
         assert copy.exists(), f"{src.name} is missing from the chart"
         assert copy.read_bytes() == src.read_bytes(), f"{src.name} drifted"
+
+
+def test_the_operator_package_carries_the_eventserver_crd_byte_for_byte():
+    # eventfleet_operator.crd reads its spec defaults from this copy.
+    src = REPO / "crds" / "eventfleet.io_eventservers.yaml"
+    copy = REPO / "operator" / "eventfleet_operator" / src.name
+    assert copy.read_bytes() == src.read_bytes(), f"{copy} drifted from {src}"
 
 
 def test_chart_rbac_is_derived_from_the_operator_rbac():

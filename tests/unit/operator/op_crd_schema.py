@@ -1,4 +1,5 @@
-"""CRD structural schemas: defaulting and validation, as the API server applies them.
+"""CRD structural schemas: validation as the API server applies it (defaulting:
+op_k8s_schema.apply_defaults).
 
 The OpenAPI v3 dialect of CRDs is translated to JSON Schema for ``jsonschema``:
 ``nullable``, ``x-kubernetes-int-or-string`` and (with strict field validation)
@@ -56,23 +57,3 @@ def validate(schema: dict[str, Any], obj: Any, *, strict: bool = False) -> list[
         f"{'.'.join(str(p) for p in e.absolute_path) or '(root)'}: {e.message}"
         for e in jsonschema.Draft7Validator(js).iter_errors(obj)
     ]
-
-
-def apply_defaults(schema: dict[str, Any], obj: Any) -> Any:
-    """Structural defaulting: absent fields with a ``default`` get it, recursively."""
-    obj = copy.deepcopy(obj)
-    if isinstance(obj, dict) and schema.get("type") == "object":
-        props = schema.get("properties") or {}
-        for key, sub in props.items():
-            if key not in obj and "default" in sub:
-                obj[key] = copy.deepcopy(sub["default"])
-            if key in obj and key != "metadata":
-                obj[key] = apply_defaults(sub, obj[key])
-        extra = schema.get("additionalProperties")
-        if isinstance(extra, dict):
-            for key in obj:
-                if key not in props:
-                    obj[key] = apply_defaults(extra, obj[key])
-    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
-        obj = [apply_defaults(schema["items"], item) for item in obj]
-    return obj

@@ -14,6 +14,7 @@ import zmq
 from eventfleet_operator import builders, buskeys, model, naming
 from eventfleet_operator.model import SpecError
 from eventfleet_operator.reconcilers.buscurve import stored_pair
+from op_fakes import status_doc
 from op_pass import Harness
 
 CURVE = {"protocols": {"bus": {"curve": {"enabled": True}}}}
@@ -21,6 +22,13 @@ CURVE = {"protocols": {"bus": {"curve": {"enabled": True}}}}
 
 def fleet(spec):
     return model.parse("demo", "events", spec, uid="0b8a7d5e-5c1e-4b7e-9d6f-3a2c1b0e9f8d")
+
+
+def curve_status(server_id, public_key):
+    """A replica's /status serving `public_key` on its CURVE BUS."""
+    doc = status_doc(server_id, {server_id: (1, 1)})
+    doc["protocols"] = {"bus": {"auth": "curve", "curve": {"public_key": public_key}}}
+    return doc
 
 
 def _data(secret, key):
@@ -115,10 +123,12 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     assert secret is not None and naming.owned_by(secret, h.uid)
     first = buskeys.from_secret(_data(secret, "server.key"))
     assert _data(secret, "server.pub").strip() == first.public_z85
-    # Clients learn the public key from the status, without access to the Secret.
+    # Clients learn the public key from the status, without access to the Secret; no
+    # replica answered yet, so none is counted as serving it.
     assert h.body["status"]["busCurve"] == {
         "secretName": "demo-bus-curve",
         "publicKey": first.public_z85,
+        "replicasServing": 0,
     }
     version = secret["metadata"]["resourceVersion"]
     await h.run()  # kept: a new pair would lock every client out
@@ -135,6 +145,17 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     assert _data(secret, "server.key").strip() == new_secret.decode()
     assert _data(secret, "server.pub").strip() == public.decode()
     assert h.body["status"]["busCurve"]["publicKey"] == public.decode()
+    # replicasServing counts the replicas whose /status shows that key: one still on
+    # the old key (the kubelet has not refreshed its volume yet), one down.
+    for ordinal, key in ((0, public.decode()), (1, first.public_z85), (2, public.decode())):
+        h.replicas.docs[ordinal] = curve_status(ordinal + 1, key)
+    h.replicas.down.add(2)
+    await h.run()
+    assert h.body["status"]["busCurve"]["replicasServing"] == 1
+    h.replicas.docs[1] = curve_status(2, public.decode())
+    h.replicas.down.clear()
+    await h.run()
+    assert h.body["status"]["busCurve"]["replicasServing"] == 3
 
     # A broken key (or a deleted Secret) gets a fresh pair.
     secret["data"]["server.key"] = base64.b64encode(b"broken").decode()

@@ -2,9 +2,9 @@
 the replica's sections, the operator's port table and the CRD must agree with it.
 
 The CRD is hand-written (the API), so it cannot be generated from the registry; these
-tests fail when the two drift. The chart's CRD copy is kept byte-equal to crds/ by
-scripts/sync-chart-files (tests/unit/chart/test_chart_sync.py), so checking crds/ checks
-both copies.
+tests fail when the two drift. The chart's and the operator package's CRD copies are
+kept byte-equal to crds/ by scripts/sync-chart-files (tests/unit/chart/test_chart_sync.py),
+so checking crds/ checks every copy.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Scale-down while a leaving replica is unreachable, through the whole pass: the real
 ``ReplicaClient`` over HTTP to replica stubs (aiohttp servers speaking the /status and
 /flush contract of docs/observability.md) and the operator's own volume-claim lookup
-(``reconcilers.volumes.claim_exists``) against the in-memory API. A leaving replica that does not
+(``reconcilers.volumes.reach``) against the in-memory API. A leaving replica that does not
 answer holds the scale-down while its claim ``data-<pod>`` exists (it may hold events
 nobody else has); without a claim it never stored anything and the fleet shrinks."""
 

@@ -18,11 +18,8 @@ async def plan(replicas, current, fleet, claims=(), force=False, token=None):
     return await scaling.plan(
         spec(replicas),
         current,
-        endpoints=FakeEndpoints(),
-        client=fleet,
-        claim_exists=claim_exists,
+        scaling.Reach(FakeEndpoints(), fleet, claim_exists, token),
         force=force,
-        token=token,
     )
 
 
