@@ -17,8 +17,8 @@ The module's fleets are also watched as users watch theirs, with prometheus-oper
 and spark-operator's real CRDs installed (neither controller runs here: see
 docs/observability.md and docs/aggregation.md): a real Prometheus scrapes the TLS fleet
 and a plain one through the ServiceMonitors the operator wrote (e2e/cluster/monitoring.py),
-and one run of each fleet's ScheduledSparkApplication runs as its driver pod in the Spark
-image (e2e/cluster/spark.py), its result reaching ``status.aggregation.lastResult``.
+and one run of the plain fleet's ScheduledSparkApplication runs as its driver pod in the
+Spark image (e2e/cluster/spark.py), its result reaching ``status.aggregation.lastResult``.
 """
 
 from __future__ import annotations
@@ -289,15 +289,17 @@ def test_prometheus_scrapes_every_replica_through_the_operators_service_monitor(
         prometheus.stop()
 
 
-@pytest.mark.parametrize("fleet", ["plain", "sec"])
+# The TLS fleet ("sec": the CA mounted, https /export) passes too, but costs ~100 s of
+# the cluster phase on CI, which is at its budget: run it by hand by adding it here.
+@pytest.mark.parametrize("fleet", ["plain"])
 def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status(
     kubectl, watchers, tmp_path, fleet
 ):
     """The Spark image runs one run of the ScheduledSparkApplication the operator wrote,
     as its driver pod with exactly its arguments (e2e/cluster/spark.py: spark-operator
-    does not run here), against the fleet's client Service — plain, and with TLS (the
-    job verifies the replicas with the fleet CA the pod mounts); the operator reads the
-    driver's termination message into ``status.aggregation.lastResult``."""
+    does not run here), against the fleet's client Service (with TLS, the job verifies
+    the replicas with the fleet CA the pod mounts); the operator reads the driver's
+    termination message into ``status.aggregation.lastResult``."""
     wait_condition(kubectl, fleet, "Ready")  # the fleets of the test above
     pods = Replicas(kubectl, fleet, tmp_path)
     ca_file = tmp_path / "ca.crt"
