@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import msgspec
 
@@ -82,6 +83,11 @@ def classify(kind: str, text: str | None) -> tuple[str, dict[str, float], int]:
             if x is not None:
                 numbers[key] = x
         return (NUMERIC if numbers else NON_NUMERIC), numbers, len(value) - len(numbers)
+    return _scalar(value)
+
+
+def _scalar(value: Any) -> tuple[str, dict[str, float], int]:
+    """The classification of a payload that is not an object: one number or none."""
     x = _number(value)
     if x is None:
         return NON_NUMERIC, _NO_NUMBERS, 0
@@ -118,7 +124,4 @@ def classify_fast(kind: str, text: str | None) -> tuple[str, dict[str, float], i
                 if x is not None:
                     numbers[key] = x
         return (NUMERIC if numbers else NON_NUMERIC), numbers, len(value) - len(numbers)
-    x = _number(value)
-    if x is None:
-        return NON_NUMERIC, _NO_NUMBERS, 0
-    return NUMERIC, {ROOT_FIELD: x}, 0
+    return _scalar(value)

@@ -172,13 +172,7 @@ class EventerSession:
             return
         except Exception as e:
             # The whole request fails; the connection stays (the client may go on).
-            self.server.rejections.reject(
-                RejectReason.REGISTER_FAILED,
-                f"register by {self.name!r} refused: {e}",
-                conn.peer,
-            )
-            if wants_response:
-                self._respond_register(msg, None)
+            self._register_failed(msg, f"register by {self.name!r} refused: {e}")
             return
         if conn.is_closed:
             return
@@ -202,19 +196,22 @@ class EventerSession:
         try:
             _, fut = self._engine.register(events, validated=True, encode=encode, done=done)
         except EngineError as e:
-            self.server.rejections.reject(
-                RejectReason.REGISTER_FAILED,
-                f"register of {len(events)} events by {self.name!r} failed: {e}",
-                conn.peer,
+            self._register_failed(
+                msg, f"register of {len(events)} events by {self.name!r} failed: {e}"
             )
-            if wants_response:
-                self._respond_register(msg, None)
             return
         if not wants_response and len(events) > CHUNK_EVENTS:
             # No answer to wait for: still, the next request waits for this commit, so
             # a client cannot queue uncommitted batches faster than the disk takes them.
             with contextlib.suppress(Exception):
                 await fut
+
+    def _register_failed(self, msg: chatter.Msg, detail: str) -> None:
+        """A register request that stored nothing: counted and logged as a rejection, and
+        answered with the failure choice when the client waits for an answer."""
+        self.server.rejections.reject(RejectReason.REGISTER_FAILED, detail, self.conn.peer)
+        if not msg.last:
+            self._respond_register(msg, None)
 
     def _respond_register(self, msg: chatter.Msg, elements: list[bytes] | None) -> None:
         """MsgRegisterRes: the events' stored bytes joined behind the header (one C join,
