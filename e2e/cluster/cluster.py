@@ -226,10 +226,13 @@ class Cluster:
             RUN_DIR.mkdir(mode=0o700)
         except FileExistsError:
             owner = OWNER_FILE.read_text().strip() if OWNER_FILE.exists() else "unknown"
-            raise ClusterError(
-                f"a cluster is already up on this machine (work directory {owner}; {RUN_DIR} "
-                f"exists): one per machine. Stop it with `scripts/cluster down --workdir {owner}`"
-            ) from None
+            if not self._reclaim_stale(owner):
+                raise ClusterError(
+                    f"a cluster is already up on this machine (work directory {owner}; "
+                    f"{RUN_DIR} exists): one per machine. Stop it with "
+                    f"`scripts/cluster down --workdir {owner}`"
+                ) from None
+            RUN_DIR.mkdir(mode=0o700)
         OWNER_FILE.write_text(str(self.workdir) + "\n")
         found = host.preconditions()
         if found:
@@ -268,6 +271,32 @@ class Cluster:
                 self.down()
             raise
         return self
+
+    def _reclaim_stale(self, owner: str) -> bool:
+        """Take down a cluster whose every process is gone (its runner was killed before
+        `down`, e.g. a CI job's time limit): True when the host is free again.
+
+        A cluster with any process still running is never touched; nor is a run
+        directory whose owner left no state (nothing says what to undo).
+        """
+        stale = Cluster(pathlib.Path(owner)) if owner != "unknown" else None
+        if stale is None or not stale.state.get("processes"):
+            return False
+        alive = [n for n in stale.state["processes"] if stale._alive(n)]
+        if alive:
+            return False
+        log.warning(
+            "a cluster in %s was left up by a runner that is gone (none of its processes "
+            "runs): taking it down before starting this one",
+            owner,
+        )
+        report = stale.down()
+        if report["failed"] or report["leftovers"] or RUN_DIR.exists():
+            raise ClusterError(
+                f"could not take down the stale cluster in {owner}: failed {report['failed']}, "
+                f"left on the host {report['leftovers']}"
+            )
+        return True
 
     def _up(self, project_images: tuple[str, ...], timeout: float) -> None:
         t0 = time.monotonic()
