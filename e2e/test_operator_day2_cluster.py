@@ -6,9 +6,10 @@ chart's RBAC; the replicas are the project's server image run by the kubelet and
 containerd, reached by the operator through its own URL template. Nothing of what the
 operator renders is rewritten.
 
-One fleet (``day2``, three replicas, the Event BUS on with CURVE) carries the module's
-scenarios in order: pause, hibernate and wake (and the stale-Ready regression: the
-StatefulSet's status held back while the fleet wakes); a peer-token rotation and the
+One fleet (``day2``, three replicas, the Event BUS on with CURVE and PLAIN listeners for
+reference clients from the node's address) carries the module's scenarios in order:
+pause, hibernate and wake (and the stale-Ready regression: the StatefulSet's status held
+back while the fleet wakes); a peer-token rotation, PLAIN clients beside CURVE, and the
 runbook's BUS CURVE server key rotation, each reaching the replicas through the
 kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
 rollout of a crash-looping image reverted without manual steps, and a restart request.
@@ -34,10 +35,10 @@ import yaml
 from eventfleet_operator import buskeys
 from eventfleet_server.bus.curve import token_keypair
 
-from e2e.bus_client import wait_live
+from e2e.bus_client import BusClient, wait_live
 from e2e.cluster.clients import ClusterKubectl
 from e2e.cluster.cluster import Cluster, _start_time
-from e2e.cluster.layout import CONTAINERD_SOCKET, PAUSE_IMAGE, PROVISIONER_NAME
+from e2e.cluster.layout import CONTAINERD_SOCKET, NODE_IP, PAUSE_IMAGE, PROVISIONER_NAME
 from e2e.cluster.replicas import Replicas, register
 from e2e.doc_blocks import DocShell, cluster_blocks
 from e2e.operator_helpers import (
@@ -59,6 +60,7 @@ pytestmark = pytest.mark.timeout(900)
 FLEET = "day2"
 RUNBOOK = pathlib.Path(__file__).resolve().parents[1] / "docs" / "runbook.md"
 SECTION = "Rotate the Event BUS CURVE server key"
+PLAIN_PORT = 23040  # spec.protocols.bus.curve.plainPort: after the CURVE block 23030..23032
 # A crash-looping "image": the cluster's pause image under another name. The kubelet
 # starts it with the replica's command (``eventfleet server``), which it does not have.
 BAD_IMAGE = "docker.io/bad/server:crashloop"
@@ -81,9 +83,10 @@ def pods(
     kubectl: ClusterKubectl, operator_release: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Replicas:
     """The module's fleet, Ready and in sync."""
-    kubectl.apply(
-        eventserver(FLEET, 3, protocols={"bus": {"enabled": True, "curve": {"enabled": True}}})
-    )
+    # PLAIN beside CURVE for reference clients, only from the node: the host's
+    # connections through the client Service come from its bridge address.
+    curve = {"enabled": True, "plainPort": PLAIN_PORT, "plainNetworks": [f"{NODE_IP}/32"]}
+    kubectl.apply(eventserver(FLEET, 3, protocols={"bus": {"enabled": True, "curve": curve}}))
     wait_condition(kubectl, FLEET, "Ready")
     wait_condition(kubectl, FLEET, "PeersSynced")
     return Replicas(kubectl, FLEET, tmp_path_factory.mktemp("replicas"))
@@ -278,6 +281,58 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     assert wait_for(flushed, timeout=120, what="the flush after the rotation")["result"] == (
         "Verified"
     )
+
+
+def test_bus_plain_listeners_beside_curve_for_reference_clients(kubectl, pods):
+    """spec.protocols.bus.curve.plainPort on the real cluster: the client Service and
+    the NetworkPolicy carry the PLAIN ports (only from plainNetworks); a PLAIN client
+    with the fleet token (what a reference BUS client can do) publishes and receives
+    through them, sees what a CURVE client publishes (one BUS, two doors); a PLAIN client
+    with a wrong token or none is refused."""
+    plain = {"plain-snapshot": PLAIN_PORT, "plain-publisher": PLAIN_PORT + 1}
+    plain["plain-collector"] = PLAIN_PORT + 2
+    service = kubectl.get("service", FLEET)
+    assert {p["name"]: p["port"] for p in service["spec"]["ports"] if p["name"] in plain} == plain
+    ingress = kubectl.get("networkpolicy", FLEET)["spec"]["ingress"]
+    (rule,) = [r for r in ingress if {"protocol": "TCP", "port": PLAIN_PORT} in r["ports"]]
+    assert rule["from"] == [{"ipBlock": {"cidr": f"{NODE_IP}/32"}}]
+    key = wait_for(
+        lambda: kubectl.get("eventserver", FLEET)["status"].get("busCurve", {}).get("publicKey"),
+        timeout=60,
+        what="status.busCurve.publicKey",
+    )
+    config = yaml.safe_load(kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"])
+    assert config["bus"]["curve"]["plain_port"] == PLAIN_PORT
+    ip = service["spec"]["clusterIP"]
+    token = base64.b64decode(kubectl.get("secret", f"{FLEET}-token")["data"]["token"])
+    token = token.decode().splitlines()[0].strip()
+
+    async def scenario() -> None:
+        reference = BusClient(PLAIN_PORT, plain=("reference", token), host=ip)
+        curve = CurveBusClient(config["bus"]["port"], key.encode(), token_keypair(token), host=ip)
+        wrong = BusClient(PLAIN_PORT, plain=("reference", token + "x"), host=ip)
+        anonymous = BusClient(PLAIN_PORT, host=ip)
+        try:
+            reference.subscribe("/p/")
+            await wait_live(reference, reference, "/p/plain", timeout=60)
+            await wait_live(reference, curve, "/p/from-curve", timeout=60)
+            # The snapshot port too; it may be another replica's (the Service balances
+            # connections), which has the events once the Syncer brought them.
+            deadline = asyncio.get_running_loop().time() + 60
+            while True:
+                events, _ = await reference.syncstart("/p/", timeout=10.0)
+                topics = {e.topic for e in events}
+                if {"/p/plain", "/p/from-curve"} <= topics:
+                    break
+                assert asyncio.get_running_loop().time() < deadline, topics
+                await asyncio.sleep(0.5)
+            await refused(wrong, "/p/wrong")
+            await refused(anonymous, "/p/anonymous")
+        finally:
+            for client in (reference, curve, wrong, anonymous):
+                client.close()
+
+    asyncio.run(scenario())
 
 
 def test_bus_curve_server_key_rotation_as_the_runbook_says_without_a_restart(

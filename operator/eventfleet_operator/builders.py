@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import ipaddress
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -170,10 +171,17 @@ def _s3_credentials_volumes(spec: FleetSpec) -> list[tuple[dict[str, Any], dict[
 
 
 def _service_ports(spec: FleetSpec, service: Service) -> list[dict[str, Any]]:
+    plain = _bus_plain_ports(spec) if service is Service.CLIENT else ()
     return [
         {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
-        for _, name, port in spec.served_ports(service)
+        for name, port in (*((n, p) for _, n, p in spec.served_ports(service)), *plain)
     ]
+
+
+def _bus_plain_ports(spec: FleetSpec) -> tuple[tuple[str, int], ...]:
+    """``(name, port)`` of the Event BUS PLAIN listeners beside CURVE (client ports,
+    like the CURVE ones: container, client Service, NetworkPolicy); none without them."""
+    return spec.bus_curve.plain_ports() if _bus_curve(spec) else ()
 
 
 def replication_config(spec: FleetSpec) -> dict[str, Any]:
@@ -238,13 +246,19 @@ def _secret(spec: FleetSpec, name: str, component: str, token: str) -> dict[str,
 
 def bus_curve_config(spec: FleetSpec) -> dict[str, Any]:
     """The replica's ``bus.curve`` section: the mounted server key, the mounted client
-    keys (a directory: every key of the allowed-keys Secret is a file of keys)."""
-    return {
+    keys (a directory: every key of the allowed-keys Secret is a file of keys); with
+    ``plainPort`` the PLAIN listeners, whose password is the fleet token (always there on
+    Kubernetes: the operator generates one when spec.token names none)."""
+    section: dict[str, Any] = {
         "enabled": True,
         "secret_key_file": naming.BUS_CURVE_KEY_PATH,
         "allowed_keys": naming.BUS_CLIENT_KEYS_DIR if spec.bus_curve.allowed_keys_secret else None,
         "tokens": spec.bus_curve.tokens,
     }
+    if spec.bus_curve.plain_port is not None:
+        section["plain_port"] = spec.bus_curve.plain_port
+        section["plain_networks"] = list(spec.bus_curve.plain_networks)
+    return section
 
 
 def bus_curve_secret(spec: FleetSpec, secret_z85: str, public_z85: str) -> dict[str, Any]:
@@ -411,7 +425,7 @@ def _probe(path: str, spec: FleetSpec) -> dict[str, Any]:
 def _container(spec: FleetSpec) -> dict[str, Any]:
     ports = [
         {"name": name, "containerPort": port, "protocol": "TCP"}
-        for _, name, port in spec.served_ports()
+        for name, port in (*((n, p) for _, n, p in spec.served_ports()), *_bus_plain_ports(spec))
     ]
     container: dict[str, Any] = {
         "name": "replica",
@@ -732,7 +746,10 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
     Syncer only from the fleet's own pods; the HTTP port (``/flush``, ``/status``,
     ``/metrics``) from the operator (``operator``: a NetworkPolicyPeer), the monitoring
     sources and ``spec.networkPolicy.http.from``; the client ports from
-    ``spec.networkPolicy.clients.from``, or from anywhere when that is empty.
+    ``spec.networkPolicy.clients.from``, or from anywhere when that is empty. The Event
+    BUS PLAIN ports (``spec.protocols.bus.curve.plainPort``) only from
+    ``plainNetworks`` when given (a policy cannot intersect them with clients.from; the
+    replica checks plainNetworks itself too), else as the other client ports.
     """
     np = spec.network_policy
 
@@ -755,6 +772,12 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
         http_from.append({"podSelector": {"matchLabels": _aggregation_pod_labels(spec)}})
     http_from += [dict(p) for p in np.http_from]
     clients: dict[str, Any] = {"ports": ports(Service.CLIENT, client_protocols)}
+    plain_ports = [{"protocol": "TCP", "port": port} for _, port in _bus_plain_ports(spec)]
+    plain: list[dict[str, Any]] = []
+    if plain_ports and spec.bus_curve.plain_networks:
+        plain = [{"from": _ip_blocks(spec.bus_curve.plain_networks), "ports": plain_ports}]
+    else:
+        clients["ports"] += plain_ports
     if np.client_from:
         clients["from"] = [dict(p) for p in np.client_from]
     return {
@@ -768,9 +791,16 @@ def network_policy(spec: FleetSpec, operator: Mapping[str, Any]) -> dict[str, An
                 {"from": [own], "ports": ports(Service.PEERS, ("syncer",))},
                 {"from": http_from, "ports": ports(None, ("http",))},
                 clients,
+                *plain,
             ],
         },
     }
+
+
+def _ip_blocks(networks: tuple[str, ...]) -> list[dict[str, Any]]:
+    """NetworkPolicyPeers for addresses or networks as the replica reads them (host bits
+    allowed, a bare address is its own network): written canonical, ``10.1.0.0/16``."""
+    return [{"ipBlock": {"cidr": str(ipaddress.ip_network(n, strict=False))}} for n in networks]
 
 
 def service_monitor(spec: FleetSpec) -> dict[str, Any]:

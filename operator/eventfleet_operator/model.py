@@ -152,11 +152,23 @@ class BusCurveSpec:
     issues in the Secret ``<name>-bus-curve`` (``server.key``, ``server.pub``); clients
     are admitted by the public keys of ``allowed_keys_secret`` (every key of that Secret
     a file of keys) and/or, with ``tokens``, by the key pair derived from the fleet token.
+    ``plain_port`` adds PLAIN listeners (the fleet token in clear text) on plain_port ..
+    +2 for clients without CURVE, from ``plain_networks`` only when that is not empty.
     """
 
     enabled: bool
     tokens: bool
     allowed_keys_secret: str | None
+    plain_port: int | None = None
+    plain_networks: tuple[str, ...] = ()
+
+    def plain_ports(self) -> tuple[tuple[str, int], ...]:
+        """``(port name, port)`` of the PLAIN listeners (none without ``plain_port``):
+        named as the replica's /status names them."""
+        if self.plain_port is None:
+            return ()
+        names = ("plain-snapshot", "plain-publisher", "plain-collector")
+        return tuple((name, self.plain_port + i) for i, name in enumerate(names))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -645,17 +657,8 @@ def _parse_clients(spec: Mapping[str, Any]) -> ClientsSpec:
     allow = _bool(section, "allowTokenless", path)
     networks = _get(section, "tokenlessNetworks", path, list) or []
     for i, value in enumerate(networks):
-        try:
-            # As the replica reads them (listener.parse_networks): host bits allowed.
-            # A number would pass ip_network (an integer address): text only.
-            if not isinstance(value, str):
-                raise TypeError(value)
-            ipaddress.ip_network(value, strict=False)
-        except (TypeError, ValueError):
-            raise SpecError(
-                f"{path}.tokenlessNetworks[{i}]",
-                f"must be an IP address or a CIDR network such as 10.1.0.0/16, got {value!r}",
-            ) from None
+        # As the replica reads them (listener.parse_networks).
+        _network(value, f"{path}.tokenlessNetworks[{i}]")
     if networks and not allow:
         raise SpecError(
             f"{path}.tokenlessNetworks", "applies only with spec.clients.allowTokenless: true"
@@ -983,16 +986,58 @@ def _parse_bus_curve(protocols: Mapping[str, Any]) -> BusCurveSpec:
         raise SpecError(f"{ref_path}.name", "is required")
     if secret is not None and not _DNS1123_SUBDOMAIN.match(secret):
         raise SpecError(f"{ref_path}.name", f"must be a Secret name, got {secret!r}")
+    networks = _get(section, "plainNetworks", path, list) or []
+    for i, value in enumerate(networks):
+        _network(value, f"{path}.plainNetworks[{i}]")
     parsed = BusCurveSpec(
         enabled=_bool(section, "enabled", path),
         tokens=_bool(section, "tokens", path),
         allowed_keys_secret=secret,
+        plain_port=_int(section, "plainPort", path),
+        plain_networks=tuple(networks),
     )
     if parsed.enabled and not parsed.tokens and parsed.allowed_keys_secret is None:
         raise SpecError(
             path, "no client could connect: set allowedKeysSecretRef or leave tokens true"
         )
+    if parsed.plain_port is not None and not parsed.enabled:
+        raise SpecError(
+            f"{path}.plainPort",
+            f"{parsed.plain_port}: PLAIN listeners beside CURVE need {path}.enabled: true "
+            "(without CURVE the BUS ports speak PLAIN already)",
+        )
+    if networks and parsed.plain_port is None:
+        raise SpecError(f"{path}.plainNetworks", f"applies only with {path}.plainPort")
     return parsed
+
+
+def _network(value: Any, field: str) -> None:
+    """An address or CIDR network as the replica reads it (host bits allowed)."""
+    try:
+        # A number would pass ip_network (an integer address): text only.
+        if not isinstance(value, str):
+            raise TypeError(value)
+        ipaddress.ip_network(value, strict=False)
+    except (TypeError, ValueError):
+        raise SpecError(
+            field, f"must be an IP address or a CIDR network such as 10.1.0.0/16, got {value!r}"
+        ) from None
+
+
+def _validate_plain_port(ports: Ports, curve: BusCurveSpec) -> None:
+    """The PLAIN block (3 ports) may overlap no block of ``spec.ports``, served or not
+    (as ``_validate_ports``: enabling a protocol later must not collide)."""
+    plain = dict(curve.plain_ports())
+    for entry in constants.PROTOCOL_PORTS:
+        for _, port in entry.ports(ports[entry.protocol]):
+            if port in plain.values():
+                width = f" (a block of {entry.width} ports)" if entry.width > 1 else ""
+                raise SpecError(
+                    "spec.protocols.bus.curve.plainPort",
+                    f"{curve.plain_port}: the PLAIN ports {curve.plain_port}.."
+                    f"{curve.plain_port + 2} overlap port {port} of "
+                    f"spec.ports.{entry.protocol}{width}",
+                )
 
 
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
@@ -1138,6 +1183,9 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
     protocols = _obj(spec, "protocols", "spec")
     affinity = _get(spec, "affinity", "spec", dict)
     enabled_protocols, not_implemented = _parse_protocols(protocols)
+    ports = _parse_ports(spec)
+    bus_curve = _parse_bus_curve(protocols)
+    _validate_plain_port(ports, bus_curve)
     return FleetSpec(
         name=name,
         namespace=namespace,
@@ -1148,7 +1196,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         image_pull_secrets=tuple(ref["name"] for ref in pull_secrets),
         resources=_parse_resources(spec),
         storage=_parse_storage(spec),
-        ports=_parse_ports(spec),
+        ports=ports,
         token=_parse_token(spec),
         peer_token=_parse_peer_token(spec),
         clients=_parse_clients(spec),
@@ -1157,7 +1205,7 @@ def parse(name: str, namespace: str, spec: Mapping[str, Any] | None, *, uid: str
         not_implemented=not_implemented,
         replication=_parse_replication(protocols),
         jetstream=_parse_jetstream(protocols),
-        bus_curve=_parse_bus_curve(protocols),
+        bus_curve=bus_curve,
         retention=Retention(
             max_age_seconds=_int(retention, "maxAgeSeconds", "spec.retention"),
             max_events=_int(retention, "maxEvents", "spec.retention"),

@@ -10,6 +10,7 @@ import base64
 import jsonschema
 import kubernetes_validate
 import pytest
+import yaml
 import zmq
 from eventfleet_operator import builders, buskeys, model, naming
 from eventfleet_operator.model import SpecError
@@ -168,3 +169,128 @@ async def test_passes_issue_keep_accept_a_rotation_and_remove_the_key_pair():
     await h.run()
     assert h.kube.obj("Secret", "demo-bus-curve") is None
     assert "busCurve" not in h.body["status"]
+
+
+# -- PLAIN listeners beside CURVE (plainPort, plainNetworks) ----------------------------------
+
+PLAIN = {
+    "protocols": {
+        "bus": {
+            "curve": {
+                "enabled": True,
+                "plainPort": 23040,
+                "plainNetworks": ["10.1.2.3/16", "fd00::1", "192.0.2.7"],
+            }
+        }
+    }
+}
+
+
+def test_plain_listeners_reach_the_config_the_ports_and_the_policy(tmp_path):
+    from eventfleet_server import config as replica_config
+    from eventfleet_server.bus.config import BusConfig
+    from eventfleet_server.config.typed import build
+
+    spec = fleet(PLAIN)
+    assert spec.bus_curve.plain_port == 23040
+    config = builders.replica_config(spec, peer_count=3, allow_empty_start=True)
+    curve = config["bus"]["curve"]
+    assert curve["plain_port"] == 23040
+    assert curve["plain_networks"] == ["10.1.2.3/16", "fd00::1", "192.0.2.7"]
+    # The replica loads it and its own checks (overlap, networks) pass.
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(config))
+    loaded = replica_config.load(path, environ={"EVENTFLEET_POD_NAME": "demo-0"})
+    bus = build(BusConfig, loaded["bus"])
+    assert bus.curve.plain_port == 23040 and bus.port == 23030
+    plain = {"plain-snapshot": 23040, "plain-publisher": 23041, "plain-collector": 23042}
+
+    pod = builders.statefulset(spec, replicas=3, config_hash="h")
+    container = pod["spec"]["template"]["spec"]["containers"][0]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert {k: ports[k] for k in plain} == plain and ports["bus-snapshot"] == 23030
+    client = builders.client_service(spec)
+    by_name = {p["name"]: p for p in client["spec"]["ports"]}
+    assert {k: by_name[k]["port"] for k in plain} == plain
+    assert all(by_name[k]["targetPort"] == k for k in plain)
+    assert not set(plain) & {p["name"] for p in builders.peer_service(spec)["spec"]["ports"]}
+
+    # PLAIN only from the listed networks (canonical CIDRs); the CURVE ports as before.
+    operator = builders.operator_peer("op", {"a": "b"})
+    policy = builders.network_policy(spec, operator)
+    rules = policy["spec"]["ingress"]
+    plain_rules = [r for r in rules if {p["port"] for p in r["ports"]} & set(plain.values())]
+    assert plain_rules == [
+        {
+            "from": [
+                {"ipBlock": {"cidr": "10.1.0.0/16"}},
+                {"ipBlock": {"cidr": "fd00::1/128"}},
+                {"ipBlock": {"cidr": "192.0.2.7/32"}},
+            ],
+            "ports": [{"protocol": "TCP", "port": p} for p in plain.values()],
+        }
+    ]
+    curve_rule = next(r for r in rules if {"protocol": "TCP", "port": 23030} in r["ports"])
+    assert "from" not in curve_rule  # clients.from empty: every source, as before
+    for doc in (pod, client, policy, builders.peer_service(spec)):
+        kubernetes_validate.validate(doc, "1.33.0", strict=True)
+
+    # Without plainNetworks the PLAIN ports admit whom the other client ports admit.
+    spec = fleet(
+        {
+            "protocols": {"bus": {"curve": {"enabled": True, "plainPort": 23040}}},
+            "networkPolicy": {"clients": {"from": [{"podSelector": {"matchLabels": {"c": "1"}}}]}},
+        }
+    )
+    rules = builders.network_policy(spec, operator)["spec"]["ingress"]
+    (clients,) = [r for r in rules if {"protocol": "TCP", "port": 23040} in r["ports"]]
+    assert {"protocol": "TCP", "port": 23030} in clients["ports"]
+    assert clients["from"] == [{"podSelector": {"matchLabels": {"c": "1"}}}]
+    config = builders.replica_config(spec, peer_count=1, allow_empty_start=True)
+    assert config["bus"]["curve"]["plain_networks"] == []
+
+
+def test_no_plain_listeners_unless_asked_or_without_the_bus():
+    curve = PLAIN["protocols"]["bus"]["curve"]
+    bus_off = {"protocols": {"bus": {"enabled": False, "curve": curve}}}
+    for doc in (CURVE, bus_off):
+        spec = fleet(doc)
+        config = builders.replica_config(spec, peer_count=1, allow_empty_start=True)
+        assert "plain_port" not in config["bus"].get("curve", {})
+        names = {p["name"] for p in builders.client_service(spec)["spec"]["ports"]}
+        assert not {n for n in names if n.startswith("plain-")}
+        policy = builders.network_policy(spec, builders.operator_peer("op", {"a": "b"}))
+        assert len(policy["spec"]["ingress"]) == 3
+
+
+@pytest.mark.parametrize(
+    ("curve", "ports", "field", "message"),
+    [
+        # Each block of spec.ports, the BUS's own CURVE block included, and its edges.
+        ({"plainPort": 23028}, {}, "plainPort", "port 23030 of spec.ports.bus (a block of 3"),
+        ({"plainPort": 23032}, {}, "plainPort", "23032..23034 overlap port 23032 of"),
+        ({"plainPort": 23011}, {}, "plainPort", "overlap port 23012 of spec.ports.eventer"),
+        ({"plainPort": 23080}, {}, "plainPort", "port 23080 of spec.ports.http"),
+        ({"plainPort": 25000}, {"syncer": 25002}, "plainPort", "of spec.ports.syncer"),
+        ({"plainPort": 1023}, {}, "plainPort", "between 1024 and 65533, got 1023"),
+        ({"plainPort": 65534}, {}, "plainPort", "between 1024 and 65533, got 65534"),
+        ({"plainPort": "23040"}, {}, "plainPort", "expected"),
+        ({"plainNetworks": ["10.1/16"], "plainPort": 23040}, {}, "plainNetworks[0]", "'10.1/16'"),
+        ({"plainNetworks": [10], "plainPort": 23040}, {}, "plainNetworks[0]", "got 10"),
+        ({"plainNetworks": ["10.0.0.0/8"]}, {}, "plainNetworks", "only with spec.protocols.bus"),
+    ],
+)
+def test_plain_listener_errors_name_the_field_and_the_value(curve, ports, field, message):
+    spec = {"protocols": {"bus": {"curve": {"enabled": True, **curve}}}, "ports": ports}
+    with pytest.raises(SpecError) as e:
+        fleet(spec)
+    assert e.value.field == f"spec.protocols.bus.curve.{field}", e.value
+    assert message in str(e.value)
+
+
+def test_plain_listeners_need_curve():
+    # Without CURVE the BUS ports speak PLAIN already: a second PLAIN block is a mistake.
+    with pytest.raises(SpecError, match=r"23040: PLAIN listeners beside CURVE need"):
+        fleet({"protocols": {"bus": {"curve": {"plainPort": 23040}}}})
+    # Adjacent blocks are fine: 23033 is the first port after the CURVE block.
+    assert fleet({"protocols": {"bus": {"curve": {"enabled": True, "plainPort": 23033}}}})

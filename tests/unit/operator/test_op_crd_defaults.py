@@ -347,14 +347,29 @@ def placed(path: str, value: Any) -> dict[str, Any]:
     return spec
 
 
+# What a field's bound value needs besides itself to be a valid spec (cross-field rules).
+NEEDS: dict[str, dict[str, Any]] = {
+    "spec.protocols.bus.curve.plainPort": {"enabled": True},  # PLAIN beside CURVE only
+}
+
+
 @pytest.mark.parametrize(("path", "kind", "bound"), integer_bounds())
 def test_the_parser_enforces_every_crd_integer_bound(path, kind, bound):
     beyond = bound - 1 if kind == "minimum" else bound + 1
+
+    def spec(value: int) -> dict[str, Any]:
+        doc = placed(path, value)
+        node = doc
+        for key in path.split(".")[1:-1]:
+            node = node[key]
+        node.update(NEEDS.get(path, {}))
+        return doc
+
     with pytest.raises(model.SpecError) as e:
-        model.parse("demo", "ns", placed(path, beyond))
+        model.parse("demo", "ns", spec(beyond))
     assert e.value.field == path and f"got {beyond}" in e.value.message
     if not path.startswith("spec.ports."):  # a bound port may collide with its neighbour
-        model.parse("demo", "ns", placed(path, bound))
+        model.parse("demo", "ns", spec(bound))
 
 
 @pytest.mark.parametrize("entry", constants.PROTOCOL_PORTS, ids=lambda e: e.protocol)
