@@ -431,6 +431,11 @@ async def test_bad_frames_and_messages_are_answered_counted_and_harmless(publish
             ({"name": "no key"}, "no key column"),
             ({"id": ["x"]}, "row key"),
             ({"id": "*"}, "row key"),
+            # The shared payload rule: numbers no JSON reader holds (json.dumps writes
+            # NaN and Infinity; 10**400 is JSON text beyond a double).
+            ({"id": "n1", "name": float("nan")}, "the number NaN is not a finite double"),
+            ({"id": "n2", "name": float("-inf")}, "the number -Infinity is not a finite"),
+            ({"id": "n3", "name": [10**400]}, "the number 100000000000... (401 characters)"),
         ):
             answer = await c.request({"api": "users", "mt": "ReplicateAdd", "columns": bad_columns})
             assert answer["mt"] == "ReplicateAddResult" and text in answer["error"], answer

@@ -24,6 +24,8 @@ from eventfleet_server.common.model import (
     QueryLatestParams,
     QueryServerParams,
     QueryTimeseriesParams,
+    RegisterEvent,
+    check_register_event,
 )
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
 from eventfleet_server.common.sbsint import SbsIntError
@@ -31,9 +33,8 @@ from eventfleet_server.common.subscription import InvalidSubscriptionError, Subs
 from eventfleet_server.engine import Engine
 from eventfleet_server.eventer.wire import (
     BadRequest,
-    MalformedRequest,
+    InvalidRegistration,
     RegisterLimits,
-    RequestRefused,
     decode_init_req,
     decode_query_req,
     decode_register,
@@ -116,12 +117,18 @@ def chatter_large_msg(data: bytes) -> None:
 
 
 def eventer_register(data: bytes) -> None:
-    """MsgRegisterReq: the bounded, sliced decoder."""
+    """MsgRegisterReq: the bounded, sliced decoder. The only refusal is
+    `InvalidRegistration` (its `MalformedRequest` and `RequestRefused` included); any
+    other exception — a bare ValueError too — fails the target. What it accepts must be
+    events the shared rule accepts."""
     limits = RegisterLimits(max_events=1000, max_payload_bytes=4096)
     try:
-        asyncio.run(decode_register(data, limits))
-    except (MalformedRequest, RequestRefused, ValueError):
-        pass
+        events = asyncio.run(decode_register(data, limits))
+    except InvalidRegistration:
+        return
+    for i, event in enumerate(events):
+        assert isinstance(event, RegisterEvent)
+        check_register_event(i, event)  # raises: accepted what the rule refuses
 
 
 def eventer_init(data: bytes) -> None:

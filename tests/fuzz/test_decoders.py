@@ -32,6 +32,7 @@ from eventfleet_server.common.model import (
 from eventfleet_server.common.sbsint import encode_int
 from eventfleet_server.eventer.wire import (
     CHUNK_EVENTS,
+    InvalidRegistration,
     RegisterLimits,
     decode_register,
     encode_register_res,
@@ -231,7 +232,7 @@ def test_mutated_register_requests_walked_as_the_codec_reads_them(data):
     events from the whole message: the walk never cuts a slice at the wrong place."""
     try:
         decoded = asyncio.run(decode_register(data, RegisterLimits()))
-    except ValueError:  # MalformedRequest and RequestRefused included
+    except InvalidRegistration:  # MalformedRequest and RequestRefused included
         return
     whole = codec.repo.decode("HatEventer.MsgRegisterReq", data)
     assert decoded == [codec.register_event_from_sbs(e) for e in whole]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 from eventfleet_server.common import codec
@@ -195,4 +196,50 @@ async def test_slow_subscriber_is_dropped_without_stalling_others(tmp_path):
         assert replica.eventer.rejected.get("slow_subscriber") == 1
         await good.async_close()
         await pub.async_close()
+        await conn.async_close()
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ('{"v": NaN}', "the number NaN"),  # Python's json.dumps writes these by default
+        ("[Infinity]", "the number Infinity"),
+        ("-Infinity", "the number -Infinity"),
+        ('{"v": 1e400}', "the number 1e400"),  # JSON, but no double holds it
+        ("[1, " + "9" * 400 + "]", "the number 999999999999... (400 characters)"),
+    ],
+    ids=["nan", "inf", "-inf", "1e400", "int400"],
+)
+async def test_register_with_a_number_no_json_reader_holds_is_refused(replica, caplog, text, named):
+    """The shared payload rule (docs/security.md, "Validation"): NaN, ±Infinity and
+    numbers beyond a double are refused at registration, the request as a whole, with
+    the value named; nothing reaches a reader that could not parse it (Jetstream, a
+    client's JSON.parse). Raw requests: hat-event's client refuses to encode NaN."""
+
+    def event(type_, payload):
+        return {
+            "type": [type_],
+            "sourceTimestamp": ("none", None),
+            "payload": ("value", ("json", payload)),
+        }
+
+    conn = await initialized_raw(replica)
+    try:
+        request = [event("good", "[1.5e308, 1e-400]"), event("bad", text)]
+        data = codec.repo.encode("HatEventer.MsgRegisterReq", request)
+        with caplog.at_level(logging.WARNING, logger="eventfleet_server"):
+            await conn.send(hat_chatter.Data("HatEventer.MsgRegisterReq", data), last=False)
+            msg = await asyncio.wait_for(conn.receive(), 5)
+        assert codec.repo.decode(msg.data.type, msg.data.data)[0] == "failure"
+        assert await stored_count(replica) == 0
+        refused = [r.getMessage() for r in caplog.records]
+        expected = f"event 1: JSON payload: {named} is not a finite double"
+        assert any(expected in m for m in refused), refused
+        # The same connection goes on; doubles at the edges are numbers like others.
+        data = codec.repo.encode("HatEventer.MsgRegisterReq", request[:1])
+        await conn.send(hat_chatter.Data("HatEventer.MsgRegisterReq", data), last=False)
+        msg = await asyncio.wait_for(conn.receive(), 5)
+        assert codec.repo.decode(msg.data.type, msg.data.data)[0] == "events"
+        assert await stored_count(replica) == 1
+    finally:
         await conn.async_close()

@@ -414,6 +414,16 @@ def test_a_number_beyond_a_double_is_a_refused_property_not_an_exception(big):
     assert number.check_properties("R", {"n": 2**53}) is None
 
 
+def test_an_integer_beyond_a_double_under_any_is_a_refused_property():
+    # The shared payload rule (common.model): the frame decoder refuses NaN, Infinity
+    # and 1e400; an integer of 400 digits is JSON text, but stored under "any" it would
+    # make a payload every protocol refuses at registration (a could-not-apply).
+    schema = ModelSchema.parse({"R": {"v": "any"}}, "R")
+    why = schema.check_properties("R", {"v": {"deep": [1, 10**400]}})
+    assert "the number 100000000000... (401 characters) is not a finite double" in why
+    assert schema.check_properties("R", {"v": {"deep": [1, 2**1000, 1.5e308, "NaN"]}}) is None
+
+
 @pytest.mark.parametrize(
     ("constant", "why"),
     [

@@ -200,3 +200,65 @@ def test_split_sessions_keeps_order_and_splits_runs():
     assert split_sessions(events) == [[a1, a2], [b], [other_server], [a3]]
     assert split_sessions([]) == []
     assert split_sessions(iter([a1, a2])) == [[a1, a2]]
+
+
+# -- the shared JSON payload rule: numbers a JSON reader holds ------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("NaN", "NaN"),
+        ('{"a": [1, Infinity]}', "Infinity"),
+        ("[-Infinity]", "-Infinity"),
+        ('{"a": 1e400}', "1e400"),
+        ("-1.5E+309", "-1.5E+309"),
+        ('{"a": ' + "1" * 320 + "}", "111111111111... (320 characters)"),
+        ("[-" + "9" * 309 + "]", "-99999999999... (310 characters)"),
+    ],
+)
+def test_json_payloads_with_numbers_no_reader_holds_are_invalid_events(text, named):
+    from eventfleet_server.common.model import (
+        InvalidEvent,
+        check_register_event,
+        json_payload_error,
+        json_value_error,
+    )
+
+    expected = f"JSON payload: the number {named} is not a finite double"
+    assert json_payload_error(text).startswith(expected)
+    with pytest.raises(InvalidEvent, match=r"^event 3: JSON payload: the number") as e:
+        check_register_event(3, RegisterEvent(("a",), None, EventPayloadJson(text)))
+    assert isinstance(e.value, ValueError)  # callers catching ValueError still do
+    # The same words for a value already decoded (Replication's rows, Jetstream's "any").
+    if "e" not in named.lower():  # 1e400 decodes to inf: named as Infinity there
+        assert (
+            json_value_error(json.loads(text)) == json_payload_error(text)[len("JSON payload: ") :]
+        )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[1.7976931348623157e308, -1.7976931348623157e308, 5e-324, 1e-400]",  # the edges
+        "1" + "0" * 308,  # 1e308 as an integer: 309 digits, a double
+        '{"NaN": "Infinity", "e": "1e400", "n": "' + "9" * 400 + '"}',  # text, not numbers
+        json.dumps(list(range(400))),  # many digits, none beyond a double
+        '{"deep": [[[{"x": 2.5}]]], "t": true, "f": false, "z": null}',
+    ],
+)
+def test_json_payloads_of_finite_numbers_pass(text):
+    from eventfleet_server.common.model import encoded_json_error, json_payload_error
+
+    assert json_payload_error(text) is None
+    assert encoded_json_error(text) is None
+
+
+def test_json_payloads_that_are_not_json_are_named():
+    from eventfleet_server.common.model import encoded_json_error, json_payload_error
+
+    assert json_payload_error("{bad").startswith("JSON payload is not valid JSON: Expecting")
+    assert json_payload_error(b"1") == "JSON payload must be text"
+    # Text this server encoded (allow_nan=False) is parsed only where an integer beyond
+    # a double can hide: 309 digits or more.
+    assert encoded_json_error("[" + "9" * 309 + "]") is not None

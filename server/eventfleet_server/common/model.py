@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import json
+import math
 import time
 from collections.abc import Iterable
 from typing import Any, NamedTuple
@@ -164,7 +165,12 @@ def split_sessions(events: Iterable[Event]) -> list[list[Event]]:
 # - a source timestamp is any calendar time from 0001-01-01 to 9999-12-31 UTC (before
 #   1970 too), `us` 0..999999: what every protocol can render (ISO 8601 text, the BUS's
 #   producer timestamps, Arrow) and order (integer microseconds). The reference keeps
-#   any int64 `s` and uint32 `us`, which it cannot render either.
+#   any int64 `s` and uint32 `us`, which it cannot render either;
+# - a JSON payload is JSON text whose every number a reader can hold as a finite double:
+#   NaN and ±Infinity (Python's json reads and writes them, JSON has no such literals)
+#   and number literals beyond ±1.8e308 (1e400, an integer of 309 digits: Python reads
+#   1e400 as inf, JavaScript's JSON.parse reads either as Infinity) are refused, so that
+#   no protocol (Jetstream's frames, a client's JSON.parse) is handed text it cannot read.
 WILDCARD_SEGMENTS = ("*", "?")
 SOURCE_TS_MIN_S = -62_135_596_800  # 0001-01-01T00:00:00Z
 SOURCE_TS_MAX_S = 253_402_300_799  # 9999-12-31T23:59:59Z
@@ -200,26 +206,126 @@ def source_timestamp_error(t: Any) -> str | None:
     return None
 
 
+class InvalidEvent(ValueError):
+    """An event that no protocol may register (the shared rule above); the message
+    names the event and the bad value."""
+
+
+class _BadNumber(ValueError):
+    def __init__(self, literal: str) -> None:
+        super().__init__(bad_number_message(literal))
+
+
+def bad_number_message(literal: str) -> str:
+    """The shared rule's words for a number no JSON reader can hold, naming it."""
+    shown = literal if len(literal) <= 24 else f"{literal[:12]}... ({len(literal)} characters)"
+    return (
+        f"the number {shown} is not a finite double (NaN, Infinity and numbers beyond "
+        "±1.8e308 are refused: JSON readers cannot hold them)"
+    )
+
+
+def json_value_error(value: Any) -> str | None:
+    """`json_payload_error` for a value already decoded (Python's json reads NaN,
+    Infinity and 1e400 as floats, an integer of any length as an int): why it breaks
+    the number rule, or None. Walks the value; for text prefer `json_payload_error`."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is float:
+            if not math.isfinite(v):  # written as the JSON text that carried it would be
+                return bad_number_message("NaN" if v != v else "Infinity" if v > 0 else "-Infinity")
+        elif t is int:
+            if v > _MAX_EXACT or v < -_MAX_EXACT:
+                try:
+                    float(v)
+                except OverflowError:
+                    return bad_number_message(str(v) if v.bit_length() < 4000 else "an integer")
+        elif t is dict:
+            stack.extend(v.values())
+        elif t is list or t is tuple:
+            stack.extend(v)
+    return None
+
+
+_MAX_EXACT = 1 << 1000  # below this every int converts to a double: no float() needed
+
+
+def _refuse_constant(literal: str) -> float:
+    raise _BadNumber(literal)  # NaN, Infinity, -Infinity
+
+
+def _finite_float(literal: str) -> float:
+    value = float(literal)
+    if math.isinf(value):  # float() never gives NaN from a JSON number literal
+        raise _BadNumber(literal)
+    return value
+
+
+def _finite_int(literal: str) -> int:
+    value = int(literal)
+    try:
+        float(value)
+    except OverflowError:
+        raise _BadNumber(literal) from None
+    return value
+
+
+# The decoders of the check. Hooks are Python calls per literal: NaN/Infinity cost
+# nothing until they appear, the float hook one call per float literal; the integer
+# hook only where an integer beyond a double (309 digits at least) could be, since it
+# would double the parse of an integer-heavy payload.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+_DECODER_INTS = json.JSONDecoder(
+    parse_constant=_refuse_constant, parse_float=_finite_float, parse_int=_finite_int
+)
+_DIGITS = "0123456789"
+_MIN_BAD_INT_DIGITS = 309  # 10**308 < 1.8e308 < 10**309
+
+
+def _may_hold_big_int(text: str) -> bool:
+    return len(text) >= _MIN_BAD_INT_DIGITS and sum(map(text.count, _DIGITS)) >= _MIN_BAD_INT_DIGITS
+
+
+def encoded_json_error(text: str) -> str | None:
+    """`json_payload_error` for JSON text this server encoded with ``allow_nan=False``
+    (no NaN, Infinity or 1e400 can be in it): only an integer beyond a double can
+    break the rule, so the text is parsed only where it has 309 digits or more."""
+    return json_payload_error(text) if _may_hold_big_int(text) else None
+
+
+def json_payload_error(text: Any) -> str | None:
+    """Why `text` cannot be a JSON payload (the shared rule above), or None."""
+    if not isinstance(text, str):
+        return "JSON payload must be text"
+    decoder = _DECODER_INTS if _may_hold_big_int(text) else _DECODER
+    try:
+        decoder.decode(text)
+    except _BadNumber as err:
+        return f"JSON payload: {err}"
+    except (ValueError, RecursionError) as err:
+        return f"JSON payload is not valid JSON: {str(err)[:200]}"
+    return None
+
+
 def check_register_event(i: int, e: RegisterEvent) -> None:
-    """Refuse what no event may be, naming event `i` and the bad value (`ValueError`).
+    """Refuse what no event may be, naming event `i` and the bad value (`InvalidEvent`).
 
     The shared rule (above): types are lists of strings without a whole-segment
     wildcard; source timestamps within years 1..9999, us 0..999999; a JSON payload must
-    parse. Deployment limits (sizes, counts) are the protocol's (see eventer.limits).
+    parse, its numbers finite doubles. Deployment limits (sizes, counts) are the
+    protocol's (see eventer.limits).
     """
     error = event_type_error(e.type)
     if error is not None:
-        raise ValueError(f"event {i}: {error}")
+        raise InvalidEvent(f"event {i}: {error}")
     st = e.source_timestamp
     if st is not None and (error := source_timestamp_error(st)) is not None:
-        raise ValueError(f"event {i}: {error}")
+        raise InvalidEvent(f"event {i}: {error}")
     p = e.payload
     if isinstance(p, EventPayloadJson):
-        if not isinstance(p.data, str):
-            raise ValueError(f"event {i}: JSON payload must be text")
-        try:
-            json.loads(p.data)
-        except ValueError as err:
-            raise ValueError(f"event {i}: JSON payload is not valid JSON: {err}") from None
+        if (error := json_payload_error(p.data)) is not None:
+            raise InvalidEvent(f"event {i}: {error}")
     elif p is not None and not isinstance(p, EventPayloadBinary):
-        raise ValueError(f"event {i}: payload {p!r} is invalid")
+        raise InvalidEvent(f"event {i}: payload {p!r} is invalid")

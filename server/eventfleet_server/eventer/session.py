@@ -23,6 +23,7 @@ from eventfleet_server.engine import EngineError
 from eventfleet_server.eventer.wire import (
     CHUNK_EVENTS,
     BadRequest,
+    InvalidRegistration,
     MalformedRequest,
     decode_query_req,
     decode_register,
@@ -170,9 +171,13 @@ class EventerSession:
         except MalformedRequest as e:
             self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
             return
-        except Exception as e:
+        except InvalidRegistration as e:
             # The whole request fails; the connection stays (the client may go on).
             self._register_failed(msg, f"register by {self.name!r} refused: {e}")
+            return
+        except Exception as e:  # a bug of the decoder (the fuzz target fails on it)
+            log.exception("MsgRegisterReq from %r: decoder failed", self.name)
+            self._register_failed(msg, f"register by {self.name!r} refused: {e!r}")
             return
         if conn.is_closed:
             return

@@ -32,6 +32,7 @@ from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     RESERVED_TYPE_PREFIX,
     Event,
+    InvalidEvent,
     QueryParams,
     QueryTimeseriesParams,
     RegisterEvent,
@@ -119,11 +120,18 @@ class RegisterLimits:
     max_segment_length: int = 256
 
 
-class RequestRefused(ValueError):
-    """The request breaks a limit or a rule; the message names the event and value."""
+class InvalidRegistration(ValueError):
+    """The one refusal of a ``MsgRegisterReq``: nothing of the request is kept. Raised
+    as such for an event that breaks the shared rule (`check_register_event`) or the
+    reserved prefix; its subclasses say a limit or bytes that do not decode. Anything
+    else out of `decode_register` is a bug (the fuzz target fails on it)."""
 
 
-class MalformedRequest(ValueError):
+class RequestRefused(InvalidRegistration):
+    """The request breaks a limit; the message names the event and value."""
+
+
+class MalformedRequest(InvalidRegistration):
     """The bytes are not a ``MsgRegisterReq`` (garbage, truncated): a protocol error."""
 
 
@@ -273,8 +281,11 @@ def slices(
 
 def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None:
     """`check_register_event`, the segment length in characters, and what only clients
-    may not do (the reserved prefix)."""
-    check_register_event(i, e)
+    may not do (the reserved prefix); `InvalidRegistration` naming event `i`."""
+    try:
+        check_register_event(i, e)
+    except InvalidEvent as err:
+        raise InvalidRegistration(str(err)) from None
     for segment in e.type:
         if len(segment) > limits.max_segment_length:
             raise RequestRefused(
@@ -282,7 +293,7 @@ def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None
                 f"(max_segment_length {limits.max_segment_length})"
             )
     if e.type[:1] == (RESERVED_TYPE_PREFIX,):  # an empty type is valid: no [0]
-        raise ValueError(
+        raise InvalidRegistration(
             f"event {i}: type {list(e.type)!r}: the prefix {RESERVED_TYPE_PREFIX!r} is "
             "reserved for events the servers register themselves"
         )
@@ -292,8 +303,9 @@ async def decode_register(
     data: bytes, limits: RegisterLimits, spans: list[tuple[int, int, int]] | None = None
 ) -> list[RegisterEvent]:
     """Decode and validate a client's ``MsgRegisterReq`` slice by slice, yielding to the
-    loop between slices. Raises `RequestRefused` (a limit) or `ValueError` (a bad event);
-    either way nothing of the request is kept. `spans`: see `slices` (for
+    loop between slices. Raises `InvalidRegistration` (`RequestRefused`: a limit;
+    `MalformedRequest`: not decodable; itself: a bad event); nothing of the request is
+    kept. `spans`: see `slices` (for
     `encode_register_res`)."""
     events: list[RegisterEvent] = []
     for first, chunk in slices(data, limits, spans):

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from eventfleet_server.common.model import json_value_error
+
 PRIMITIVES = ("string", "number", "boolean", "date", "any")
 
 
@@ -95,7 +97,9 @@ def _check_scalar(kind: str, value: Any, *, allow_null: bool) -> str | None:
     if value is None:
         return None if allow_null else "null is not a reference"
     if kind == "any":
-        return None
+        # The shared payload rule (common.model): the frame decoder refused NaN,
+        # Infinity and 1e400 already; an integer beyond a double is still JSON text.
+        return json_value_error(value)
     if kind == "string":
         return None if isinstance(value, str) else f"expected a string, got {_json_type(value)}"
     if kind == "boolean":

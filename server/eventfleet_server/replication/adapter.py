@@ -11,7 +11,13 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from eventfleet_server.common.model import EventPayloadJson, RegisterEvent, event_type_error
+from eventfleet_server.common.model import (
+    EventPayloadJson,
+    RegisterEvent,
+    encoded_json_error,
+    event_type_error,
+    json_value_error,
+)
 from eventfleet_server.engine import Engine, EngineError
 from eventfleet_server.replication.config import ReplicationConfig, TableConfig
 from eventfleet_server.replication.session import WriteError
@@ -139,8 +145,12 @@ class EngineBackend:
                     # The index's own encoding: the row index takes this text as the
                     # row's (`Table.apply`), not encoding the row a second time.
                     text = dumps_row(columns)
-                except ValueError as e:
-                    raise WriteError(f"row {key!r} is not storable as JSON: {e}") from None
+                except ValueError as e:  # NaN or ±Infinity (allow_nan=False)
+                    why = json_value_error(columns) or str(e)
+                    raise WriteError(f"row {key!r} is not storable as JSON: {why}") from None
+                # The shared payload rule's other half: an integer beyond a double.
+                if (error := encoded_json_error(text)) is not None:
+                    raise WriteError(f"row {key!r} is not storable as JSON: {error}")
                 payload = EventPayloadJson(text)
             event_type = index.event_type(key)
             error = event_type_error(event_type)
