@@ -356,6 +356,16 @@ def test_bad_input_is_rejected_or_reported_and_the_operator_keeps_running(
     assert bad.returncode != 0 and "applies only with clients.allowTokenless" in bad.stderr
     hat["spec"]["clients"] = {"allowTokenless": True, "tokenlessNetworks": ["10.1.0.0/16", "::1"]}
     kubectl.apply(hat)
+    # The Event BUS PLAIN listeners beside CURVE: only with curve on, networks only with
+    # them, and networks that are networks.
+    for curve, why in (
+        ({"plainPort": 23040}, "PLAIN listeners beside CURVE need curve.enabled: true"),
+        ({"enabled": True, "plainNetworks": ["10.1.0.0/16"]}, "applies only with curve.plainPort"),
+        ({"enabled": True, "plainPort": 23040, "plainNetworks": ["10.1/16"]}, "CIDR network"),
+    ):
+        plain = eventserver("plain", 1, protocols={"bus": {"curve": curve}})
+        bad = kubectl.run("apply", "-f", "-", stdin=yaml.safe_dump(plain), check=False)
+        assert bad.returncode != 0 and why in bad.stderr, bad.stderr
     # Strict field validation: a misspelt field is an error, not silently dropped.
     typo = eventserver("typo", 1)
     typo["spec"]["replicaz"] = 2
