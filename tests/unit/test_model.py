@@ -258,6 +258,9 @@ def test_json_payloads_that_are_not_json_are_named():
     from eventfleet_server.common.model import encoded_json_error, json_payload_error
 
     assert json_payload_error("{bad").startswith("JSON payload is not valid JSON: Expecting")
+    # Nesting beyond the decoder's recursion limit: a refusal, not a RecursionError out
+    # of the check (it used to escape; the strict eventer_register target fails on it).
+    assert "maximum recursion depth" in json_payload_error("[" * 3000)
     assert json_payload_error(b"1") == "JSON payload must be text"
     # Text this server encoded (allow_nan=False) is parsed only where an integer beyond
     # a double can hide: 309 digits or more.
