@@ -159,3 +159,55 @@ def test_benchmark_smoke(tmp_path):
     assert len(names) == 10, names
     assert any("GET /export" in n for n in names) and any("Eventer" in n for n in names)
     assert "| Spark job, cold" in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_class_archive_written_by_the_first_run_and_mapped_by_the_next(tmp_path):
+    """``--class-archive``: the first local run writes the JVM's class archive (moved into
+    place only once the JVM has exited), the next run maps it and leaves it alone, and
+    both write the same aggregates; the JVM's warnings stay off stdout (``--json``)."""
+    server = servers.start_server(servers.KINDS["eventfleet"], tmp_path, "replica")
+    try:
+        asyncio.run(servers.wait_operational(server))
+        asyncio.run(_register_and_count_aggregates(server.port, 30))
+        time.sleep(1.1)  # the default range ends at the last complete bucket
+        archive_dir = tmp_path / "classes"
+        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+        env.pop("EVENTFLEET_TOKEN", None)
+
+        def run(output: pathlib.Path) -> list[dict]:
+            proc = subprocess.run(
+                [
+                    *[str(BIN / "eventfleet"), "aggregate", "--json", "--master", "local[2]"],
+                    *["--eventer", f"127.0.0.1:{server.port}", "--bucket", "1"],
+                    *["--window", "120", "--output", str(output)],
+                    *["--class-archive", str(archive_dir)],
+                ],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=240,
+                check=False,
+            )
+            assert proc.returncode == 0, proc.stderr[-3000:]
+            return [json.loads(line) for line in proc.stdout.splitlines()]
+
+        (first,) = run(tmp_path / "out1")
+        (archive,) = archive_dir.iterdir()
+        assert archive.suffix == ".jsa" and archive.stat().st_size > 1_000_000, archive
+        written = archive.stat()
+        (second,) = run(tmp_path / "out2")
+        assert list(archive_dir.iterdir()) == [archive]
+        assert (archive.stat().st_ino, archive.stat().st_mtime_ns) == (
+            written.st_ino,
+            written.st_mtime_ns,
+        )
+        assert first["events"] == second["events"] == 30
+        assert second["write_back"]["registered"] == 0
+        rows = [
+            pa_parquet.read_table(tmp_path / d, partitioning="hive").to_pylist()
+            for d in ("out1", "out2")
+        ]
+        assert rows[0] == rows[1] and sum(r["count"] for r in rows[0]) == 30
+    finally:
+        server.stop()

@@ -22,8 +22,9 @@ from typing import TextIO
 from eventfleet_server.common.jsonfmt import timestamp_to_iso
 from eventfleet_server.common.model import timestamp_from_us
 
+from eventfleet_spark import class_archive, timeplan
 from eventfleet_spark import options as job_options
-from eventfleet_spark import timeplan
+from eventfleet_spark.class_archive import ArchivePlan as ClassArchive
 from eventfleet_spark.endpoints import parse_endpoints
 from eventfleet_spark.options import JobOptions
 from eventfleet_spark.parquet_output import ParquetResult
@@ -158,23 +159,31 @@ LOCAL_SESSION_CONF = {
 master and configuration the operator sets)."""
 
 
-def spark_session(master: str | None):
+def starts_own_jvm(master: str | None) -> bool:
+    """Whether the job starts the JVM itself (a local run), not spark-submit."""
+    return bool(master) or "PYSPARK_GATEWAY_PORT" not in os.environ
+
+
+def spark_session(master: str | None, archive: ClassArchive | None = None):
     """The job's session: `master`, else spark-submit's, else ``local[*]``.
 
-    When the job starts the JVM itself (a local run), `LOCAL_SESSION_CONF` applies and
-    shuffles use one partition per core instead of Spark's 200 (the aggregates of a
-    window are a few thousand rows).
+    When the job starts the JVM itself (a local run), `LOCAL_SESSION_CONF` applies,
+    `archive` adds its JVM options, and shuffles use one partition per core instead of
+    Spark's 200 (the aggregates of a window are a few thousand rows).
     """
     from pyspark.sql import SparkSession
 
     builder = SparkSession.builder.appName(APP_NAME)
-    submitted = "PYSPARK_GATEWAY_PORT" in os.environ  # launched by spark-submit
-    if master or not submitted:
+    if starts_own_jvm(master):
         builder = builder.master(master or "local[*]")
         # Local workers must run this interpreter (the one with eventfleet installed),
         # not whatever `python3` is on PATH.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-        for key, value in LOCAL_SESSION_CONF.items():
+        conf = dict(LOCAL_SESSION_CONF)
+        if archive is not None:
+            key = "spark.driver.extraJavaOptions"
+            conf[key] = f"{conf[key]} {archive.java_options()}"
+        for key, value in conf.items():
             builder = builder.config(key, value)
         spark = builder.getOrCreate()
         spark.conf.set("spark.sql.shuffle.partitions", str(spark.sparkContext.defaultParallelism))
@@ -193,12 +202,30 @@ def run(
     """Process every window of `opts`; returns their summaries (also printed to `out`).
 
     `progress`, when given, records the planned windows and each finished one as it
-    goes, so that a failed run can still say how far it got.
+    goes, so that a failed run can still say how far it got. A session it starts itself
+    with ``opts.class_archive`` is stopped at the end (a training run's JVM must exit to
+    write the archive); a session passed in is left running.
     """
+    archive = None
+    if spark is None:
+        if opts.class_archive and starts_own_jvm(opts.master):
+            archive = class_archive.plan(pathlib.Path(opts.class_archive))
+        elif opts.class_archive:
+            print(
+                "eventfleet aggregate: --class-archive ignored: spark-submit started the JVM",
+                file=sys.stderr,
+            )
+        spark = spark_session(opts.master, archive)
+    try:
+        return _run_windows(opts, spark, now_us, out, progress)
+    finally:
+        if archive is not None:
+            class_archive.finish(spark, archive)
+
+
+def _run_windows(opts, spark, now_us, out, progress) -> list[WindowSummary]:
     from eventfleet_spark.source import EventerDataSource
 
-    if spark is None:
-        spark = spark_session(opts.master)
     # INT96 (Spark's default) is a legacy encoding; micros read everywhere.
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
     spark.dataSource.register(EventerDataSource)

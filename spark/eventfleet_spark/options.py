@@ -53,6 +53,9 @@ class JobOptions:
     # this CA on every connection. The path must exist on the driver and every executor.
     tls_ca: str | None = None
     tls_server_name: str | None = None
+    # Local runs: map (or, the first time, write) a class-data-sharing archive of the
+    # Spark JVM's classes in this directory (`class_archive`).
+    class_archive: str | None = None
 
     def __post_init__(self) -> None:
         parse_endpoints(self.eventer)  # raises ValueError naming the bad address
@@ -198,6 +201,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="verify the replicas' certificates for NAME instead of the address connected"
         " to (endpoints given as IPs, certificates carrying DNS names)",
     )
+    p.add_argument(
+        "--class-archive",
+        metavar="DIR",
+        help="local runs: keep a class-data-sharing archive of the Spark JVM's classes in"
+        " DIR; the first run writes it (~190 MB, a few seconds at exit), later runs map it"
+        " and start with about half the JVM CPU (no effect under spark-submit)",
+    )
     p.add_argument("--json", action="store_true", help="summary lines as JSON")
     p.add_argument(
         "--result-file",
@@ -238,6 +248,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         # checks the file once and hands the same path to the executors.
         tls_ca=args.tls_ca or os.environ.get(TLS_CA_ENV) or None,
         tls_server_name=args.tls_server_name or None,
+        class_archive=args.class_archive or None,
     )
 
 

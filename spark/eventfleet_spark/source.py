@@ -66,7 +66,6 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from eventfleet_spark import timeplan
 from eventfleet_spark.endpoints import Endpoint, http_endpoints, parse_endpoints
-from eventfleet_spark.eventer_io import read_span
 from eventfleet_spark.partial import PARTIAL_SCHEMA_DDL, PartialAggregator
 from eventfleet_spark.schema import (
     EVENT_SCHEMA_DDL,
@@ -287,6 +286,11 @@ class EventerReader(DataSourceReader):
                 if yielded:  # the replica changed under us; a restart would duplicate
                     raise
                 log.warning("%s; reading slice %d over Eventer instead", e, partition.index)
+        # Imported here: the SBS codec costs ~0.3 s of CPU to import, in every Python
+        # worker that loads this module (the driver's data source and planning workers
+        # and, with ``http``, the readers too) although only an Eventer read needs it.
+        from eventfleet_spark.eventer_io import read_span
+
         for events in read_span(
             Endpoint(partition.host, partition.port),
             partition.start_us,
