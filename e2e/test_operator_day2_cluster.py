@@ -7,9 +7,10 @@ containerd, reached by the operator through its own URL template. Nothing of wha
 operator renders is rewritten.
 
 One fleet (``day2``, three replicas, the Event BUS on with CURVE) carries the module's
-scenarios in order: pause, hibernate and wake (and the stale-Ready regression: the
-StatefulSet's status held back while the fleet wakes); a peer-token rotation and the
-runbook's BUS CURVE server key rotation, each reaching the replicas through the
+scenarios in order: pause, hibernate and wake (the runbook's blocks; and the stale-Ready
+regression: the StatefulSet's status held back while the fleet wakes); a peer-token
+rotation by hand and the runbook's token rotation blocks (peer, by the operator, then
+client) and BUS CURVE server key rotation, each reaching the replicas through the
 kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
 rollout of a crash-looping image reverted without manual steps, and a restart request.
 Deletion with ``whenDeleted: Retain`` and volume growth use fleets of their own.
