@@ -34,9 +34,8 @@ _HEADING = re.compile(r"^(#{1,6}) (.+?)\s*$")
 _FORWARD = re.compile(r"^(\s*kubectl(?: -n \S+)? port-forward \S+)((?: \d+)+)(\s*&)\s*$", re.M)
 
 
-def section(path: pathlib.Path, heading: str) -> str:
-    """The text under ``heading`` (a Markdown heading's title) up to the next heading of
-    the same or a higher level; ``#`` lines inside fenced blocks are not headings."""
+def _span(path: pathlib.Path, heading: str) -> tuple[str, int, int]:
+    """The file's text and the offsets of the text under ``heading``."""
     text = path.read_text()
     headings, offset, fenced = [], 0, False
     for line in text.splitlines(keepends=True):
@@ -48,20 +47,39 @@ def section(path: pathlib.Path, heading: str) -> str:
     for i, (level, title, _, end) in enumerate(headings):
         if title == heading:
             stop = next((h[2] for h in headings[i + 1 :] if h[0] <= level), len(text))
-            return text[end:stop]
+            return text, end, stop
     raise AssertionError(f"{path.name}: no heading {heading!r}")
+
+
+def section(path: pathlib.Path, heading: str) -> str:
+    """The text under ``heading`` (a Markdown heading's title) up to the next heading of
+    the same or a higher level; ``#`` lines inside fenced blocks are not headings."""
+    text, start, stop = _span(path, heading)
+    return text[start:stop]
+
+
+def _marked(path: pathlib.Path, heading: str) -> list[tuple[str, str, int]]:
+    text, start, stop = _span(path, heading)
+    found = []
+    for m in _FENCE.finditer(text, start, stop):
+        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
+        if before == MARKER:
+            line = text.count("\n", 0, m.start()) + 1
+            found.append((m.group("info").strip(), textwrap.dedent(m.group("body")), line))
+    assert found, f"{path.name}, {heading!r}: no block marked {MARKER}"
+    return found
 
 
 def cluster_blocks(path: pathlib.Path, heading: str) -> list[tuple[str, str]]:
     """``(info string, body)`` of the marked blocks of a section, in order (at least one)."""
-    text = section(path, heading)
-    found = []
-    for m in _FENCE.finditer(text):
-        before = text[: m.start()].rstrip("\n").rsplit("\n", 1)[-1].strip()
-        if before == MARKER:
-            found.append((m.group("info").strip(), textwrap.dedent(m.group("body"))))
-    assert found, f"{path.name}, {heading!r}: no block marked {MARKER}"
-    return found
+    return [(info, body) for info, body, _ in _marked(path, heading)]
+
+
+def block_places(path: pathlib.Path, heading: str) -> list[str]:
+    """Where each marked block of a section is (``docs/runbook.md:412 'Restore'``), for
+    a failure to name the block to fix."""
+    name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return [f"{name}:{line} {heading!r}" for _, _, line in _marked(path, heading)]
 
 
 class DocShell:

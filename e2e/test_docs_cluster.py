@@ -2,24 +2,34 @@
 
 The marked shell blocks (``<!-- test: cluster -->``, e2e/doc_blocks.py) of the chart
 README (install from the checkout, then from the packaged chart, ``helm test``), of
-docs/quickstart.md (install the operator, create a fleet, what the operator made, use
-it through a port-forward, the plugin, back it up, scale, watch and delete) and of
-docs/runbook.md (back up by the operator and by hand, turn on TLS, scale) run through
-bash as a reader pastes them, with the cluster admin's kubeconfig, in the namespaces
-the docs name (``eventfleet-system`` for the operator, ``default`` for the quick
-start's fleet). A command that drifts from the code fails here.
+docs/quickstart.md (load an image without a registry, install the operator, create a
+fleet, what the operator made, use it through a port-forward and from a pod, the
+plugin, back it up, scale, watch and delete) and of docs/runbook.md (back up by the
+operator and by hand, replace a lost volume, upgrade the operator and the replicas,
+turn on TLS, scale, restore the whole fleet from a backup) run through bash as a reader
+pastes them, with
+the cluster admin's kubeconfig, in the namespaces the docs name (``eventfleet-system``
+for the operator, ``default`` for the quick start's fleet). A command that drifts from
+the code fails here, naming the block (``docs/runbook.md:LINE 'Heading'``).
 
 What the reader fills in comes from the test: ``$REGISTRY`` is where the cluster's
 images are (``docker.io/eventfleet``: the project's images are imported into containerd
 under the names the chart and the operator use by default) and replaces the quick
 start's ``registry.example.com/eventfleet`` in ``demo.yaml``; the backup target is moto's
 S3 server on the node's address (the quick start's bucket name, its ``endpointURL``
-added as the page tells MinIO users to). Ports of a ``kubectl port-forward`` are mapped
-to free local ones.
+added as the page tells MinIO users to; the restore's MinIO address replaced by it and
+its example backup name by the runbook's backup). Ports of a ``kubectl port-forward``
+are mapped to free local ones. The runbook's upgrade target ``0.1.1`` is this build's
+images tagged so in containerd (there is no second release to upgrade to); the image
+load runs ``docker``/``sudo`` as podman/the test's root.
 
 One fleet, the quick start's ``demo``, carries the quick start's and the runbook's
-journeys in the page's order, the deletion last; the chart README's example fleet
-(also ``demo``, in the operator's namespace) is checked and deleted first.
+journeys in the pages' order, the deletion and then the restore from a backup last; the
+chart README's example fleet (also ``demo``, in the operator's namespace) is checked and
+deleted first. The runbook's pause, hibernate/wake and token rotation blocks run in
+e2e/test_operator_day2_cluster.py, in the scenarios that already do the same there and
+whose operator resyncs every 2 s (with the chart's 30 s, the five reload waits of the
+token blocks alone take minutes).
 """
 
 from __future__ import annotations
@@ -39,8 +49,8 @@ import yaml
 from e2e.cluster.clients import ClusterKubectl, helm
 from e2e.cluster.cluster import Cluster
 from e2e.cluster.fixtures import _delete_kept_crds
-from e2e.cluster.layout import NODE_IP, ROOT
-from e2e.doc_blocks import DocShell, cluster_blocks, section
+from e2e.cluster.layout import CONTAINERD_SOCKET, NODE_IP, ROOT
+from e2e.doc_blocks import DocShell, block_places, cluster_blocks, section
 from e2e.operator_helpers import condition, wait_for
 from tests.s3server import S3Server, running_s3
 
@@ -54,6 +64,7 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 SYSTEM = "eventfleet-system"  # the operator's namespace in every journey
 RELEASE = "eventfleet-operator"
 REGISTRY = "docker.io/eventfleet"  # e2e.cluster.images.project_image_ref
+NEW = "0.1.1"  # the runbook's upgrade target: this build's images under that tag
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +109,27 @@ def remove_everything(
     system.run("delete", "namespace", SYSTEM, "--ignore-not-found", "--timeout=180s",
                check=False, timeout=200)  # fmt: skip
     _delete_kept_crds(cluster)
+
+
+@pytest.fixture(scope="module")
+def journey() -> dict[str, str]:
+    """What one journey leaves for a later one (the runbook's backup, for the restore)."""
+    return {}
+
+
+def run_doc(reader: DocShell, path: pathlib.Path, heading: str, **kw) -> list[str]:
+    """Every marked block of a section in order, as written; their outputs."""
+    blocks = cluster_blocks(path, heading)
+    places = block_places(path, heading)
+    pairs = zip(blocks, places, strict=True)
+    return [reader.run(body, where=place, **kw) for (_, body), place in pairs]
+
+
+def ctr(*args: str) -> str:
+    return subprocess.run(
+        ["ctr", "--address", str(CONTAINERD_SOCKET), "-n", "k8s.io", *args],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +193,31 @@ def test_chart_readme_installs_from_the_checkout_and_from_the_packaged_chart(
     helm(real_cluster, reader.workdir / "helm", "uninstall", RELEASE, "-n", SYSTEM, "--wait")
 
 
+def test_quickstart_loads_an_image_without_a_registry(reader: DocShell):
+    """The containerd way of "Images without a registry", with the image the test
+    command built (scripts/tools/images.sh, buildah, in podman's storage): ``docker`` is
+    podman there (the same CLI), ``sudo`` is the test itself (root), and ``ctr`` talks to
+    the cluster's containerd. The server image is removed from containerd first, so the
+    quick start's fleet below runs on the image this block loaded."""
+    ((_, load),) = cluster_blocks(QUICKSTART, "Images without a registry")
+    (place,) = block_places(QUICKSTART, "Images without a registry")
+    ref = f"{REGISTRY}/server:0.1.0"
+    stand_ins = reader.workdir / "stand-ins"
+    stand_ins.mkdir(exist_ok=True)
+    for name, body in (("docker", 'exec efpodman "$@"'), ("sudo", 'exec "$@"')):
+        (stand_ins / name).write_text(f"#!/bin/sh\n{body}\n")
+        (stand_ins / name).chmod(0o755)
+    ctr("images", "rm", ref)
+    assert ref not in ctr("images", "ls", "-q")
+    out = reader.run(
+        f'export PATH="$PWD/stand-ins:$PATH" CONTAINERD_ADDRESS={CONTAINERD_SOCKET}\n' + load,
+        where=place,
+    )
+    assert re.search(rf"^{re.escape(ref)}\s", out, re.M), out
+    assert ref in ctr("images", "ls", "-q").split()
+    (reader.workdir / "server.tar").unlink()
+
+
 def test_quickstart_install_create_and_use(reader: DocShell, default: ClusterKubectl):
     ((_, install),) = cluster_blocks(QUICKSTART, "Install the operator")
     assert "$REGISTRY/operator" in install
@@ -193,13 +250,16 @@ def test_quickstart_install_create_and_use(reader: DocShell, default: ClusterKub
     ):
         assert re.search(rf"^{re.escape(child)}\s", listed, re.M), (child, listed)
 
-    ((_, use),) = cluster_blocks(QUICKSTART, "Use it")
-    out = reader.run(use, where="Use it")
+    out, in_cluster = run_doc(reader, QUICKSTART, "Use it")
     events = [e for e in event_lines(out) if e["type"] == ["a", "b"]]
     assert len(events) >= 2, out  # registered, then queried back through the Service
     assert all(e["payload"] == {"json": 1} for e in events), events
     status = json.loads(out.splitlines()[-1])  # curl's /status: one line of JSON
     assert status["server_id"] in (1, 2, 3) and status["ready"] is True, status
+    # The same event from a pod, through the Service's cluster DNS name.
+    events = [e for e in event_lines(in_cluster) if e["type"] == ["a", "b"]]
+    assert events and events[0]["payload"] == {"json": 1}, in_cluster
+    assert default.get("pod", "demo-client") is None  # --rm
 
     ((_, plugin),) = cluster_blocks(QUICKSTART, "The `kubectl eventfleet` plugin")
     out = reader.run(plugin, where="the plugin")
@@ -207,7 +267,9 @@ def test_quickstart_install_create_and_use(reader: DocShell, default: ClusterKub
         assert f"demo-{ordinal}" in out, out
 
 
-def test_quickstart_and_runbook_backups(reader: DocShell, default: ClusterKubectl, s3: S3Server):
+def test_quickstart_and_runbook_backups(
+    reader: DocShell, default: ClusterKubectl, s3: S3Server, journey: dict[str, str]
+):
     ((_, block),) = cluster_blocks(QUICKSTART, "Back it up")
     documented = '"s3":{"bucket":"eventfleet-backups"'
     assert documented in block, block
@@ -227,6 +289,7 @@ def test_quickstart_and_runbook_backups(reader: DocShell, default: ClusterKubect
     out = reader.run(operator, where="the runbook's backup")
     name, key, digest = out.strip().splitlines()[-1].split()
     assert name != "demo-first" and key in s3.keys(), out
+    journey["backup"] = name
     body = s3.client().get_object(Bucket=s3.bucket, Key=key)["Body"].read()
     assert hashlib.sha256(body).hexdigest() == digest
 
@@ -237,6 +300,78 @@ def test_quickstart_and_runbook_backups(reader: DocShell, default: ClusterKubect
         assert db.execute("SELECT count(*) FROM events").fetchone()[0] >= 1
     left = default.run("exec", "demo-0", "--", "ls", "/var/lib/eventfleet").stdout
     assert "backup.sqlite" not in left.split(), left
+
+
+STORE_FACTS = """
+import json, sqlite3
+db = sqlite3.connect('file:/var/lib/eventfleet/events.sqlite?mode=ro', uri=True)
+last = dict(db.execute('SELECT server, max(instance) FROM events GROUP BY server').fetchall())
+print(json.dumps({'count': db.execute('SELECT count(*) FROM events').fetchone()[0],
+                  'last': {str(k): v for k, v in last.items()}}))
+"""
+
+
+def store(k: ClusterKubectl, pod: str) -> dict:
+    """How many events a replica's store holds and the highest id of each server's."""
+    return json.loads(k.run("exec", pod, "--", "python", "-c", STORE_FACTS).stdout)
+
+
+def pods(k: ClusterKubectl) -> dict[str, tuple[str, int, str]]:
+    """The fleet's pods: uid, restarts and image of each."""
+    items = k.json("get", "pods", "-l", "app.kubernetes.io/instance=demo")["items"]
+    return {
+        p["metadata"]["name"]: (
+            p["metadata"]["uid"],
+            sum(c.get("restartCount", 0) for c in p["status"].get("containerStatuses") or []),
+            p["spec"]["containers"][0]["image"],
+        )
+        for p in items
+    }
+
+
+def test_runbook_replaces_a_lost_volume(reader: DocShell, default: ClusterKubectl):
+    lost = default.get("pvc", "data-demo-2")["metadata"]["uid"]
+    try:
+        (_,) = run_doc(reader, RUNBOOK, "Replace a lost volume")
+    except AssertionError as e:
+        # What holds the claim or the pod: finalizers, node, the namespace's events.
+        seen = default.run(
+            "get", "pvc/data-demo-2", "pod/demo-2", "-o", "yaml", check=False
+        ).stdout[-4000:]
+        events = default.run("get", "events", "--sort-by=.lastTimestamp", check=False)
+        raise AssertionError(
+            f"{e}\n--- claim and pod\n{seen}\n--- events\n{events.stdout[-3000:]}"
+        ) from None
+    assert default.get("pvc", "data-demo-2")["metadata"]["uid"] != lost
+    # Refilled from its peers: what demo-0 holds, its own server id's events included.
+    wait_for(
+        lambda: store(default, "demo-2") == store(default, "demo-0"),
+        timeout=60,
+        what="demo-2 holding what demo-0 holds",
+    )
+
+
+def test_runbook_upgrades_the_operator_then_the_replicas(
+    reader: DocShell, system: ClusterKubectl, default: ClusterKubectl
+):
+    # The version upgraded to: this build's images under the runbook's new version.
+    for name in ("operator", "server"):
+        ctr("images", "tag", "--force", f"{REGISTRY}/{name}:0.1.0", f"{REGISTRY}/{name}:{NEW}")
+    (_, operator), (_, replicas) = cluster_blocks(RUNBOOK, "Upgrade")
+    first, second = block_places(RUNBOOK, "Upgrade")
+    assert f"NEW={NEW} " in operator and f"NEW={NEW} " in replicas
+    reader.run(operator, where=first)
+    deployment = system.get("deployment", RELEASE)
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == (
+        f"{REGISTRY}/operator:{NEW}"
+    )
+    assert deployment["status"].get("updatedReplicas") == 1, deployment["status"]
+
+    out = reader.run(replicas, timeout=1200, where=second)
+    es = default.get("eventserver", "demo")
+    assert out.strip().splitlines()[-1] == f"3/3 on {es['status']['updateRevision']}", out
+    assert {image for _, _, image in pods(default).values()} == {f"{REGISTRY}/server:{NEW}"}
+    assert ready(default)
 
 
 def test_runbook_turns_on_tls(reader: DocShell, default: ClusterKubectl):
@@ -273,6 +408,32 @@ def test_runbook_and_quickstart_scale_then_delete(reader: DocShell, default: Clu
     assert sorted(c["metadata"]["name"] for c in claims) == [f"data-demo-{i}" for i in range(5)]
 
 
+def test_runbook_restores_the_whole_fleet_from_a_backup(
+    reader: DocShell, default: ClusterKubectl, s3: S3Server, journey: dict[str, str]
+):
+    # The whole fleet lost: the EventServer gone (the previous test) and every volume.
+    default.run("delete", "pvc", "-l", "app.kubernetes.io/instance=demo", "--timeout=120s")
+    backup = default.get("eventserverbackup", journey["backup"])["status"]
+    ((_, block),) = cluster_blocks(RUNBOOK, "Restore")
+    (place,) = block_places(RUNBOOK, "Restore")
+    documented = ("BACKUP=demo-202611210300 ", "http://minio.backup.svc:9000")
+    assert all(d in block for d in documented), block
+    reader.run(
+        block.replace(documented[0], f"BACKUP={journey['backup']} ").replace(
+            documented[1], s3.endpoint_url
+        ),
+        where=place,
+    )
+    es = default.get("eventserver", "demo")
+    assert es["spec"]["bootstrap"]["fromBackup"]["sha256"] == backup["digest"]["sha256"]
+    # Every replica starts from the copy: its events, every server's last id.
+    want = {server: last for server, last in backup["digest"]["lastIds"].items()}
+    for ordinal in range(3):
+        facts = store(default, f"demo-{ordinal}")
+        assert facts["count"] >= backup["digest"]["events"], (ordinal, facts, backup)
+        assert all(facts["last"].get(s, 0) >= last for s, last in want.items()), (facts, want)
+
+
 def test_blocks_are_found():
     """The marked blocks this module runs exist (a renamed heading or a dropped marker
     fails here at once, without a cluster)."""
@@ -280,13 +441,20 @@ def test_blocks_are_found():
         (CHART_README, RELEASE): 3,
         (QUICKSTART, "Install the operator"): 1,
         (QUICKSTART, "Create a fleet"): 3,
-        (QUICKSTART, "Use it"): 1,
+        (QUICKSTART, "Images without a registry"): 1,
+        (QUICKSTART, "Use it"): 2,
         (QUICKSTART, "The `kubectl eventfleet` plugin"): 1,
         (QUICKSTART, "Back it up"): 1,
         (QUICKSTART, "Scale, watch, delete"): 1,
         (RUNBOOK, "Back up the fleet"): 2,
         (RUNBOOK, "Turn on TLS, renew or replace the certificate"): 1,
         (RUNBOOK, "Scale"): 1,
+        (RUNBOOK, "Pause the operator for one fleet"): 2,
+        (RUNBOOK, "Hibernate and wake a fleet"): 2,
+        (RUNBOOK, "Upgrade"): 2,
+        (RUNBOOK, "Rotate the tokens"): 2,
+        (RUNBOOK, "Restore"): 1,
+        (RUNBOOK, "Replace a lost volume"): 1,
         (RUNBOOK, "Rotate the Event BUS CURVE server key"): 2,
     }
     for (path, heading), count in counts.items():

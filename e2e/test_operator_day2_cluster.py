@@ -8,10 +8,11 @@ operator renders is rewritten.
 
 One fleet (``day2``, three replicas, the Event BUS on with CURVE and PLAIN listeners for
 reference clients from the node's address) carries the module's scenarios in order:
-pause, hibernate and wake (and the stale-Ready regression: the StatefulSet's status held
-back while the fleet wakes); a peer-token rotation, PLAIN clients beside CURVE, and the
-runbook's BUS CURVE server key rotation, each reaching the replicas through the
-kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
+pause, hibernate and wake (the runbook's blocks; and the stale-Ready regression: the
+StatefulSet's status held back while the fleet wakes); a peer-token rotation by hand and
+the runbook's token rotation blocks (peer, by the operator, then client), PLAIN clients
+beside CURVE, and the runbook's BUS CURVE server key rotation, each reaching the replicas
+through the kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
 rollout of a crash-looping image reverted without manual steps, and a restart request.
 Deletion with ``whenDeleted: Retain`` and volume growth use fleets of their own.
 """
@@ -21,13 +22,16 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import kubernetes_validate
 import pytest
@@ -39,8 +43,8 @@ from e2e.bus_client import BusClient, wait_live
 from e2e.cluster.clients import ClusterKubectl
 from e2e.cluster.cluster import Cluster, _start_time
 from e2e.cluster.layout import CONTAINERD_SOCKET, NODE_IP, PAUSE_IMAGE, PROVISIONER_NAME
-from e2e.cluster.replicas import Replicas, register
-from e2e.doc_blocks import DocShell, cluster_blocks
+from e2e.cluster.replicas import Replicas, register, secret_token
+from e2e.doc_blocks import DocShell, block_places, cluster_blocks
 from e2e.operator_helpers import (
     condition,
     event_reasons,
@@ -101,20 +105,37 @@ def own_ids(pods: Replicas, ordinal: int, of: int) -> dict:
     )
 
 
-def test_pause_hibernate_and_wake_with_real_replicas(kubectl, pods):
+def doc_steps(
+    kubectl: ClusterKubectl, cluster: Cluster, workdir: pathlib.Path, heading: str
+) -> list[Callable[[], str]]:
+    """The runbook section's marked blocks, each run as written when called (the
+    fleet's name for ``demo``), in this module's namespace."""
+    shell = DocShell(cluster.kubeconfig, kubectl.namespace, workdir)
+    blocks = cluster_blocks(RUNBOOK, heading)
+    places = block_places(RUNBOOK, heading)
+    return [
+        functools.partial(shell.run, body.replace("demo", FLEET), where=place)
+        for (_, body), place in zip(blocks, places, strict=True)
+    ]
+
+
+def test_pause_hibernate_and_wake_with_real_replicas(kubectl, pods, real_cluster, tmp_path):
+    """The runbook's "Pause the operator for one fleet" and "Hibernate and wake a
+    fleet" blocks as written, with what each promises checked between them."""
+    pause, resume = doc_steps(kubectl, real_cluster, tmp_path, "Pause the operator for one fleet")
+    hibernate, wake = doc_steps(kubectl, real_cluster, tmp_path, "Hibernate and wake a fleet")
     register(pods, 1, 3)  # events only replica 1 created: hibernation must flush them
     own = own_ids(pods, 1, 2)
 
     # Paused: a spec change is not applied, the status says why.
-    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/reconcile=paused")
-    wait_condition(kubectl, FLEET, "ReconcilePaused", 60)
+    pause()
     kubectl.run(
         "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"logLevel":"DEBUG"}}'
     )
     time.sleep(6)  # several resyncs (2 s): none may write the ConfigMap
     config = yaml.safe_load(kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"])
     assert config["log"]["level"] == "INFO"
-    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/reconcile-")
+    resume()
     wait_for(
         lambda: "DEBUG" in kubectl.get("configmap", f"{FLEET}-config")["data"]["config.yaml"],
         timeout=60,
@@ -123,10 +144,10 @@ def test_pause_hibernate_and_wake_with_real_replicas(kubectl, pods):
     wait_condition(kubectl, FLEET, "Ready")
 
     # Hibernate: replica 0 must hold replica 1's events before anything stops.
-    kubectl.run(
-        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":true}}'
-    )
-    wait_condition(kubectl, FLEET, "Hibernated", 120)
+    out = hibernate()
+    assert re.findall(rf"^(data-{FLEET}-\d+)\s", out, re.M) == [
+        f"data-{FLEET}-{i}" for i in range(3)
+    ], out  # "the claims stay"
     es = kubectl.get("eventserver", FLEET)
     assert es["status"]["phase"] == "Hibernated"
     assert es["spec"]["replicas"] == 3
@@ -136,10 +157,7 @@ def test_pause_hibernate_and_wake_with_real_replicas(kubectl, pods):
         assert kubectl.get("persistentvolumeclaim", f"data-{FLEET}-{ordinal}")  # claims kept
 
     # Wake: the count comes back and replica 0 still holds replica 1's events.
-    kubectl.run(
-        "patch", f"eventserver/{FLEET}", "--type=merge", "-p", '{"spec":{"hibernate":false}}'
-    )
-    wait_condition(kubectl, FLEET, "Ready")
+    wake()
     assert kubectl.get("statefulset", FLEET)["spec"]["replicas"] == 3
     held = own_ids(pods, 0, 2)
     assert (held["session"], held["instance"]) >= (own["session"], own["instance"])
@@ -223,12 +241,18 @@ def test_ready_is_not_reported_from_a_stale_statefulset_status_while_waking(
     wait_condition(kubectl, FLEET, "PeersSynced")
 
 
-def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, pods):
+def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(
+    kubectl, pods, real_cluster, tmp_path
+):
     """The runbook's peer rotation on the generated Secret: each step reaches the real
     replicas through the kubelet's refresh of the mounted Secret volume (its ``..data``
     symlink swap, after the kubelet's sync delay) and the replica's poll of the file; the
     operator's TokensLoaded condition follows it, nothing restarts, and the operator's
-    /flush works with the new token alone at the end."""
+    /flush works with the new token alone at the end. Then the runbook's "Rotate the
+    tokens" blocks as written (the fleet's name for ``demo``; here, where the operator
+    resyncs every 2 s, rather than in e2e/test_docs_cluster.py, whose chart-default 30 s
+    resync makes the five reload waits minutes): the peer rotation by the operator, then
+    the client token's three steps, after which only the new client token is accepted."""
     wait_condition(kubectl, FLEET, "TokensLoaded", 120)
     containers = [pods.container(i) for i in range(3)]
     old = base64.b64decode(kubectl.get("secret", f"{FLEET}-peer-token")["data"]["token"])
@@ -254,14 +278,11 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     step(f"{old}\nrotated-peer\n")
     step(f"rotated-peer\n{old}\n")
     step("rotated-peer\n")
-    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token).
-    kubectl.run("annotate", f"eventserver/{FLEET}", "eventfleet.io/rotate-peer-token=r1")
-
-    def rotation():
-        r = kubectl.get("eventserver", FLEET)["status"].get("peerTokenRotation") or {}
-        return r if r.get("step") in ("Done", "Refused") else None
-
-    done = wait_for(rotation, timeout=600, what="the operator's peer token rotation")
+    # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token), as
+    # the runbook's block asks for them and waits.
+    rotate_client, rotate_peer = doc_steps(kubectl, real_cluster, tmp_path, "Rotate the tokens")
+    rotate_peer()
+    done = kubectl.get("eventserver", FLEET)["status"]["peerTokenRotation"]
     assert done["step"] == "Done", done
     (auto,) = base64.b64decode(
         kubectl.get("secret", f"{FLEET}-peer-token")["data"]["token"]
@@ -281,6 +302,26 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(kubectl, 
     assert wait_for(flushed, timeout=120, what="the flush after the rotation")["result"] == (
         "Verified"
     )
+
+    # The client token's three steps: afterwards every replica accepts the new token
+    # alone (the block's last wait is TokensLoaded on the Secret's new content).
+    first = secret_token(kubectl, f"{FLEET}-token").splitlines()[0]
+    rotate_client()
+    (new,) = secret_token(kubectl, f"{FLEET}-token").split()
+    assert new != first
+    for ordinal in range(3):
+        register(pods, ordinal, 1, event_type="e2e/new-client-token")  # the Secret's token
+        old = tmp_path / "old.token"
+        old.write_text(first)
+        proc = subprocess.run(
+            [
+                sys.executable, "-m", "eventfleet_cli", "query", "--eventer",
+                pods.eventer(ordinal), "--token-file", str(old), "latest", "*",
+            ],
+            capture_output=True, text=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert proc.returncode != 0, (ordinal, proc.stdout)
+    assert [pods.container(i) for i in range(3)] == containers and not pods.restarts
 
 
 def test_bus_plain_listeners_beside_curve_for_reference_clients(kubectl, pods):
