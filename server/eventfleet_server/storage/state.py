@@ -7,10 +7,10 @@ not rewrite it (a page written and a statement run on every commit, ~10 % of a
 one-event commit's SQL and WAL writes): every event stored above the mark was inserted
 after it, and nothing above it is ever deleted before the mark moves (a delete writes
 the mark in its own transaction), so the true counters are the mark plus the events
-above it (`load`, one rowid range). The backend moves the mark every few hundred
-commits, on every delete and with every ``meta`` write (a clean stop writes one), so
-that range stays short. Up to version 2 every commit wrote the row: such a store is a
-mark with nothing above it.
+above it (`load`, one rowid range). The backend moves the mark every 1,000 commits
+(`backend.MARK_EVERY_COMMITS`), on every delete, with every ``meta`` write and at a
+clean close, so that range stays short. Up to version 2 every commit wrote the row:
+such a store is a mark with nothing above it.
 """
 
 from __future__ import annotations
