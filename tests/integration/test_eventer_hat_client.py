@@ -52,6 +52,17 @@ async def test_register_with_response_returns_ids_in_order(replica):
         await client.async_close()
 
 
+async def test_an_empty_register_is_answered_with_no_events(replica):
+    client = await hat_client.connect(addr(replica), "test/empty")
+    try:
+        async with asyncio.timeout(5):
+            assert await client.register([], True) == []
+        # The connection goes on.
+        assert [e.type for e in await client.register([reg(("e", "1"))], True)] == [("e", "1")]
+    finally:
+        await client.async_close()
+
+
 async def test_register_without_response_is_stored(replica):
     client = await hat_client.connect(addr(replica), "test/noresp")
     try:

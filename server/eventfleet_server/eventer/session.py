@@ -186,6 +186,12 @@ class EventerSession:
             return
         if conn.is_closed:
             return
+        if not events:
+            # Nothing to commit (the engine calls no `done` for it): answered at once
+            # with no events, as the reference does (it never answered before).
+            if wants_response:
+                self._respond_register(msg, [])
+            return
         elements: list[bytes] = []
 
         def encode(created: list[Event]) -> list[bytes]:
