@@ -335,3 +335,19 @@ async def test_pipelined_registers_answered_after_their_commit_in_one_write(repl
     # 16 requests in fewer commits than requests; each commit's answers in one write.
     assert sum(commits) == 16 and len(commits) < 16, commits
     assert batches and sum(batches) == 16 - commits.count(1), (batches, commits)
+
+
+async def test_an_answer_committed_while_the_eventer_stops_still_leaves(replica):
+    """The Eventer's engine hooks go first when it stops, its connections after: a
+    request committed in between is still answered (its answer is not left queued for
+    a commit listener that is gone)."""
+    client = await hat_client.connect(addr(replica), "test/stopping")
+    try:
+        for unsubscribe in replica.eventer._unsubscribe:  # the first step of `stop`
+            unsubscribe()
+        replica.eventer._unsubscribe = []
+        async with asyncio.timeout(5):
+            created = await client.register([reg(("stopping", "1"))], True)
+        assert [e.type for e in created] == [("stopping", "1")]
+    finally:
+        await client.async_close()

@@ -146,6 +146,9 @@ class EventerServer(ProtocolServer):
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe = []
+        # No commit listener any more: answers queued from now on go at once
+        # (`reply_pending`), those already queued now.
+        self._flush_replies(0, 0.0)
         await self._listener.stop()
         await self._tasks.close()
 
@@ -179,9 +182,13 @@ class EventerServer(ProtocolServer):
                 with contextlib.suppress(Exception):
                     session.conn.close(f"client {session.name!r}: notify failed: {e!r}")
 
-    def reply_pending(self, session: EventerSession) -> None:
-        """`session` queued a MsgRegisterRes in the running commit's callbacks."""
+    def reply_pending(self, session: EventerSession) -> bool:
+        """`session` queued a MsgRegisterRes in the running commit's callbacks; False:
+        send it now (stopping: no commit listener will flush it)."""
+        if not self._unsubscribe:
+            return False
         self._replying.append(session)
+        return True
 
     def _flush_replies(self, count: int, seconds: float) -> None:
         sessions, self._replying = self._replying, []

@@ -237,9 +237,10 @@ class EventerSession:
     def _queue_reply(self, msg: chatter.Msg, elements: list[bytes]) -> None:
         if self.conn.is_closed:
             return
-        if not self._replies:
-            self.server.reply_pending(self)
+        first = not self._replies
         self._replies.append((_P + "MsgRegisterRes", register_res(elements), msg.conv))
+        if first and not self.server.reply_pending(self):
+            self.flush_replies()
 
     def flush_replies(self) -> None:
         """Send the queued MsgRegisterRes with one write (`Connection.send_many`)."""
