@@ -539,9 +539,10 @@ def _state_row(path):
         )
 
 
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])  # inline, writer thread
 @pytest.mark.parametrize("clean_close", [True, False])
 async def test_counters_and_last_ids_without_a_state_write_per_commit(
-    tmp_path, monkeypatch, clean_close
+    tmp_path, monkeypatch, clean_close, synchronous
 ):
     """Commits do not rewrite the state row and last_ids (the mark); a store stopped
     without a clean close (the mark left behind) still opens with every counter and id
@@ -550,7 +551,7 @@ async def test_counters_and_last_ids_without_a_state_write_per_commit(
     if not clean_close:
         # A crash after the commits: nothing writes the mark at close.
         monkeypatch.setattr(Storage, "_mark_now", lambda self: None)
-    async with opened(path) as s:
+    async with opened(path, synchronous=synchronous) as s:
         for i in range(10):
             await s.write(make_events(1, start=1 + i, t0=now().s))
         await s.write(make_events(2, server=2, t0=now().s))
@@ -560,7 +561,7 @@ async def test_counters_and_last_ids_without_a_state_write_per_commit(
     assert _state_row(path) == (marked if clean_close else ((0, 0), []))
     info = snapshot.inspect(path)
     assert (info.events, info.last_ids) == (12, {1: (1, 10), 2: (1, 2)})
-    async with opened(path, retention=Retention(max_events=4)) as s:
+    async with opened(path, synchronous=synchronous, retention=Retention(max_events=4)) as s:
         assert (s.last_seq, s.last_ids) == (12, {1: EventId(1, 1, 10), 2: EventId(2, 1, 2)})
         assert (await s.stats()).events == 12
         await s.write(make_events(1, server=3, t0=now().s))
@@ -568,7 +569,7 @@ async def test_counters_and_last_ids_without_a_state_write_per_commit(
         assert await s.enforce_retention() == 9
         assert _state_row(path) == ((13, 4), [(1, 1, 10), (2, 1, 2), (3, 1, 1)])
         await s.write(make_events(1, start=11, t0=now().s))
-    async with opened(path) as s:
+    async with opened(path, synchronous=synchronous) as s:
         assert s.last_seq == 14
         assert s.last_ids == {1: EventId(1, 2, 11), 2: EventId(2, 1, 2), 3: EventId(3, 1, 1)}
         assert (await s.stats()).events == 5
@@ -577,10 +578,11 @@ async def test_counters_and_last_ids_without_a_state_write_per_commit(
     assert (info.events, info.last_ids[1]) == (6, (2, 12))
 
 
-async def test_the_mark_moves_every_few_commits_and_with_meta(tmp_path, monkeypatch):
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_the_mark_moves_every_few_commits_and_with_meta(tmp_path, monkeypatch, synchronous):
     monkeypatch.setattr(storage_backend, "MARK_EVERY_COMMITS", 3)
     path = tmp_path / "events.sqlite"
-    async with opened(path) as s:
+    async with opened(path, synchronous=synchronous) as s:
         for i in range(4):
             await s.write(make_events(1, start=1 + i))
         assert _state_row(path) == ((3, 3), [(1, 1, 3)])
