@@ -52,6 +52,17 @@ async def test_register_with_response_returns_ids_in_order(replica):
         await client.async_close()
 
 
+async def test_an_empty_register_is_answered_with_no_events(replica):
+    client = await hat_client.connect(addr(replica), "test/empty")
+    try:
+        async with asyncio.timeout(5):
+            assert await client.register([], True) == []
+        # The connection goes on.
+        assert [e.type for e in await client.register([reg(("e", "1"))], True)] == [("e", "1")]
+    finally:
+        await client.async_close()
+
+
 async def test_register_without_response_is_stored(replica):
     client = await hat_client.connect(addr(replica), "test/noresp")
     try:
@@ -292,3 +303,51 @@ async def test_restart_continues_ids(tmp_path):
     assert after[0].id.instance > before[-1].id.instance
     assert after[0].id.session > before[-1].id.session
     assert [e.id for e in res.events] == [e.id for e in before + after]
+
+
+async def test_pipelined_registers_answered_after_their_commit_in_one_write(replica, monkeypatch):
+    """Requests pipelined by one client (the real one, many in flight) that share a
+    commit get their MsgRegisterRes together, in one write, after that commit: each
+    answer names its own request's events (by conversation) and every event answered is
+    stored."""
+    from eventfleet_server.chatter import Connection
+
+    batches: list[int] = []
+    send_many = Connection.send_many
+
+    def counting_send_many(self, msgs):
+        batches.append(len(msgs))
+        return send_many(self, msgs)
+
+    monkeypatch.setattr(Connection, "send_many", counting_send_many)
+    commits: list[int] = []
+    replica.engine.add_commit_listener(lambda count, seconds: commits.append(count))
+    client = await hat_client.connect(addr(replica), "test/pipelined")
+    try:
+        results = await asyncio.gather(
+            *(client.register([reg(("pipe", str(i)))], True) for i in range(16))
+        )
+        assert [[e.type for e in r] for r in results] == [[("pipe", str(i))] for i in range(16)]
+        stored = await client.query(hat.QueryLatestParams([("pipe", "*")]))
+        assert sorted(e.id for e in stored.events) == sorted(r[0].id for r in results)
+    finally:
+        await client.async_close()
+    # 16 requests in fewer commits than requests; each commit's answers in one write.
+    assert sum(commits) == 16 and len(commits) < 16, commits
+    assert batches and sum(batches) == 16 - commits.count(1), (batches, commits)
+
+
+async def test_an_answer_committed_while_the_eventer_stops_still_leaves(replica):
+    """The Eventer's engine hooks go first when it stops, its connections after: a
+    request committed in between is still answered (its answer is not left queued for
+    a commit listener that is gone)."""
+    client = await hat_client.connect(addr(replica), "test/stopping")
+    try:
+        for unsubscribe in replica.eventer._unsubscribe:  # the first step of `stop`
+            unsubscribe()
+        replica.eventer._unsubscribe = []
+        async with asyncio.timeout(5):
+            created = await client.register([reg(("stopping", "1"))], True)
+        assert [e.type for e in created] == [("stopping", "1")]
+    finally:
+        await client.async_close()

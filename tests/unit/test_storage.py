@@ -39,6 +39,7 @@ from eventfleet_server.storage import (
     StorageError,
     StorageStats,
     merge_rows,
+    snapshot,
 )
 from eventfleet_server.storage import backend as storage_backend
 from eventfleet_server.storage import (
@@ -528,6 +529,65 @@ async def test_seq_and_last_ids_persist_and_survive_retention(tmp_path):
         )
         # Held no more, but last_ids remembers them: a Syncer asks after them.
         assert (await s.read_server(2, None, 10)) == []
+
+
+def _state_row(path):
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return (
+            conn.execute("SELECT last_seq, event_count FROM state").fetchone(),
+            conn.execute("SELECT server, session, instance FROM last_ids").fetchall(),
+        )
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])  # inline, writer thread
+@pytest.mark.parametrize("clean_close", [True, False])
+async def test_counters_and_last_ids_without_a_state_write_per_commit(
+    tmp_path, monkeypatch, clean_close, synchronous
+):
+    """Commits do not rewrite the state row and last_ids (the mark); a store stopped
+    without a clean close (the mark left behind) still opens with every counter and id
+    of its committed events, also around retention, and a snapshot reads the same."""
+    path = tmp_path / "events.sqlite"
+    if not clean_close:
+        # A crash after the commits: nothing writes the mark at close.
+        monkeypatch.setattr(Storage, "_mark_now", lambda self: None)
+    async with opened(path, synchronous=synchronous) as s:
+        for i in range(10):
+            await s.write(make_events(1, start=1 + i, t0=now().s))
+        await s.write(make_events(2, server=2, t0=now().s))
+        # Nothing but a commit ran: the mark has not moved.
+        assert _state_row(path) == ((0, 0), [])
+    marked = ((12, 12), [(1, 1, 10), (2, 1, 2)])
+    assert _state_row(path) == (marked if clean_close else ((0, 0), []))
+    info = snapshot.inspect(path)
+    assert (info.events, info.last_ids) == (12, {1: (1, 10), 2: (1, 2)})
+    async with opened(path, synchronous=synchronous, retention=Retention(max_events=4)) as s:
+        assert (s.last_seq, s.last_ids) == (12, {1: EventId(1, 1, 10), 2: EventId(2, 1, 2)})
+        assert (await s.stats()).events == 12
+        await s.write(make_events(1, server=3, t0=now().s))
+        # Retention writes the mark with its delete: nothing above it is deleted.
+        assert await s.enforce_retention() == 9
+        assert _state_row(path) == ((13, 4), [(1, 1, 10), (2, 1, 2), (3, 1, 1)])
+        await s.write(make_events(1, start=11, t0=now().s))
+    async with opened(path, synchronous=synchronous) as s:
+        assert s.last_seq == 14
+        assert s.last_ids == {1: EventId(1, 2, 11), 2: EventId(2, 1, 2), 3: EventId(3, 1, 1)}
+        assert (await s.stats()).events == 5
+        assert [seq for seq, _ in await s.write(make_events(1, start=12, t0=now().s))] == [15]
+    info = snapshot.inspect(path)
+    assert (info.events, info.last_ids[1]) == (6, (2, 12))
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_the_mark_moves_every_few_commits_and_with_meta(tmp_path, monkeypatch, synchronous):
+    monkeypatch.setattr(storage_backend, "MARK_EVERY_COMMITS", 3)
+    path = tmp_path / "events.sqlite"
+    async with opened(path, synchronous=synchronous) as s:
+        for i in range(4):
+            await s.write(make_events(1, start=1 + i))
+        assert _state_row(path) == ((3, 3), [(1, 1, 3)])
+        await s.write([], {"k": 1})
+        assert _state_row(path) == ((4, 4), [(1, 1, 4)])
 
 
 async def test_latest_falls_back_after_retention(tmp_path):

@@ -108,7 +108,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         latest = await s.query_sbs(QueryLatestParams())
         assert len(latest.events) == len(latest_before)
 
-        # It goes on as a version-2 store: new events, the same answers shape.
+        # It goes on as a version-3 store: new events, the same answers shape.
         new = Event(EventId(1, 9, 100), ("a", "new"), Timestamp(1_800_000_000, 0), None, None)
         assert await s.write([new]) == [(49, new)]
         assert (await s.query_sbs(QueryLatestParams([("a", "new")]))).events == [
@@ -118,7 +118,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         await s.close()
 
     with closing(sqlite3.connect(v1_store)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 3
         assert conn.execute("SELECT count(*) FROM events WHERE length(sbs) = 0").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM events WHERE bus IS NOT NULL").fetchone() == (0,)
     assert _latest_seqs(v1_store)[: len(latest_before)] == latest_before
@@ -165,6 +165,6 @@ async def test_a_newer_store_is_still_refused_before_anything_changes(tmp_path):
     with closing(sqlite3.connect(path)) as conn:
         conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
     original = path.read_bytes()
-    with pytest.raises(SchemaVersionError, match=r"version 3 is newer than this replica's 2"):
+    with pytest.raises(SchemaVersionError, match=r"version 4 is newer than this replica's 3"):
         await Storage.open(path)
     assert path.read_bytes() == original

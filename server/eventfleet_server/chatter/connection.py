@@ -140,6 +140,22 @@ class Connection:
             self._writer.write(head + data)
         return conv
 
+    def send_many(self, msgs: list[tuple[str, bytes, Conversation]]) -> None:
+        """Queue several messages ``(type, data, conversation)`` (each with ``last``
+        set) with one transport write: one ``send`` system call for all of them where
+        `send` would make one each (on loopback each also runs the peer's receive path)."""
+        if self.is_closed:
+            raise ConnectionError(f"connection {self.peer} is closed")
+        parts: list[bytes] = []
+        for msg_type, data, conv in msgs:
+            msg_id = self._next_id
+            self._next_id += 1
+            parts.append(
+                _frame_head(msg_id, conv.first_id, conv.owner, True, True, msg_type, len(data))
+            )
+            parts.append(data)
+        self._writer.write(b"".join(parts))
+
     async def drain(self) -> None:
         await self._writer.drain()
 

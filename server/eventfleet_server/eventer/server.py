@@ -105,6 +105,8 @@ class EventerServer(ProtocolServer):
             ssl=ssl,
         )
         self._unsubscribe = []
+        # Sessions holding MsgRegisterRes of the commit whose callbacks are running.
+        self._replying: list[EventerSession] = []
 
     @property
     def port(self) -> int:
@@ -133,6 +135,9 @@ class EventerServer(ProtocolServer):
         self._unsubscribe = [
             self._engine.add_sbs_listener(self._on_events),
             self._engine.add_status_listener(self._on_status),
+            # Commit listeners run after every `done` of the commit: its answers leave
+            # then, one write per connection (`EventerSession.flush_replies`).
+            self._engine.add_commit_listener(self._flush_replies),
         ]
         await self._listener.start()
         log.info("eventer listening on port %s", self.port)
@@ -141,6 +146,9 @@ class EventerServer(ProtocolServer):
         for unsubscribe in self._unsubscribe:
             unsubscribe()
         self._unsubscribe = []
+        # No commit listener any more: answers queued from now on go at once
+        # (`reply_pending`), those already queued now.
+        self._flush_replies(0, 0.0)
         await self._listener.stop()
         await self._tasks.close()
 
@@ -173,6 +181,26 @@ class EventerServer(ProtocolServer):
                 log.warning("eventer client %r: notify failed, closing: %r", session.name, e)
                 with contextlib.suppress(Exception):
                     session.conn.close(f"client {session.name!r}: notify failed: {e!r}")
+
+    def reply_pending(self, session: EventerSession) -> bool:
+        """`session` queued a MsgRegisterRes in the running commit's callbacks; False:
+        send it now (stopping: no commit listener will flush it)."""
+        if not self._unsubscribe:
+            return False
+        self._replying.append(session)
+        return True
+
+    def _flush_replies(self, count: int, seconds: float) -> None:
+        sessions, self._replying = self._replying, []
+        for session in sessions:
+            try:
+                session.flush_replies()
+            except Exception as e:
+                # As in `_deliver`: one client's transport failing must not cost the
+                # other clients their answers.
+                log.warning("eventer client %r: reply failed, closing: %r", session.name, e)
+                with contextlib.suppress(Exception):
+                    session.conn.close(f"client {session.name!r}: reply failed: {e!r}")
 
     def _on_status(self, status: Status) -> None:
         data = codec.repo.encode(_P + "MsgStatusNotify", codec.status_to_sbs(status))

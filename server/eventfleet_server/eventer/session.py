@@ -57,6 +57,9 @@ class EventerSession:
         self._queue: deque[tuple[bytes, int]] = deque()
         self._queued_events = 0
         self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
+        # MsgRegisterRes of committed requests, sent together when the commit's
+        # callbacks are done (`flush_replies`, called by the server).
+        self._replies: list[tuple[str, bytes, chatter.Conversation]] = []
         # Per-session group: queries still running when the client leaves are cancelled.
         self._tasks = server._tasks.group(f"client:{conn.peer}")
         conn.max_write_buffer = self._limits.max_write_buffer
@@ -100,21 +103,28 @@ class EventerSession:
     def _send(self, msg_type: str, data: bytes, **kwargs) -> bool:
         """Queue a message unless the client stopped reading (then close it, logged and
         counted). False when nothing was sent."""
+        if not self._writable(len(data)):
+            return False
+        try:
+            self.conn.send(msg_type, data, **kwargs)
+        except ConnectionError:
+            return False
+        return True
+
+    def _writable(self, size: int) -> bool:
+        """Whether `size` more bytes may be queued: false when closed, and when the
+        client stopped reading (then it is closed, logged and counted)."""
         conn = self.conn
         if conn.is_closed:
             return False
         buffered = conn.write_buffer_size
-        if buffered + len(data) > self._limits.max_write_buffer:
+        if buffered + size > self._limits.max_write_buffer:
             self._refuse(
                 RejectReason.SLOW_CLIENT,
-                f"not reading: {buffered} bytes unsent, {len(data)} more would exceed "
+                f"not reading: {buffered} bytes unsent, {size} more would exceed "
                 f"max_write_buffer {self._limits.max_write_buffer}",
                 abort=True,
             )
-            return False
-        try:
-            conn.send(msg_type, data, **kwargs)
-        except ConnectionError:
             return False
         return True
 
@@ -181,6 +191,12 @@ class EventerSession:
             return
         if conn.is_closed:
             return
+        if not events:
+            # Nothing to commit (the engine calls no `done` for it): answered at once
+            # with no events, as the reference does (it never answered before).
+            if wants_response:
+                self._respond_register(msg, [])
+            return
         elements: list[bytes] = []
 
         def encode(created: list[Event]) -> list[bytes]:
@@ -194,9 +210,14 @@ class EventerSession:
         done = None
         if wants_response:
             # Answered right after the commit, in the commit's loop iteration: a
-            # MsgRegisterRes means the events are durable.
+            # MsgRegisterRes means the events are durable. The answers of one commit
+            # leave together (`flush_replies`); a failure's at once (no commit
+            # listener runs after a failed commit).
             def done(ok: bool) -> None:
-                self._respond_register(msg, elements if ok else None)
+                if ok:
+                    self._queue_reply(msg, elements)
+                else:
+                    self._respond_register(msg, None)
 
         try:
             _, fut = self._engine.register(events, validated=True, encode=encode, done=done)
@@ -217,6 +238,28 @@ class EventerSession:
         self.server.rejections.reject(RejectReason.REGISTER_FAILED, detail, self.conn.peer)
         if not msg.last:
             self._respond_register(msg, None)
+
+    def _queue_reply(self, msg: chatter.Msg, elements: list[bytes]) -> None:
+        if self.conn.is_closed:
+            return
+        first = not self._replies
+        self._replies.append((_P + "MsgRegisterRes", register_res(elements), msg.conv))
+        if first and not self.server.reply_pending(self):
+            self.flush_replies()
+
+    def flush_replies(self) -> None:
+        """Send the queued MsgRegisterRes with one write (`Connection.send_many`)."""
+        replies, self._replies = self._replies, []
+        if not replies or self.conn.is_closed:
+            return
+        if len(replies) == 1:
+            msg_type, data, conv = replies[0]
+            self._send(msg_type, data, conv=conv)
+            return
+        size = sum(len(r[1]) for r in replies)
+        if self._writable(size):
+            with contextlib.suppress(ConnectionError):
+                self.conn.send_many(replies)
 
     def _respond_register(self, msg: chatter.Msg, elements: list[bytes] | None) -> None:
         """MsgRegisterRes: the events' stored bytes joined behind the header (one C join,

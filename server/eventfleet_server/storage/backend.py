@@ -92,6 +92,13 @@ log = logging.getLogger(__name__)
 # so that one large register request never holds the event loop for the whole insert.
 INLINE_MAX_EVENTS = 500
 
+# The `state` mark and `last_ids` are written every this many commits (and on every
+# delete and meta write), not on every commit: two statements and two WAL pages saved
+# per commit; start-up reads the events above the mark back (at most this many
+# commits' or `MARK_EVERY_EVENTS` events' worth, one rowid range).
+MARK_EVERY_COMMITS = 1_000
+MARK_EVERY_EVENTS = 50_000
+
 # A failing store counts as working again only with room for at least this much next
 # to it (see `Storage.probe_write`): a few batches' worth, enough that a file system
 # with a few kilobytes freed does not flap between ready and failing.
@@ -182,6 +189,11 @@ class Storage:
         self._last_ids: dict[int, EventId] = {}
         self._last_seq = 0
         self._event_count = 0
+        # The `state` mark (`state`): its last_seq, the commits since it and the
+        # last_ids rows raised since it (server -> (server, session, instance)).
+        self._mark = 0
+        self._commits_since_mark = 0
+        self._unmarked_ids: dict[int, tuple[int, int, int]] = {}
         self._meta: dict[str, str] = {}
         self._bus_of_events: Callable[[Sequence[Event]], Sequence[bytes | None] | None] | None
         self._bus_of_rows: Callable[[list[list]], Sequence[bytes | None] | None] | None
@@ -313,8 +325,12 @@ class Storage:
         conn.execute(schema.EVENT_KEYS_DDL)
 
         self._cache.load(conn)
-        self._last_ids = last_ids.load(conn)
-        self._last_seq, self._event_count, self._meta = state.load(conn)
+        self._last_seq, self._event_count, self._mark, self._meta = state.load(conn)
+        self._last_ids = last_ids.load(conn, self._mark)
+        if self._last_seq != self._mark:
+            # Events above the mark (a stop without a clean close): their ids go into
+            # the table with the next mark.
+            self._unmarked_ids = {s: (s, i.session, i.instance) for s, i in self._last_ids.items()}
 
     def _init_reader(self) -> None:
         conn = self._reader._conn
@@ -332,6 +348,11 @@ class Storage:
             self._checkpoint_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._checkpoint_task
+        try:
+            await self._on_writer(self._mark_now)
+        except Exception as e:
+            # Nothing is lost: the next start reads the events above the mark back.
+            log.warning("%s: could not write the state mark at close: %s", self._path, e)
         try:
             await self._reader.close()
         finally:
@@ -601,7 +622,7 @@ class Storage:
                 except (TypeError, ValueError, AttributeError) as e:
                     raise StorageError(f"{events.describe(index, event)}: {e}") from e
 
-            lids = self._commit_rows(
+            lids, marked = self._commit_rows(
                 "write",
                 events.INSERT,
                 rows,
@@ -614,7 +635,7 @@ class Storage:
         except BaseException:
             cache.burn(new_types)
             raise
-        self._committed(seq, len(rows), lids, meta_items)
+        self._committed(seq, len(rows), lids, meta_items, marked)
         return inserted
 
     def _write_rows(self, rows: list[list], sql: str) -> list[list]:
@@ -667,7 +688,7 @@ class Storage:
             if server is not None:
                 tops[server] = top
 
-            lids = self._commit_rows(
+            lids, marked = self._commit_rows(
                 "merge",
                 sql,
                 out,
@@ -686,7 +707,7 @@ class Storage:
                     r[4] = types[r[4]]
             cache.burn(new_types)
             raise
-        self._committed(seq, len(out), lids, [])
+        self._committed(seq, len(out), lids, [], marked)
         return out
 
     def _commit_rows(
@@ -699,12 +720,13 @@ class Storage:
         top_sessions: dict[int, int],
         meta_items: list[tuple[str, str]],
         diagnose: Callable[[Exception], str],
-    ) -> list[tuple[int, int, int]]:
+    ) -> tuple[list[tuple[int, int, int]], bool]:
         """The one transaction of every event write: the new types, the rows (`sql`:
         `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
-        latest-per-type table, `last_ids` of the servers whose top `top_sessions` names
-        (``tops`` holds the instance), the state row and the meta keys. Returns those
-        `last_ids` rows.
+        latest-per-type table and the meta keys; the state mark and `last_ids` when one
+        is due (`MARK_EVERY_COMMITS`, with meta keys). Returns the `last_ids` rows this
+        batch raised (servers whose top `top_sessions` names, ``tops`` holding the
+        instance) and whether the mark was written.
 
         Raises `StorageFaultError` when the file system refused (full, read-only, I/O
         error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
@@ -729,11 +751,39 @@ class Storage:
                 # walk: no GROUP BY over the batch's rows (18 µs of a 140 µs batch-1
                 # commit).
                 lids = [(srv, ses, int(tops[srv])) for srv, ses in top_sessions.items()]
-                last_ids.update(tx, lids)
-                tx.execute(state.UPDATE, (rows[-1][0], len(rows)))
+            marked = bool(meta_items) or self._mark_due(len(rows))
+            if marked:
+                self._write_mark(
+                    tx,
+                    rows[-1][0] if rows else self._last_seq,
+                    self._event_count + len(rows),
+                    lids,
+                )
             if meta_items:
                 state.set_meta(tx, meta_items)
-        return lids
+        return lids, marked
+
+    def _mark_due(self, count: int) -> bool:
+        return (
+            self._commits_since_mark + 1 >= MARK_EVERY_COMMITS
+            or self._last_seq + count - self._mark >= MARK_EVERY_EVENTS
+        )
+
+    def _write_mark(
+        self,
+        tx: sqlite3.Connection,
+        last_seq: int,
+        event_count: int,
+        lids: Sequence[tuple[int, int, int]] = (),
+    ) -> None:
+        """The state mark and the `last_ids` raised since the last one (`lids`: also
+        those of the caller's batch), in the caller's transaction."""
+        raised = self._unmarked_ids
+        if lids:
+            raised = {**raised, **{row[0]: row for row in lids}}
+        if raised:
+            last_ids.update(tx, list(raised.values()))
+        state.set_mark(tx, last_seq, event_count)
 
     def _committed(
         self,
@@ -741,6 +791,7 @@ class Storage:
         count: int,
         lids: list[tuple[int, int, int]],
         meta_items: list[tuple[str, str]],
+        marked: bool,
     ) -> None:
         """The in-memory state after `_commit_rows` committed."""
         self._last_seq = seq
@@ -748,6 +799,12 @@ class Storage:
         last = self._last_ids
         for server, session, instance in lids:
             last[server] = EventId(server, session, instance)
+        if marked:
+            self._marked(seq)
+        else:
+            self._commits_since_mark += 1
+            for row in lids:
+                self._unmarked_ids[row[0]] = row
         for key, value in meta_items:
             self._meta[key] = value
 
@@ -1035,9 +1092,26 @@ class Storage:
             deleted = tx.execute(sql, args).rowcount
             if deleted:
                 latest.repair(tx)
-                tx.execute(state.DELETED, (deleted,))
+                # Nothing above the mark may be deleted (`state`): the mark moves to now.
+                self._write_mark(tx, self._last_seq, self._event_count - deleted)
         self._event_count -= deleted
+        if deleted:
+            self._marked(self._last_seq)
         return deleted
+
+    def _marked(self, seq: int) -> None:
+        self._mark = seq
+        self._commits_since_mark = 0
+        self._unmarked_ids = {}
+
+    def _mark_now(self) -> None:
+        """Write the mark if events were committed since the last one (a clean close:
+        the next start reads nothing back)."""
+        if self._last_seq == self._mark and not self._unmarked_ids:
+            return
+        with self._transaction("state mark") as tx:
+            self._write_mark(tx, self._last_seq, self._event_count)
+        self._marked(self._last_seq)
 
     async def stats(self) -> StorageStats:
         """Event count, database size on disk (file plus WAL) and last sequence number."""

@@ -21,6 +21,12 @@ Versions (``PRAGMA user_version``):
    in the other (tests/fixtures/storage-v2.sqlite, written by the earlier one), and old
    rows are not back-filled (they are served from their columns).
 
+3. The ``state`` row and ``last_ids`` are a *mark*, no longer rewritten by every commit
+   (`state`): the counters and ids of the events above the mark are read back from them
+   at start. A version-2 store is a mark with nothing above it, so the migration only
+   sets the version; the bump keeps a version-2 release, which would take the mark for
+   the counters (and reuse sequence numbers), from opening a version-3 store.
+
 A store of a newer version is refused before anything in it changes (no downgrade).
 """
 
@@ -32,8 +38,8 @@ import time
 
 from eventfleet_server.storage import event_keys, event_types, events, last_ids, latest, state
 
-SCHEMA_VERSION = 2
-MIGRATABLE = (1,)  # versions `migrate` upgrades from
+SCHEMA_VERSION = 3
+MIGRATABLE = (1, 2)  # versions `migrate` upgrades from
 
 DDL = "".join([state.DDL, event_types.DDL, events.DDL, latest.DDL, last_ids.DDL])
 EVENT_KEYS_DDL = event_keys.DDL
@@ -64,8 +70,17 @@ def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
     """Upgrade a store of `version` (one of `MIGRATABLE`) to `SCHEMA_VERSION`, inside
     the caller's transaction (all or nothing: a failed or interrupted migration leaves
     the store at `version`)."""
-    if version != 1:
+    if version not in MIGRATABLE:
         raise ValueError(f"no migration from storage schema version {version}")
+    if version == 1:
+        _migrate_v1(conn, path)
+    # 2 -> 3: the layout is the same; version 2's state row is exact, i.e. a mark with
+    # no events above it.
+    log.info("%s: storage schema version %d -> %d", path, version, SCHEMA_VERSION)
+
+
+def _migrate_v1(conn: sqlite3.Connection, path: object) -> None:
+    """Version 1 -> 2: the ``sbs`` and ``bus`` columns, every event's ``sbs`` encoded."""
     started = time.monotonic()
     for statement in _V2_COLUMNS:
         conn.execute(statement)
@@ -83,9 +98,8 @@ def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
         after = rows[-1][0]
         count += len(rows)
     log.info(
-        "%s: storage schema migrated from version 1 to %d (%d events encoded in %.1f s)",
+        "%s: storage schema migrated from version 1 to 2 (%d events encoded in %.1f s)",
         path,
-        SCHEMA_VERSION,
         count,
         time.monotonic() - started,
     )

@@ -25,7 +25,8 @@ import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from eventfleet_server.storage import schema
+from eventfleet_server.storage import last_ids as last_id_table
+from eventfleet_server.storage import schema, state
 
 _CHUNK = 1 << 20
 
@@ -112,12 +113,11 @@ def inspect(path: pathlib.Path, *, quick_check: bool = True) -> SnapshotInfo:
                 f"{path}: schema version {version} is not {schema.SCHEMA_VERSION} "
                 "(not an eventfleet store of this version)"
             )
-        events = conn.execute("SELECT event_count FROM state WHERE id = 0").fetchone()[0]
+        # The state mark plus the events above it (`state`), as the replica reads them.
+        _, events, mark = state.counters(conn)
         last_ids = {
-            server: (session, instance)
-            for server, session, instance in conn.execute(
-                "SELECT server, session, instance FROM last_ids"
-            )
+            server: (held.session, held.instance)
+            for server, held in last_id_table.load(conn, mark).items()
         }
         digest = events_digest(conn)
     except sqlite3.Error as e:
