@@ -175,7 +175,8 @@ def rows_of(events: list[Event]) -> list[list]:
     ]
 
 
-@pytest.mark.parametrize("count", [10, 2000])  # inline, and on the writer thread
+# Inline; on the writer thread in whole multi-row INSERTs; and with a remainder.
+@pytest.mark.parametrize("count", [10, 2000, merge_rows.INSERT_ROWS * 2 + 7])
 async def test_written_rows_read_back_as_the_events(storage, count):
     events = varied(count, session=3)
     rows = rows_of(events)
@@ -222,6 +223,45 @@ async def test_a_failed_write_stores_nothing_and_gives_the_rows_back(storage):
         ev(instance=1, type_=("new", "1")),
         ev(instance=2, type_=("new", "2")),
     ]
+
+
+async def test_a_row_refused_inside_a_multi_row_insert_stores_nothing(storage):
+    """A row SQLite refuses in the middle of a multi-row INSERT (`merge_rows.insert`)
+    fails the whole merge: nothing of it is stored, the rows go back as given."""
+    rows = rows_of(varied(merge_rows.INSERT_ROWS * 2 + 3, session=3))
+    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = "not bytes"  # STRICT BLOB column
+    given_rows = [list(r) for r in rows]
+    with pytest.raises(StorageError, match="cannot store TEXT value in BLOB column"):
+        await storage.write_rows(rows)
+    assert rows == given_rows
+    assert (await storage.stats()).events == 0 and 1 not in storage.last_ids
+    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = b"fixed"
+    assert len(await storage.write_rows(rows)) == len(rows)
+
+
+@pytest.mark.parametrize("count", [3, merge_rows.INSERT_ROWS, merge_rows.INSERT_ROWS * 3 + 1])
+def test_insert_stores_what_executemany_stores(count):
+    """`merge_rows.insert` against ``executemany`` on two SQLite tables of the same
+    layout: the same rows in the same order. Rows of the wrong width are never flattened
+    into a multi-row statement (their values would shift into other rows' columns):
+    they go to ``executemany``, whose error names them."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    for table in ("a", "b"):
+        conn.execute(f"CREATE TABLE {table} (seq INTEGER PRIMARY KEY, x ANY, y ANY) STRICT")
+    rows = [[i + 1, f"x{i}", bytes([i % 256]) * (i % 7)] for i in range(count)]
+    merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", rows)
+    conn.executemany("INSERT INTO b (seq, x, y) VALUES (?, ?, ?)", rows)
+    assert conn.execute("SELECT * FROM a").fetchall() == conn.execute("SELECT * FROM b").fetchall()
+    assert len(conn.execute("SELECT * FROM a").fetchall()) == count
+
+    conn.execute("DELETE FROM a")
+    short = [list(r) for r in rows]
+    short[-1] = short[-1][:2]
+    with pytest.raises(sqlite3.ProgrammingError, match="bindings"):
+        merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", short)
+    assert conn.execute("SELECT count(*) FROM a").fetchone() == (count - 1,)
 
 
 def test_sessions_are_consecutive_runs():

@@ -676,6 +676,7 @@ class Storage:
                 top_sessions,
                 [],
                 lambda e: f"merge of {len(out)} events failed: {e}",
+                merge_rows.insert,
             )
         except BaseException:
             # The rows go back as given (a retry writes them again), then the new ids go.
@@ -699,12 +700,14 @@ class Storage:
         top_sessions: dict[int, int],
         meta_items: list[tuple[str, str]],
         diagnose: Callable[[Exception], str],
+        insert: Callable[[sqlite3.Connection, str, Sequence[Sequence]], None] | None = None,
     ) -> list[tuple[int, int, int]]:
         """The one transaction of every event write: the new types, the rows (`sql`:
         `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
         latest-per-type table, `last_ids` of the servers whose top `top_sessions` names
         (``tops`` holds the instance), the state row and the meta keys. Returns those
-        `last_ids` rows.
+        `last_ids` rows. `insert` inserts the rows instead of ``executemany``
+        (`merge_rows.insert` for a merge).
 
         Raises `StorageFaultError` when the file system refused (full, read-only, I/O
         error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
@@ -715,7 +718,10 @@ class Storage:
             self._cache.insert(tx, new_types)
             if rows:
                 try:
-                    tx.executemany(sql, rows)
+                    if insert is None:
+                        tx.executemany(sql, rows)
+                    else:
+                        insert(tx, sql, rows)
                 except sqlite3.Error as e:
                     # The file system (full, read-only, I/O error) before the rows.
                     cause = faults.describe(self._path, e)
