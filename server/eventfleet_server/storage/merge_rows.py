@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import operator
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
@@ -41,6 +42,8 @@ _US = 1_000_000
 # Positions in a merge row.
 SEQ, SERVER, SESSION, INSTANCE, TYPE, TS, SOURCE_TS, KIND, PTYPE, PAYLOAD, SBS = range(11)
 BUS = 11  # appended by `Storage.write_rows` when there are records
+_server_of = operator.itemgetter(SERVER)
+_type_of = operator.itemgetter(TYPE)
 
 
 INSERT_ROWS = 500
@@ -187,12 +190,14 @@ class RowEvents(Sequence[Event]):
 
     def server_ids(self) -> set[int]:
         """The server ids of the events (without building them)."""
-        return {r[SERVER] for r in self._rows}
+        return set(map(_server_of, self._rows))  # no Python frame per row
 
     def of_types(self, wanted: Callable[[EventType], bool]) -> list[Event]:
         """The events whose type is `wanted` (building only those)."""
         types = self._types
-        ids = {t for t in {r[TYPE] for r in self._rows} if wanted(types[t])}  # type: ignore[arg-type]
+        ids = {t for t in set(map(_type_of, self._rows)) if wanted(types[t])}  # type: ignore[arg-type]
         if not ids:
             return []
-        return [self[i] for i, r in enumerate(self._rows) if r[TYPE] in ids]
+        if self._events is not None:
+            return [e for e, r in zip(self._events, self._rows, strict=True) if r[TYPE] in ids]
+        return to_events([r for r in self._rows if r[TYPE] in ids], types)
