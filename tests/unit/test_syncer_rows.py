@@ -240,7 +240,8 @@ async def test_a_row_refused_inside_a_multi_row_insert_stores_nothing(storage):
 
 
 @pytest.mark.parametrize("count", [3, merge_rows.INSERT_ROWS, merge_rows.INSERT_ROWS * 3 + 1])
-def test_insert_stores_what_executemany_stores(count):
+@pytest.mark.parametrize("max_params", [None, 31, 5])  # default; 10 rows; executemany
+def test_insert_stores_what_executemany_stores(count, max_params):
     """`merge_rows.insert` against ``executemany`` on two SQLite tables of the same
     layout: the same rows in the same order. Rows of the wrong width are never flattened
     into a multi-row statement (their values would shift into other rows' columns):
@@ -248,6 +249,8 @@ def test_insert_stores_what_executemany_stores(count):
     import sqlite3
 
     conn = sqlite3.connect(":memory:", isolation_level=None)
+    if max_params is not None:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, max_params)
     for table in ("a", "b"):
         conn.execute(f"CREATE TABLE {table} (seq INTEGER PRIMARY KEY, x ANY, y ANY) STRICT")
     rows = [[i + 1, f"x{i}", bytes([i % 256]) * (i % 7)] for i in range(count)]
