@@ -118,6 +118,28 @@ def test_equal_values_encoded_differently_are_read_as_such():
     assert rows[1][10] == long_server  # stored as received
 
 
+def test_a_type_holding_the_timestamp_bytes_is_read_whole():
+    """`decode_rows` looks a known type up by the bytes before the next occurrence of the
+    previous event's timestamp. Here that timestamp's encoding also occurs inside the
+    types (the end of a segment and the next one's length byte), and a shorter type is
+    known too: every event still gets its whole type and its own timestamp."""
+    ts = Timestamp(1_700_000_000, 5)
+    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
+    assert ts_bytes in codec.encode_event(ev(ts=ts))
+    assert ts_bytes[-2:] == b"\x80\x85"  # ... the lengths of an empty and a 5-byte segment
+    tricky = (f"a{ts_bytes[:-2].decode()}", "", "zzzzz")
+    assert ts_bytes in codec.encode_event(ev(type_=tricky, ts=Timestamp(9, 9)))
+    types: dict[bytes, tuple] = {}
+    for order in ([("a",), tricky, ("a",), tricky], [tricky, tricky, ("a",), tricky]):
+        events = [
+            ev(instance=i + 1, type_=t, ts=Timestamp(ts.s, ts.us if i else 6))
+            for i, t in enumerate(order)
+        ]
+        for cache in (types, {}):  # warm (every type known) and cold
+            rows = decode_rows(wire.encode_events(events), 1, cache)
+            assert rows == expected_rows(events)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_garbage_is_refused_or_read_as_the_c_decoder_reads_it(data):
