@@ -11,8 +11,28 @@ from eventfleet_server import config, eventloop
 from tests import parts
 
 
+@pytest.fixture(autouse=True)
+def _keep_switch_interval():
+    # `eventloop.run` sets the process's switch interval; the test process keeps its own.
+    before = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(before)
+
+
 async def _loop_type() -> str:
     return type(asyncio.get_running_loop()).__module__
+
+
+async def _switch_interval() -> float:
+    return sys.getswitchinterval()
+
+
+def test_the_replica_runs_with_a_short_gil_switch_interval():
+    """The writer thread gets the GIL back within SWITCH_INTERVAL of each SQLite step,
+    not Python's default 5 ms (the Syncer catch-up convoy, see `eventloop`)."""
+    sys.setswitchinterval(0.005)
+    assert eventloop.run(_switch_interval(), "asyncio") == pytest.approx(eventloop.SWITCH_INTERVAL)
+    assert eventloop.SWITCH_INTERVAL < 0.005
 
 
 def test_auto_runs_on_uvloop_when_installed():

@@ -118,6 +118,28 @@ def test_equal_values_encoded_differently_are_read_as_such():
     assert rows[1][10] == long_server  # stored as received
 
 
+def test_a_type_holding_the_timestamp_bytes_is_read_whole():
+    """`decode_rows` looks a known type up by the bytes before the next occurrence of the
+    previous event's timestamp. Here that timestamp's encoding also occurs inside the
+    types (the end of a segment and the next one's length byte), and a shorter type is
+    known too: every event still gets its whole type and its own timestamp."""
+    ts = Timestamp(1_700_000_000, 5)
+    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
+    assert ts_bytes in codec.encode_event(ev(ts=ts))
+    assert ts_bytes[-2:] == b"\x80\x85"  # ... the lengths of an empty and a 5-byte segment
+    tricky = (f"a{ts_bytes[:-2].decode()}", "", "zzzzz")
+    assert ts_bytes in codec.encode_event(ev(type_=tricky, ts=Timestamp(9, 9)))
+    types: dict[bytes, tuple] = {}
+    for order in ([("a",), tricky, ("a",), tricky], [tricky, tricky, ("a",), tricky]):
+        events = [
+            ev(instance=i + 1, type_=t, ts=Timestamp(ts.s, ts.us if i else 6))
+            for i, t in enumerate(order)
+        ]
+        for cache in (types, {}):  # warm (every type known) and cold
+            rows = decode_rows(wire.encode_events(events), 1, cache)
+            assert rows == expected_rows(events)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_garbage_is_refused_or_read_as_the_c_decoder_reads_it(data):
@@ -175,7 +197,8 @@ def rows_of(events: list[Event]) -> list[list]:
     ]
 
 
-@pytest.mark.parametrize("count", [10, 2000])  # inline, and on the writer thread
+# Inline; on the writer thread in whole multi-row INSERTs; and with a remainder.
+@pytest.mark.parametrize("count", [10, 2000, merge_rows.INSERT_ROWS * 2 + 7])
 async def test_written_rows_read_back_as_the_events(storage, count):
     events = varied(count, session=3)
     rows = rows_of(events)
@@ -222,6 +245,48 @@ async def test_a_failed_write_stores_nothing_and_gives_the_rows_back(storage):
         ev(instance=1, type_=("new", "1")),
         ev(instance=2, type_=("new", "2")),
     ]
+
+
+async def test_a_row_refused_inside_a_multi_row_insert_stores_nothing(storage):
+    """A row SQLite refuses in the middle of a multi-row INSERT (`merge_rows.insert`)
+    fails the whole merge: nothing of it is stored, the rows go back as given."""
+    rows = rows_of(varied(merge_rows.INSERT_ROWS * 2 + 3, session=3))
+    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = "not bytes"  # STRICT BLOB column
+    given_rows = [list(r) for r in rows]
+    with pytest.raises(StorageError, match="cannot store TEXT value in BLOB column"):
+        await storage.write_rows(rows)
+    assert rows == given_rows
+    assert (await storage.stats()).events == 0 and 1 not in storage.last_ids
+    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = b"fixed"
+    assert len(await storage.write_rows(rows)) == len(rows)
+
+
+@pytest.mark.parametrize("count", [3, merge_rows.INSERT_ROWS, merge_rows.INSERT_ROWS * 3 + 1])
+@pytest.mark.parametrize("max_params", [None, 31, 5])  # default; 10 rows; executemany
+def test_insert_stores_what_executemany_stores(count, max_params):
+    """`merge_rows.insert` against ``executemany`` on two SQLite tables of the same
+    layout: the same rows in the same order. Rows of the wrong width are never flattened
+    into a multi-row statement (their values would shift into other rows' columns):
+    they go to ``executemany``, whose error names them."""
+    import sqlite3
+
+    conn = sqlite3.connect(":memory:", isolation_level=None)
+    if max_params is not None:
+        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, max_params)
+    for table in ("a", "b"):
+        conn.execute(f"CREATE TABLE {table} (seq INTEGER PRIMARY KEY, x ANY, y ANY) STRICT")
+    rows = [[i + 1, f"x{i}", bytes([i % 256]) * (i % 7)] for i in range(count)]
+    merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", rows)
+    conn.executemany("INSERT INTO b (seq, x, y) VALUES (?, ?, ?)", rows)
+    assert conn.execute("SELECT * FROM a").fetchall() == conn.execute("SELECT * FROM b").fetchall()
+    assert len(conn.execute("SELECT * FROM a").fetchall()) == count
+
+    conn.execute("DELETE FROM a")
+    short = [list(r) for r in rows]
+    short[-1] = short[-1][:2]
+    with pytest.raises(sqlite3.ProgrammingError, match="bindings"):
+        merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", short)
+    assert conn.execute("SELECT count(*) FROM a").fetchone() == (count - 1,)
 
 
 def test_sessions_are_consecutive_runs():

@@ -697,6 +697,7 @@ class Storage:
                 top_sessions,
                 [],
                 lambda e: f"merge of {len(out)} events failed: {e}",
+                merge_rows.insert,
             )
         except BaseException:
             # The rows go back as given (a retry writes them again), then the new ids go.
@@ -720,13 +721,15 @@ class Storage:
         top_sessions: dict[int, int],
         meta_items: list[tuple[str, str]],
         diagnose: Callable[[Exception], str],
+        insert: Callable[[sqlite3.Connection, str, Sequence[Sequence]], None] | None = None,
     ) -> tuple[list[tuple[int, int, int]], bool]:
         """The one transaction of every event write: the new types, the rows (`sql`:
         `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
         latest-per-type table and the meta keys; the state mark and `last_ids` when one
         is due (`MARK_EVERY_COMMITS`, with meta keys). Returns the `last_ids` rows this
         batch raised (servers whose top `top_sessions` names, ``tops`` holding the
-        instance) and whether the mark was written.
+        instance) and whether the mark was written. `insert` inserts the rows instead of
+        ``executemany`` (`merge_rows.insert` for a merge).
 
         Raises `StorageFaultError` when the file system refused (full, read-only, I/O
         error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
@@ -737,7 +740,10 @@ class Storage:
             self._cache.insert(tx, new_types)
             if rows:
                 try:
-                    tx.executemany(sql, rows)
+                    if insert is None:
+                        tx.executemany(sql, rows)
+                    else:
+                        insert(tx, sql, rows)
                 except sqlite3.Error as e:
                     # The file system (full, read-only, I/O error) before the rows.
                     cause = faults.describe(self._path, e)

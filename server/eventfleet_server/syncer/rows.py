@@ -30,6 +30,8 @@ _MIN_S = -(MAX_ID // _US) + 1
 _MAX_S = MAX_ID // _US - 1
 _KIND_NONE, _KIND_BINARY, _KIND_JSON = 0, 1, 2  # storage.events' payload kinds
 
+_TYPE_FIND_MAX = 512  # bytes searched for a known type and the timestamp after it
+
 TYPE_CACHE_MAX = 4096
 """Distinct encoded types a stream remembers (then it starts over)."""
 
@@ -64,6 +66,7 @@ def _walk(data: bytes, server_id: int, types: dict[bytes, tuple]) -> list[list]:
     rows: list[list] = []
     append = rows.append
     startswith = data.startswith
+    find = data.find
     last_ts: bytes | None = None  # the previous event's timestamp, as encoded
     ts_us = 0
     for i in range(count):
@@ -97,41 +100,55 @@ def _walk(data: bytes, server_id: int, types: dict[bytes, tuple]) -> list[list]:
         if server != server_id or not 0 <= instance <= MAX_ID:
             _id_error(i, server, session, instance, server_id, session)
 
-        # type: Array(String), looked up by its encoding
-        type_start = pos
-        b = data[pos]
-        if b & 0xC0 == 0x80:  # a one-byte non-negative Integer, nearly always
-            segments = b & 0x3F
-            pos += 1
-        else:
-            segments, pos = read_int(data, pos)
-            if segments < 0 or segments > end - pos:
-                raise ValueError(f"bad type segment count {segments}")
-        for _ in range(segments):
-            b = data[pos]
-            if b & 0xC0 == 0x80:
-                pos += 1 + (b & 0x3F)
-            else:
-                n, pos = read_int(data, pos)
-                if n < 0:
-                    raise ValueError("negative length")
-                pos += n
-        if pos > end:
-            raise ValueError("a type segment runs past the end")
-        key = data[type_start:pos]
-        event_type = types.get(key)
+        # type: Array(String), looked up by its encoding. Nearly always a type seen
+        # before, followed by the previous event's timestamp: the bytes up to the next
+        # occurrence of that timestamp are looked up first (one `find`, no walk of the
+        # segments). A hit is exactly what the walk gives: a cached key is bytes a walk
+        # consumed whole, and the walk from `pos` is fixed by the bytes, so bytes that
+        # start with a cached key walk to its end (no key is a proper prefix of another).
+        # Anything else takes the walk.
+        event_type = None
+        if last_ts is not None:
+            found = find(last_ts, pos, pos + _TYPE_FIND_MAX)
+            if found > pos:
+                event_type = types.get(data[pos:found])
+                if event_type is not None:
+                    pos = found + len(last_ts)
         if event_type is None:
-            event_type = _new_type(i, (server, session, instance), key, types)
+            type_start = pos
+            b = data[pos]
+            if b & 0xC0 == 0x80:  # a one-byte non-negative Integer, nearly always
+                segments = b & 0x3F
+                pos += 1
+            else:
+                segments, pos = read_int(data, pos)
+                if segments < 0 or segments > end - pos:
+                    raise ValueError(f"bad type segment count {segments}")
+            for _ in range(segments):
+                b = data[pos]
+                if b & 0xC0 == 0x80:
+                    pos += 1 + (b & 0x3F)
+                else:
+                    n, pos = read_int(data, pos)
+                    if n < 0:
+                        raise ValueError("negative length")
+                    pos += n
+            if pos > end:
+                raise ValueError("a type segment runs past the end")
+            key = data[type_start:pos]
+            event_type = types.get(key)
+            if event_type is None:
+                event_type = _new_type(i, (server, session, instance), key, types)
 
-        # timestamp, the previous event's nearly always
-        if last_ts is not None and startswith(last_ts, pos):
-            pos += len(last_ts)
-        else:
-            ts_start = pos
-            s, pos = read_int(data, pos)
-            us, pos = read_int(data, pos)
-            ts_us = _us(i, (server, session, instance), s, us)
-            last_ts = data[ts_start:pos]
+            # timestamp, the previous event's nearly always
+            if last_ts is not None and startswith(last_ts, pos):
+                pos += len(last_ts)
+            else:
+                ts_start = pos
+                s, pos = read_int(data, pos)
+                us, pos = read_int(data, pos)
+                ts_us = _us(i, (server, session, instance), s, us)
+                last_ts = data[ts_start:pos]
 
         b = data[pos]  # sourceTimestamp: Optional(Timestamp)
         pos += 1
