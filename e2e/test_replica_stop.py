@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
+import sys
 import time
 
 from eventfleet_server.client.eventer import connect
@@ -104,3 +106,22 @@ async def test_the_stop_deadline_ends_a_hanging_stop(tmp_path):
         assert await _events(leaving.data_dir) >= 25
     finally:
         await _cleanup(leaving, peer)
+
+
+def test_sigterm_during_start_up_stops_pid_1_at_once():
+    """As PID 1 (a container's first process, here in a new PID namespace) a SIGTERM
+    that arrives before the role's event loop has taken the signal over must still stop
+    the process: the kernel drops signals PID 1 has no handler for, and the kubelet then
+    waits the whole grace period before SIGKILL (a fleet deleted during start-up took
+    60 s per pod on the real cluster). The process signals itself right after importing
+    the `eventfleet` command, then would sleep 30 s."""
+    code = (
+        "import os, signal, time, eventfleet_cli; "
+        "assert os.getpid() == 1; os.kill(1, signal.SIGTERM); time.sleep(30)"
+    )
+    proc = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    # Dropped, the process would sleep its 30 s and exit 0.
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
