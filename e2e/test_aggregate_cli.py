@@ -79,51 +79,58 @@ def operator_arguments(
     return args
 
 
-@pytest.mark.timeout(240)
-def test_spark_submit_with_the_operator_arguments(tmp_path):
+@pytest.fixture
+def seeded_replica(tmp_path):
+    """A replica holding 30 events in 3 types, the last complete 1 s bucket closed."""
     server = servers.start_server(servers.KINDS["eventfleet"], tmp_path, "replica")
     try:
         asyncio.run(servers.wait_operational(server))
         asyncio.run(_register_and_count_aggregates(server.port, 30))
         time.sleep(1.1)  # the default range ends at the last complete bucket
-        output = tmp_path / "out"
-        args = operator_arguments(
-            {"enabled": True, "bucketSeconds": 1, "windowSeconds": 120, "output": str(output)},
-            eventer=f"127.0.0.1:{server.port}",
-            http=f"127.0.0.1:{ports_of(server.port, 1)['http']}",
-            result_file=tmp_path / "termination-log",
-        )
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        env.pop("EVENTFLEET_TOKEN", None)
-        proc = subprocess.run(
-            [
-                str(BIN / "spark-submit"),
-                "--master",
-                "local[2]",
-                str(ROOT / "spark" / "aggregate.py"),
-                *args,
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=200,
-            check=False,
-        )
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("aggregate ")]
-        assert "events=30 " in line and "bucket=1s" in line, line
-        rows = pa_parquet.read_table(output, partitioning="hive").to_pylist()
-        assert sum(r["count"] for r in rows) == 30
-        assert {tuple(r["type"]) for r in rows} == {("e2e", "t0"), ("e2e", "t1"), ("e2e", "t2")}
-        registered = asyncio.run(_aggregate_events(server.port))
-        assert len(registered) == len(rows)
-        assert all(e.type[:3] == ("eventfleet", "aggregate", "1") for e in registered)
-        # What the operator reads into status.aggregation.lastResult.
-        result = json.loads((tmp_path / "termination-log").read_text())
-        assert result["result"] == "Succeeded" and result["events"] == 30, result
-        assert result["parquetRows"] == len(rows) and result["registered"] == len(registered)
+        yield server
     finally:
         server.stop()
+
+
+def _run_job(argv: list[str], timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run a Spark job command as a user would (no token in the environment); it must
+    exit 0."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    env.pop("EVENTFLEET_TOKEN", None)
+    proc = subprocess.run(
+        argv, capture_output=True, text=True, env=env, timeout=timeout, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.timeout(240)
+def test_spark_submit_with_the_operator_arguments(tmp_path, seeded_replica):
+    server = seeded_replica
+    output = tmp_path / "out"
+    args = operator_arguments(
+        {"enabled": True, "bucketSeconds": 1, "windowSeconds": 120, "output": str(output)},
+        eventer=f"127.0.0.1:{server.port}",
+        http=f"127.0.0.1:{ports_of(server.port, 1)['http']}",
+        result_file=tmp_path / "termination-log",
+    )
+    proc = _run_job(
+        [str(BIN / "spark-submit"), "--master", "local[2]", str(ROOT / "spark" / "aggregate.py"),
+         *args],
+        timeout=200,
+    )  # fmt: skip
+    (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("aggregate ")]
+    assert "events=30 " in line and "bucket=1s" in line, line
+    rows = pa_parquet.read_table(output, partitioning="hive").to_pylist()
+    assert sum(r["count"] for r in rows) == 30
+    assert {tuple(r["type"]) for r in rows} == {("e2e", "t0"), ("e2e", "t1"), ("e2e", "t2")}
+    registered = asyncio.run(_aggregate_events(server.port))
+    assert len(registered) == len(rows)
+    assert all(e.type[:3] == ("eventfleet", "aggregate", "1") for e in registered)
+    # What the operator reads into status.aggregation.lastResult.
+    result = json.loads((tmp_path / "termination-log").read_text())
+    assert result["result"] == "Succeeded" and result["events"] == 30, result
+    assert result["parquetRows"] == len(rows) and result["registered"] == len(registered)
 
 
 @pytest.mark.timeout(300)
@@ -162,52 +169,38 @@ def test_benchmark_smoke(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_class_archive_written_by_the_first_run_and_mapped_by_the_next(tmp_path):
+def test_class_archive_written_by_the_first_run_and_mapped_by_the_next(tmp_path, seeded_replica):
     """``--class-archive``: the first local run writes the JVM's class archive (moved into
     place only once the JVM has exited), the next run maps it and leaves it alone, and
     both write the same aggregates; the JVM's warnings stay off stdout (``--json``)."""
-    server = servers.start_server(servers.KINDS["eventfleet"], tmp_path, "replica")
-    try:
-        asyncio.run(servers.wait_operational(server))
-        asyncio.run(_register_and_count_aggregates(server.port, 30))
-        time.sleep(1.1)  # the default range ends at the last complete bucket
-        archive_dir = tmp_path / "classes"
-        env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-        env.pop("EVENTFLEET_TOKEN", None)
+    archive_dir = tmp_path / "classes"
 
-        def run(output: pathlib.Path) -> list[dict]:
-            proc = subprocess.run(
-                [
-                    *[str(BIN / "eventfleet"), "aggregate", "--json", "--master", "local[2]"],
-                    *["--eventer", f"127.0.0.1:{server.port}", "--bucket", "1"],
-                    *["--window", "120", "--output", str(output)],
-                    *["--class-archive", str(archive_dir)],
-                ],
-                capture_output=True,
-                text=True,
-                env=env,
-                timeout=240,
-                check=False,
-            )
-            assert proc.returncode == 0, proc.stderr[-3000:]
-            return [json.loads(line) for line in proc.stdout.splitlines()]
-
-        (first,) = run(tmp_path / "out1")
-        (archive,) = archive_dir.iterdir()
-        assert archive.suffix == ".jsa" and archive.stat().st_size > 1_000_000, archive
-        written = archive.stat()
-        (second,) = run(tmp_path / "out2")
-        assert list(archive_dir.iterdir()) == [archive]
-        assert (archive.stat().st_ino, archive.stat().st_mtime_ns) == (
-            written.st_ino,
-            written.st_mtime_ns,
+    def run(output: pathlib.Path) -> list[dict]:
+        proc = _run_job(
+            [
+                *[str(BIN / "eventfleet"), "aggregate", "--json", "--master", "local[2]"],
+                *["--eventer", f"127.0.0.1:{seeded_replica.port}", "--bucket", "1"],
+                *["--window", "120", "--output", str(output)],
+                *["--class-archive", str(archive_dir)],
+            ],
+            timeout=240,
         )
-        assert first["events"] == second["events"] == 30
-        assert second["write_back"]["registered"] == 0
-        rows = [
-            pa_parquet.read_table(tmp_path / d, partitioning="hive").to_pylist()
-            for d in ("out1", "out2")
-        ]
-        assert rows[0] == rows[1] and sum(r["count"] for r in rows[0]) == 30
-    finally:
-        server.stop()
+        return [json.loads(line) for line in proc.stdout.splitlines()]
+
+    (first,) = run(tmp_path / "out1")
+    (archive,) = archive_dir.iterdir()
+    assert archive.suffix == ".jsa" and archive.stat().st_size > 1_000_000, archive
+    written = archive.stat()
+    (second,) = run(tmp_path / "out2")
+    assert list(archive_dir.iterdir()) == [archive]
+    assert (archive.stat().st_ino, archive.stat().st_mtime_ns) == (
+        written.st_ino,
+        written.st_mtime_ns,
+    )
+    assert first["events"] == second["events"] == 30
+    assert second["write_back"]["registered"] == 0
+    rows = [
+        pa_parquet.read_table(tmp_path / d, partitioning="hive").to_pylist()
+        for d in ("out1", "out2")
+    ]
+    assert rows[0] == rows[1] and sum(r["count"] for r in rows[0]) == 30
