@@ -277,7 +277,7 @@ STEP_TIMEOUT = 120
 
 
 def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(
-    kubectl, pods, real_cluster, operator_release, tmp_path
+    kubectl, pods, real_cluster, operator_release, operator_pod, tmp_path
 ):
     """The runbook's peer rotation on the generated Secret: each step reaches the real
     replicas through the kubelet's refresh of the mounted Secret volume (its ``..data``
@@ -296,7 +296,14 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(
         args = kubectl.get("deployment", f"{operator_release}-eventfleet-operator")
         (container,) = args["spec"]["template"]["spec"]["containers"]
         assert f"--resync-seconds={NO_RESYNC}" in container["args"], container["args"]
-        _rotate_tokens(kubectl, pods, real_cluster, tmp_path)
+        try:
+            _rotate_tokens(kubectl, pods, real_cluster, tmp_path)
+        except Exception:
+            # What the operator did (or failed to do) with each Secret event.
+            print(
+                "operator log (last 150 lines):", *operator_pod.log().splitlines()[-150:], sep="\n"
+            )
+            raise
 
 
 def _rotate_tokens(kubectl, pods, real_cluster, tmp_path) -> None:

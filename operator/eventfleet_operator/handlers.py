@@ -212,6 +212,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         # Here, in the operator's memo, which every object's memo shares: a Secret's
         # handler and the fleet's own handlers must find the same lock.
         memo.pass_locks = {}
+        memo.settings = settings  # for the loggers of passes a Secret's event runs
         memo.metrics_runner = (
             await metrics.serve(config.metrics_endpoint) if config.metrics_endpoint else None
         )
@@ -264,11 +265,11 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         name: str,
         namespace: str,
         memo: kopf.Memo,
-        settings: kopf.OperatorSettings,
         secret_refs: kopf.Index,
         **_: Any,
     ) -> None:
-        await secret_changed(event.get("type"), namespace, name, secret_refs, memo, settings)
+        # Kopf gives `settings` to activity handlers only: the startup's, kept in the memo.
+        await secret_changed(event.get("type"), namespace, name, secret_refs, memo, memo.settings)
 
     @kopf.timer(
         **resource,

@@ -12,9 +12,16 @@ import logging
 import kopf
 import pytest
 from eventfleet_operator import handlers, model, secretrefs, tokens
+from eventfleet_operator.config import OperatorConfig
+from kopf._cogs.structs import patches, references
+from kopf._core.actions import invocation
 from kopf._core.engines import posting
+from kopf._core.intents import causes
 from op_fakes import status_doc
 from op_pass import Harness
+
+RESOURCE = references.Resource("eventfleet.io", "v1", "eventservers")
+SECRETS = references.Resource("", "v1", "secrets")
 
 
 def fleet(spec, name="demo"):
@@ -229,3 +236,77 @@ def condition(status, type_):
 
 def h_log():
     return logging.getLogger("test.operator")
+
+
+# -- Kopf's own calls: the registered handlers get only the kwargs Kopf gives ---------
+
+
+def registered(kind: str, handler_id: str):
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, OperatorConfig(namespaces=("ns",)))
+    registries = {
+        "watching": registry._watching,
+        "indexing": registry._indexing,
+        "spawning": registry._spawning,
+    }
+    (handler,) = [h for h in registries[kind].get_all_handlers() if h.id == handler_id]
+    return handler
+
+
+async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
+    """Through Kopf's invocation, with the kwargs Kopf gives each kind of cause (an
+    event handler gets no ``settings``: the first cluster run of this watch failed so)."""
+    posting_queue()
+    h = Harness({"replicas": 2})
+    memo = memo_of(h)
+    memo.settings = kopf.OperatorSettings()
+    await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
+    replicas_load(h, 2)
+    await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
+    es = kopf.Body(h.kube.obj("EventServer", "demo"))
+    log = logging.getLogger("test.operator")
+    index_handler = registered("indexing", "secret_refs")
+    entries = await invocation.invoke(
+        index_handler.fn,
+        kwargsrc=causes.IndexingCause(
+            logger=log, indices={}, memo=memo, resource=RESOURCE, patch=patches.Patch(), body=es
+        ),
+    )
+    assert entries == {("ns", "demo-token"): "demo", ("ns", "demo-peer-token"): "demo"}
+    index = {key: [value] for key, value in entries.items()}
+    secret = kopf.Body(h.kube.obj("Secret", "demo-peer-token"))
+    (old,) = secret_tokens(h, "demo-peer-token")
+    set_peer_secret(h, f"{old}\nnew-peer\n")
+    digest = h.kube.obj("EventServer", "demo")["status"]["tokensDigest"]
+    event = {"type": "MODIFIED", "object": dict(secret)}
+    with caplog.at_level(logging.INFO):
+        await invocation.invoke(
+            registered("watching", "secret-changed").fn,
+            kwargsrc=causes.WatchingCause(
+                logger=log,
+                indices={"secret_refs": index},
+                memo=memo,
+                resource=SECRETS,
+                patch=patches.Patch(),
+                body=secret,
+                type="MODIFIED",
+                event=event,
+            ),
+        )
+    status = h.kube.obj("EventServer", "demo")["status"]
+    assert status["tokensDigest"] != digest
+    assert "Secret demo-peer-token modified: reconciling" in caplog.text
+    assert condition(status, "TokensLoaded")["reason"] == "TokensReloading"
+    # The settling timer's filter, as Kopf calls it with the fleet's new status.
+    timer = registered("spawning", "tokens-settling")
+    spawning = causes.SpawningCause(
+        logger=log,
+        indices={},
+        memo=memo,
+        resource=RESOURCE,
+        patch=patches.Patch(),
+        body=kopf.Body(h.kube.obj("EventServer", "demo")),
+        reset=False,
+    )
+    assert timer.when(**spawning.kwargs) is True
+    assert timer.interval == handlers.TOKENS_SETTLING_POLL_SECONDS
