@@ -62,8 +62,9 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
 class QuietResync(logging.Filter):
     """Drop Kopf's "Timer 'resync' succeeded." line: one per fleet per resync is noise;
     so are the same line of the tokens-settling timer (every few seconds while tokens
-    reload) and "Handler 'secret-changed' succeeded." (one per change of any Secret in
-    the watched namespaces, most of them no fleet's).
+    reload), "Handler 'secret-changed' succeeded." (one per change of any Secret in
+    the watched namespaces, most of them no fleet's) and "Handler 'requests-changed'
+    succeeded." (one per event of an EventServer, status writes included).
 
     Failures and everything the pass itself logs still get through.
     """
@@ -73,6 +74,7 @@ class QuietResync(logging.Filter):
             "Timer 'resync' succeeded.",
             "Timer 'tokens-settling' succeeded.",
             "Handler 'secret-changed' succeeded.",
+            "Handler 'requests-changed' succeeded.",
         }
     )
 
@@ -174,6 +176,34 @@ async def secret_changed(
     return ran
 
 
+async def requests_changed(
+    event_type: str | None, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger
+) -> bool:
+    """An EventServer's event: run its pass when a request annotation
+    (``naming.REQUEST_ANNOTATIONS``: restart, flush, rotate-peer-token, pause) changed
+    since the last event this process saw; returns whether it ran.
+
+    Kopf reports no change for them (they share its annotations' prefix). ``memo`` is
+    the object's own: the first event seen (the listing, a creation) only records them,
+    the resume and create handlers run the pass then.
+    """
+    meta = body.get("metadata") or {}
+    seen = naming.requests(meta)
+    before = memo.get("request_annotations")
+    memo["request_annotations"] = seen
+    if before is None or before == seen or event_type not in ("ADDED", "MODIFIED"):
+        return False
+    if meta.get("deletionTimestamp"):
+        return False
+    changed = sorted({k for k, _ in set(seen) ^ set(before)})
+    logger.info("annotations %s changed: reconciling", ", ".join(changed))
+    try:
+        await run_pass(body, memo, logger)
+    except (kopf.TemporaryError, kube.ApiError) as e:
+        logger.warning("pass after annotations changed: %s (the timer retries)", e)
+    return True
+
+
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     """Register the operator's handlers into ``registry``."""
     resource = dict(group=GROUP, version=VERSION, plural=PLURAL)
@@ -250,6 +280,12 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def on_timer(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         await run_pass(body, memo, logger)
         await backup_schedule(body, memo, logger)
+
+    @kopf.on.event(**resource, registry=registry, id="requests-changed")
+    async def on_requests(
+        event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        await requests_changed(event.get("type"), body, memo, logger)
 
     # -- Referenced Secrets: a change runs the pass of every fleet that reads the Secret --
     # A token rotation is a Secret change the operator would otherwise only see at the

@@ -11,7 +11,7 @@ import logging
 
 import kopf
 import pytest
-from eventfleet_operator import handlers, model, secretrefs, tokens
+from eventfleet_operator import handlers, model, naming, secretrefs, tokens
 from eventfleet_operator.config import OperatorConfig
 from kopf._cogs.structs import patches, references
 from kopf._core.actions import invocation
@@ -310,3 +310,58 @@ async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
     )
     assert timer.when(**spawning.kwargs) is True
     assert timer.interval == handlers.TOKENS_SETTLING_POLL_SECONDS
+
+
+async def test_a_request_annotation_runs_the_pass_at_once():
+    """Kopf reports no change for eventfleet.io/* annotations (its own progress prefix):
+    ``kubectl annotate ... eventfleet.io/rotate-peer-token=...`` waited for the resync."""
+    posting_queue()
+    h = Harness({"replicas": 2})
+    memo = memo_of(h)
+    object_memo = kopf.Memo(memo)  # Kopf gives each object a copy of the operator's memo
+    await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
+    replicas_load(h, 2)
+    await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
+    handler = registered("watching", "requests-changed")
+
+    async def event(type_):
+        es = kopf.Body(copy.deepcopy(h.kube.obj("EventServer", "demo")))
+        cause = causes.WatchingCause(
+            logger=h_log(),
+            indices={},
+            memo=object_memo,
+            resource=RESOURCE,
+            patch=patches.Patch(),
+            body=es,
+            type=type_,
+            event={"type": type_, "object": dict(es)},
+        )
+        await invocation.invoke(handler.fn, kwargsrc=cause)
+        return h.kube.obj("EventServer", "demo")["status"]
+
+    status = await event(None)  # the listing: recorded, no pass
+    assert "peerTokenRotation" not in status
+    h.kube.obj("EventServer", "demo")["metadata"]["labels"] = {"x": "y"}
+    assert "peerTokenRotation" not in await event("MODIFIED")  # not a request
+    notes = h.kube.obj("EventServer", "demo")["metadata"].setdefault("annotations", {})
+    notes["eventfleet.io/rotate-peer-token"] = "r1"
+    notes["eventfleet.io/reconcile-update"] = "{}"  # Kopf's own: not a request
+    status = await event("MODIFIED")
+    assert status["peerTokenRotation"]["requested"] == "r1"
+    assert status["peerTokenRotation"]["step"] == "Adding"
+
+
+def test_request_annotations():
+    meta = {
+        "annotations": {
+            "eventfleet.io/flush": "f1",
+            "eventfleet.io/last-handled-configuration": "{}",
+            "eventfleet.io/reconcile": "paused",
+            "other.io/x": "1",
+        }
+    }
+    assert naming.requests(meta) == (
+        ("eventfleet.io/flush", "f1"),
+        ("eventfleet.io/reconcile", "paused"),
+    )
+    assert naming.requests({}) == ()
