@@ -6,7 +6,8 @@ docs/quickstart.md (load an image without a registry, install the operator, crea
 fleet, what the operator made, use it through a port-forward and from a pod, the
 plugin, back it up, scale, watch and delete) and of docs/runbook.md (back up by the
 operator and by hand, replace a lost volume, upgrade the operator and the replicas,
-turn on TLS, scale, restore the whole fleet from a backup) run through bash as a reader
+turn on TLS, scale, restore the whole fleet from a backup, restore by hand from a copy
+on disk) run through bash as a reader
 pastes them, with
 the cluster admin's kubeconfig, in the namespaces the docs name (``eventfleet-system``
 for the operator, ``default`` for the quick start's fleet). A command that drifts from
@@ -259,7 +260,7 @@ def test_quickstart_install_create_and_use(reader: DocShell, default: ClusterKub
     # The same event from a pod, through the Service's cluster DNS name.
     events = [e for e in event_lines(in_cluster) if e["type"] == ["a", "b"]]
     assert events and events[0]["payload"] == {"json": 1}, in_cluster
-    assert default.get("pod", "demo-client") is None  # --rm
+    assert default.get("pod", "demo-client") is None  # deleted by the block
 
     ((_, plugin),) = cluster_blocks(QUICKSTART, "The `kubectl eventfleet` plugin")
     out = reader.run(plugin, where="the plugin")
@@ -414,8 +415,9 @@ def test_runbook_restores_the_whole_fleet_from_a_backup(
     # The whole fleet lost: the EventServer gone (the previous test) and every volume.
     default.run("delete", "pvc", "-l", "app.kubernetes.io/instance=demo", "--timeout=120s")
     backup = default.get("eventserverbackup", journey["backup"])["status"]
-    ((_, block),) = cluster_blocks(RUNBOOK, "Restore")
-    (place,) = block_places(RUNBOOK, "Restore")
+    # The section's first block; the fallback by hand (its subsection) is the next test.
+    (_, block), *_ = cluster_blocks(RUNBOOK, "Restore")
+    place, *_ = block_places(RUNBOOK, "Restore")
     documented = ("BACKUP=demo-202611210300 ", "http://minio.backup.svc:9000")
     assert all(d in block for d in documented), block
     reader.run(
@@ -453,7 +455,8 @@ def test_blocks_are_found():
         (RUNBOOK, "Hibernate and wake a fleet"): 2,
         (RUNBOOK, "Upgrade"): 2,
         (RUNBOOK, "Rotate the tokens"): 2,
-        (RUNBOOK, "Restore"): 1,
+        (RUNBOOK, "Restore"): 4,  # its own block and its subsection's three
+        (RUNBOOK, "By hand (fallback: a copy on disk)"): 3,
         (RUNBOOK, "Replace a lost volume"): 1,
         (RUNBOOK, "Rotate the Event BUS CURVE server key"): 2,
     }
@@ -461,3 +464,43 @@ def test_blocks_are_found():
         assert len(cluster_blocks(path, heading)) == count, (path.name, heading)
     shell = [b for (p, h) in counts for info, b in cluster_blocks(p, h) if info == "sh"]
     subprocess.run(["bash", "-n"], input="\n".join(shell), text=True, check=True, timeout=30)
+
+
+def test_runbook_restores_by_hand_from_a_copy_on_disk(reader: DocShell, default: ClusterKubectl):
+    """The runbook's fallback restore: the copy the backup by hand wrote (an earlier test
+    of this module) put into the first replica's claim, a fleet of one started on it,
+    then scaled to three that sync from it."""
+    # The whole fleet lost again: the restored fleet of the previous test and its volumes.
+    default.run("delete", "eventserver", "demo", "--timeout=180s", timeout=200)
+    wait_for(
+        lambda: default.get("statefulset", "demo") is None,
+        timeout=180,
+        what="the restored fleet's children deleted",
+    )
+    default.run("delete", "pvc", "-l", "app.kubernetes.io/instance=demo", "--timeout=120s")
+    (copy,) = reader.workdir.glob("demo-*.sqlite")
+    with sqlite3.connect(copy) as db:
+        count = db.execute("SELECT count(*) FROM events").fetchone()[0]
+        last = dict(db.execute("SELECT server, max(instance) FROM events GROUP BY server"))
+    assert count >= 1 and last, (count, last)
+
+    heading = "By hand (fallback: a copy on disk)"
+    (_, fill), (_, create), (_, scale) = cluster_blocks(RUNBOOK, heading)
+    places = block_places(RUNBOOK, heading)
+    documented = "COPY=./demo-202501011200.sqlite "
+    assert documented in fill, fill
+    out = reader.run(fill.replace(documented, f"COPY=./{copy.name} "), where=places[0])
+    assert "ok" in out.split(), out  # the quick_check the block prints
+    assert default.get("pod", "restore-demo") is None
+
+    reader.run(create, timeout=700, where=places[1])
+    facts = store(default, "demo-0")
+    assert facts["count"] >= count, (facts, count)
+    assert all(facts["last"].get(str(s), 0) >= n for s, n in last.items()), (facts, last)
+
+    reader.run(scale, timeout=1300, where=places[2])
+    wait_for(
+        lambda: store(default, "demo-1") == store(default, "demo-2") == store(default, "demo-0"),
+        timeout=120,
+        what="demo-1 and demo-2 holding what demo-0 holds",
+    )

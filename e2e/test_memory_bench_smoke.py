@@ -4,6 +4,7 @@ the figures are the benchmark's output, docs/performance.md)."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -15,6 +16,8 @@ pytestmark = pytest.mark.slow
 
 def test_memory_bench_smoke(tmp_path):
     out = tmp_path / "m.json"
+    scratch = tmp_path / "scratch"  # the bench's TMPDIR: it must leave nothing there
+    scratch.mkdir()
     result = subprocess.run(
         [
             sys.executable,
@@ -33,10 +36,12 @@ def test_memory_bench_smoke(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        env=dict(os.environ, TMPDIR=str(scratch)),
         stdin=subprocess.DEVNULL,
         cwd=pathlib.Path(__file__).resolve().parents[1],  # `-m e2e...` from the repo root
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not list(scratch.iterdir()), "the bench left its scratch behind"
     doc = json.loads(out.read_text())
     assert set(doc["servers"]) == {"eventfleet", "reference"}
     for server in doc["servers"].values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,6 +15,8 @@ pytestmark = pytest.mark.slow
 
 def test_replication_bench_smoke(tmp_path):
     out = tmp_path / "r.json"
+    scratch = tmp_path / "scratch"  # the bench's TMPDIR: it must leave nothing there
+    scratch.mkdir()
     result = subprocess.run(
         [
             sys.executable,
@@ -31,10 +34,12 @@ def test_replication_bench_smoke(tmp_path):
         capture_output=True,
         text=True,
         timeout=180,
+        env=dict(os.environ, TMPDIR=str(scratch)),
         stdin=subprocess.DEVNULL,
         cwd=pathlib.Path(__file__).resolve().parents[1],  # `-m e2e...` from the repo root
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert not list(scratch.iterdir()), "the bench left its scratch behind"
     doc = json.loads(out.read_text())
     assert doc["lag"]["lost"] == 0 and doc["lag"]["measured"] > 0
     assert doc["catchup"]["received_during_catchup"] >= 2000

@@ -41,10 +41,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import importlib.util
 import json
 import os
 import pathlib
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -346,21 +348,28 @@ def run(args) -> dict:
     for i in range(args.repeat):
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-bus-"))
         log(f"-- run {i + 1} of {args.repeat} (load {os.getloadavg()[0]:.2f})")
-        runs["fleet"].append(fleet_round(workdir / "fleet", args))
-        if not args.fleet_only:
-            single = fleet(workdir / "single", 1, args.synchronous)
-            runs["single"].append(single_round(workdir, args, single))
-            if ref_root is not None:
-                runs["reference"].append(single_round(workdir, args, reference(workdir, ref_root)))
+        try:
+            runs["fleet"].append(fleet_round(workdir / "fleet", args))
+            if not args.fleet_only:
+                single = fleet(workdir / "single", 1, args.synchronous)
+                runs["single"].append(single_round(workdir, args, single))
+                if ref_root is not None:
+                    ref = reference(workdir, ref_root)
+                    runs["reference"].append(single_round(workdir, args, ref))
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     if args.sweep:
         workdir = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-bench-bus-sweep-"))
-        sweeps["eventfleet (one replica)"] = sweep(
-            fleet(workdir / "single", 1, args.synchronous), args.sweep_seconds, args.events
-        )
-        if ref_root is not None:
-            sweeps["reference"] = sweep(
-                reference(workdir, ref_root), args.sweep_seconds, args.events
+        try:
+            sweeps["eventfleet (one replica)"] = sweep(
+                fleet(workdir / "single", 1, args.synchronous), args.sweep_seconds, args.events
             )
+            if ref_root is not None:
+                sweeps["reference"] = sweep(
+                    reference(workdir, ref_root), args.sweep_seconds, args.events
+                )
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores (shared), "
@@ -410,6 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="small counts (smoke run)")
     p.add_argument("--json", type=pathlib.Path)
     args = p.parse_args(argv)
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        # Said before minutes of measuring, not as a traceback after them.
+        p.error(
+            f"--plot {args.plot}: matplotlib is not installed "
+            "(`.venv/bin/python -m pip install matplotlib`, or scripts/bench installs it)"
+        )
     if args.quick:
         args.events, args.seconds, args.snapshot = 2_000, 2.0, 5_000
         # The smoke run checks the harness, not the figures: the fleet column only,

@@ -29,6 +29,7 @@ import contextlib
 import json
 import os
 import pathlib
+import shutil
 import sys
 import tempfile
 import time
@@ -151,6 +152,7 @@ async def run(args) -> dict:
     finally:
         for p in procs:
             p.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
     return {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load_average": load_before,

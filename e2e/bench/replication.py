@@ -268,6 +268,10 @@ async def run(args) -> dict:
     finally:
         a.stop()
         b.stop()
+        if args.profile:  # the profiles are the point of --profile: kept, and said where
+            log(f"profiles kept in {workdir}")
+        else:  # two stores of --catchup events each: hundreds of MB per run otherwise
+            shutil.rmtree(workdir, ignore_errors=True)
     return {
         "when": time.strftime("%Y-%m-%d %H:%M:%S"),
         "machine": (

@@ -37,6 +37,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import statistics
 import sys
 import tempfile
@@ -340,6 +341,7 @@ async def main(args) -> dict:
             c.stop()
         for r in (a, b):
             r.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     return results
 
 

@@ -33,6 +33,7 @@ from .layout import (
     CONTAINERD_SOCKET,
     CONTROL_PLANE_BIN,
     COREDNS_IMAGE,
+    DISK_NEEDED_GIB,
     KUBECTL,
     NODE_BIN,
     NODE_IP,
@@ -51,6 +52,21 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 OWNER_FILE = RUN_DIR / "workdir"
 # Stop order: nothing may recreate pods while they are removed; the API server last.
 FIRST_STOPPED = ("kube-controller-manager", "kube-scheduler", "provisioner", "kubelet")
+
+
+def disk_shortfall(workdir: pathlib.Path) -> str | None:
+    """Why the disk under ``workdir`` is too full for a cluster, or None when it is not."""
+    probe = workdir
+    while not probe.exists():
+        probe = probe.parent
+    free_gib = shutil.disk_usage(probe).free / 2**30
+    if free_gib >= DISK_NEEDED_GIB:
+        return None
+    return (
+        f"{DISK_NEEDED_GIB:.0f} GiB free on the disk of {workdir} (it has {free_gib:.1f} GiB): "
+        "containerd unpacks the project's images there, and the kubelet deletes images "
+        "when the disk runs out; free some space (old /tmp/pytest-of-* directories, caches)"
+    )
 
 
 class ClusterError(RuntimeError):
@@ -166,6 +182,21 @@ class Cluster:
         ctr = ["ctr", "--address", str(CONTAINERD_SOCKET)]
         return images.import_archives(ctr, [images.project_archive(n) for n in names])
 
+    def disk_reclaims(self) -> list[str]:
+        """The kubelet's log lines where disk pressure made it delete images or evict pods
+        (empty when it never did): every pod started after one may fail for that reason."""
+        path = self.workdir / "logs" / "kubelet.log"
+        if not path.exists():
+            return []
+        with path.open(errors="replace") as f:
+            return [
+                line.rstrip()[:300]
+                for line in f
+                if "Eviction manager: attempting to reclaim" in line
+                or "Removing image to free bytes" in line
+                or "Evicting pod" in line
+            ]
+
     def log_tail(self, name: str, chars: int = 3000) -> str:
         path = self.workdir / "logs" / f"{name}.log"
         return path.read_text(errors="replace")[-chars:] if path.exists() else ""
@@ -218,6 +249,9 @@ class Cluster:
         absent = missing()
         if os.geteuid() != 0:
             absent.insert(0, "root (the kubelet, containerd and the network setup need it)")
+        short = disk_shortfall(self.workdir)
+        if short:
+            absent.append(short)
         if absent:
             raise ClusterError(
                 "the single-node cluster cannot start, missing:\n  " + "\n  ".join(absent)

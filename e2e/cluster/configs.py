@@ -14,6 +14,7 @@ from .layout import (
     CONTAINERD_SOCKET,
     COREDNS_IMAGE,
     DNS_SERVICE_IP,
+    EVICTION_DISK_FREE,
     NODE_IP,
     NODE_NAME,
     PAUSE_IMAGE,
@@ -132,10 +133,13 @@ def kubelet_config(workdir: pathlib.Path, ports: dict[str, int]) -> str:
             # Images are imported, never pulled: never garbage-collect them.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
+            # Absolute, not percentages: 1% of a large shared disk is gigabytes, and under
+            # that pressure the kubelet deletes every unused image — the pause image too,
+            # which no registry can give back (a CI run lost all its later pods that way).
             "evictionHard": {
                 "memory.available": "100Mi",
-                "nodefs.available": "1%",
-                "imagefs.available": "1%",
+                "nodefs.available": EVICTION_DISK_FREE,
+                "imagefs.available": EVICTION_DISK_FREE,
                 "nodefs.inodesFree": "1%",
             },
             "evictionPressureTransitionPeriod": "10s",

@@ -38,6 +38,28 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[:] = [i for i in items if i not in chosen] + on_cluster
 
 
+_session_cluster: list[Cluster] = []
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> object:
+    """A failing test on the cluster says so when the kubelet ran out of disk before it:
+    the images it deleted (the pause image among them) fail every later pod, and the
+    test's own message would not name the cause."""
+    report = yield
+    if report.failed and _session_cluster and "real_cluster" in getattr(item, "fixturenames", ()):
+        reclaims = _session_cluster[0].disk_reclaims()
+        if reclaims:
+            report.sections.append(
+                (
+                    "cluster disk pressure",
+                    "the kubelet ran short of disk and deleted images or evicted pods; "
+                    "this failure may follow from that:\n" + "\n".join(reclaims[:10]),
+                )
+            )
+    return report
+
+
 @pytest.fixture(scope="session")
 def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """The session's cluster (admin kubeconfig: ``real_cluster.kubeconfig``).
@@ -63,14 +85,24 @@ def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         cluster.up()
     except ClusterError as e:
         pytest.fail(f"the single-node cluster did not come up: {e}", pytrace=False)
+    _session_cluster.append(cluster)
     try:
         yield cluster
     finally:
+        _session_cluster.clear()
+        reclaims = cluster.disk_reclaims()
         report = cluster.down()
         problems = report["failed"] + report["leftovers"] + report["running"]
         if problems:
             pytest.fail(
                 "the cluster did not go down cleanly: " + json.dumps(report, indent=1),
+                pytrace=False,
+            )
+        if reclaims:
+            pytest.fail(
+                "the kubelet ran short of disk during the session and deleted images or "
+                "evicted pods (tests after it may have failed for that):\n"
+                + "\n".join(reclaims[:10]),
                 pytrace=False,
             )
 
@@ -110,11 +142,13 @@ def operator_release(
     home = tmp_path_factory.mktemp("helm")
     release = "ef"
     _delete_kept_crds(real_cluster)
-    helm(
-        real_cluster, home, "install", release, str(CHART), "--namespace", restricted_namespace,
-        "--wait", "--timeout", "180s", *operator_values,
-    )  # fmt: skip
     try:
+        # Inside the try: a failed `--wait` still leaves a release (and its cluster-wide
+        # RBAC) behind, which every later module's install would trip over.
+        helm(
+            real_cluster, home, "install", release, str(CHART), "--namespace", restricted_namespace,
+            "--wait", "--timeout", "180s", *operator_values,
+        )  # fmt: skip
         yield release
     finally:
         # Fleets first: their finalizer needs the operator to go away.
@@ -122,9 +156,14 @@ def operator_release(
             "-n", restricted_namespace, "delete", "eventservers", "--all", "--timeout=120s",
             check=False,
         )  # fmt: skip
-        helm(
-            real_cluster, home, "uninstall", release, "--namespace", restricted_namespace, "--wait"
-        )
+        try:
+            helm(
+                real_cluster, home, "uninstall", release, "--namespace", restricted_namespace,
+                "--wait",
+            )  # fmt: skip
+        except AssertionError as e:
+            if "release: not found" not in str(e):  # an install refused before it began
+                raise
         _delete_kept_crds(real_cluster)
 
 

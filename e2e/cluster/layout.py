@@ -58,6 +58,12 @@ COREDNS_IMAGE = "localhost/eventfleet-cluster/coredns:1.14.7"
 # (eventfleet/<name>:<version>, i.e. docker.io/...): scripts/tools/images.sh tags them so.
 PROJECT_IMAGES = ("server", "operator")
 
+# Disk. The kubelet reclaims (deletes every unused image, the pause image included) only
+# when less than this is left; `up` refuses to start with less than DISK_NEEDED_GIB free
+# (measured peak of a CI run: images unpacked in containerd, the Spark image, volumes, logs).
+EVICTION_DISK_FREE = "512Mi"
+DISK_NEEDED_GIB = 6.0
+
 
 def missing() -> list[str]:
     """What the cluster needs and this machine lacks, each with the command that provides it."""
