@@ -28,9 +28,9 @@ One fleet, the quick start's ``demo``, carries the quick start's and the runbook
 journeys in the pages' order, the deletion and then the restore from a backup last; the
 chart README's example fleet (also ``demo``, in the operator's namespace) is checked and
 deleted first. The runbook's pause, hibernate/wake and token rotation blocks run in
-e2e/test_operator_day2_cluster.py, in the scenarios that already do the same there and
-whose operator resyncs every 2 s (with the chart's 30 s, the five reload waits of the
-token blocks alone take minutes).
+e2e/test_operator_day2_cluster.py, in the scenarios that already do the same there
+(its token rotation with the operator's resync turned off: the operator's watch on the
+Secrets alone moves it).
 """
 
 from __future__ import annotations

@@ -10,7 +10,8 @@ One fleet (``day2``, three replicas, the Event BUS on with CURVE and PLAIN liste
 reference clients from the node's address) carries the module's scenarios in order:
 pause, hibernate and wake (the runbook's blocks; and the stale-Ready regression: the
 StatefulSet's status held back while the fleet wakes); a peer-token rotation by hand and
-the runbook's token rotation blocks (peer, by the operator, then client), PLAIN clients
+the runbook's token rotation blocks (peer, by the operator, then client; with the
+operator's resync turned off for them: its watch on the Secrets does it), PLAIN clients
 beside CURVE, and the runbook's BUS CURVE server key rotation, each reaching the replicas
 through the kubelet's refresh of the mounted Secret; the ``kubectl eventfleet`` plugin; a managed
 rollout of a crash-looping image reverted without manual steps, and a restart request.
@@ -40,8 +41,9 @@ from eventfleet_operator import buskeys
 from eventfleet_server.bus.curve import token_keypair
 
 from e2e.bus_client import BusClient, wait_live
-from e2e.cluster.clients import ClusterKubectl
+from e2e.cluster.clients import ClusterKubectl, helm
 from e2e.cluster.cluster import Cluster, _start_time
+from e2e.cluster.fixtures import CHART
 from e2e.cluster.layout import CONTAINERD_SOCKET, NODE_IP, PAUSE_IMAGE, PROVISIONER_NAME
 from e2e.cluster.replicas import Replicas, register, secret_token
 from e2e.doc_blocks import DocShell, block_places, cluster_blocks
@@ -241,47 +243,109 @@ def test_ready_is_not_reported_from_a_stale_statefulset_status_while_waking(
     wait_condition(kubectl, FLEET, "PeersSynced")
 
 
+@contextlib.contextmanager
+def operator_resync(
+    cluster: Cluster, kubectl: ClusterKubectl, release: str, home: pathlib.Path, seconds: int
+):
+    """The module's operator with another ``operator.resyncSeconds`` (``helm upgrade``,
+    as a user changes it: the Deployment is recreated), the module's 2 s back on the way
+    out, whatever happened."""
+
+    def upgrade(value: int) -> None:
+        helm(
+            cluster, home, "upgrade", release, str(CHART), "--namespace", kubectl.namespace,
+            "--reuse-values", "--set", f"operator.resyncSeconds={value}",
+            "--wait", "--timeout", "180s",
+        )  # fmt: skip
+
+    upgrade(seconds)
+    try:
+        yield
+    finally:
+        upgrade(2)
+
+
+# Longer than the whole test: no periodic pass happens while it runs, so only the
+# operator's watch on the Secrets its fleets read (and its re-reads of the replicas
+# while tokens travel) can move TokensLoaded and the rotation's steps.
+NO_RESYNC = 3600
+# One step reaches every replica within the kubelet's refresh of the Secret volume
+# (syncFrequency 10 s here, e2e/cluster/configs.py) plus the replica's poll of the file
+# (token_reload_interval, 10 s); the margin is for a loaded 2-core machine. Far below
+# NO_RESYNC: a step that waited for a resync fails here.
+STEP_TIMEOUT = 120
+
+
 def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(
-    kubectl, pods, real_cluster, tmp_path
+    kubectl, pods, real_cluster, operator_release, operator_pod, tmp_path
 ):
     """The runbook's peer rotation on the generated Secret: each step reaches the real
     replicas through the kubelet's refresh of the mounted Secret volume (its ``..data``
     symlink swap, after the kubelet's sync delay) and the replica's poll of the file; the
     operator's TokensLoaded condition follows it, nothing restarts, and the operator's
     /flush works with the new token alone at the end. Then the runbook's "Rotate the
-    tokens" blocks as written (the fleet's name for ``demo``; here, where the operator
-    resyncs every 2 s, rather than in e2e/test_docs_cluster.py, whose chart-default 30 s
-    resync makes the five reload waits minutes): the peer rotation by the operator, then
-    the client token's three steps, after which only the new client token is accepted."""
-    wait_condition(kubectl, FLEET, "TokensLoaded", 120)
+    tokens" blocks as written (the fleet's name for ``demo``): the peer rotation by the
+    operator, then the client token's three steps, after which only the new client token
+    is accepted.
+
+    All of it with the operator's resync set far beyond the test's length
+    (``NO_RESYNC``): the operator notices each Secret change through its watch and
+    follows the replicas' reload by itself, within seconds (printed: the seconds from
+    each Secret write to the operator's new ``tokensDigest`` and to TokensLoaded)."""
+    with operator_resync(real_cluster, kubectl, operator_release, tmp_path / "helm", NO_RESYNC):
+        args = kubectl.get("deployment", f"{operator_release}-eventfleet-operator")
+        (container,) = args["spec"]["template"]["spec"]["containers"]
+        assert f"--resync-seconds={NO_RESYNC}" in container["args"], container["args"]
+        try:
+            _rotate_tokens(kubectl, pods, real_cluster, tmp_path)
+        except Exception:
+            # What the operator did (or failed to do) with each Secret event.
+            print(
+                "operator log (last 150 lines):", *operator_pod.log().splitlines()[-150:], sep="\n"
+            )
+            raise
+
+
+def _rotate_tokens(kubectl, pods, real_cluster, tmp_path) -> None:
+    wait_condition(kubectl, FLEET, "TokensLoaded", STEP_TIMEOUT)
     containers = [pods.container(i) for i in range(3)]
     old = base64.b64decode(kubectl.get("secret", f"{FLEET}-peer-token")["data"]["token"])
     old = old.decode().strip()
     client = base64.b64decode(kubectl.get("secret", f"{FLEET}-token")["data"]["token"]).decode()
     assert old and old != client.strip()
 
-    def step(text: str) -> None:
+    def step(number: int, text: str) -> None:
         before = kubectl.get("eventserver", FLEET)["status"]["tokensDigest"]
         data = base64.b64encode(text.encode()).decode()
+        written = time.monotonic()
         kubectl.run(
             "patch", f"secret/{FLEET}-peer-token", "-p", json.dumps({"data": {"token": data}})
         )
+        seen: list[float] = []
 
         def loaded():
             es = kubectl.get("eventserver", FLEET)
             c = condition(es, "TokensLoaded")
+            if es["status"].get("tokensDigest") != before and not seen:
+                seen.append(time.monotonic() - written)
             return es["status"].get("tokensDigest") != before and c.get("status") == "True"
 
         # The kubelet refreshes Secret volumes on its sync period plus its cache TTL.
-        wait_for(loaded, timeout=240, what=f"every replica to load {text!r}")
+        wait_for(loaded, timeout=STEP_TIMEOUT, what=f"every replica to load {text!r}")
+        print(
+            f"peer token step {number} by hand: the operator saw the Secret after "
+            f"{seen[0]:.1f} s, TokensLoaded after {time.monotonic() - written:.1f} s"
+        )
 
-    step(f"{old}\nrotated-peer\n")
-    step(f"rotated-peer\n{old}\n")
-    step("rotated-peer\n")
+    step(1, f"{old}\nrotated-peer\n")
+    step(2, f"rotated-peer\n{old}\n")
+    step(3, "rotated-peer\n")
     # The same three steps, taken by the operator (eventfleet.io/rotate-peer-token), as
     # the runbook's block asks for them and waits.
     rotate_client, rotate_peer = doc_steps(kubectl, real_cluster, tmp_path, "Rotate the tokens")
+    started = time.monotonic()
     rotate_peer()
+    print(f"peer token rotation by the operator: Done after {time.monotonic() - started:.1f} s")
     done = kubectl.get("eventserver", FLEET)["status"]["peerTokenRotation"]
     assert done["step"] == "Done", done
     (auto,) = base64.b64decode(
@@ -299,14 +363,16 @@ def test_a_peer_token_rotation_reaches_every_replica_without_a_restart(
         last = kubectl.get("eventserver", FLEET)["status"].get("lastFlush") or {}
         return last if last.get("requested") == "after-rotation" else None
 
-    assert wait_for(flushed, timeout=120, what="the flush after the rotation")["result"] == (
+    assert wait_for(flushed, timeout=60, what="the flush after the rotation")["result"] == (
         "Verified"
     )
 
     # The client token's three steps: afterwards every replica accepts the new token
     # alone (the block's last wait is TokensLoaded on the Secret's new content).
     first = secret_token(kubectl, f"{FLEET}-token").splitlines()[0]
+    started = time.monotonic()
     rotate_client()
+    print(f"client token rotation (two Secret writes): {time.monotonic() - started:.1f} s")
     (new,) = secret_token(kubectl, f"{FLEET}-token").split()
     assert new != first
     for ordinal in range(3):

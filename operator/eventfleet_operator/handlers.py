@@ -1,4 +1,5 @@
-"""Kopf wiring: every cause (create, update, resume, timer) runs the same reconciliation.
+"""Kopf wiring: every cause (create, update, resume, timer, a referenced Secret's change)
+runs the same reconciliation.
 
 Handlers are registered into a given registry so that the CLI runs with its own
 registry and options, and ``kopf run -m eventfleet_operator.kopf_module`` uses Kopf's
@@ -7,6 +8,7 @@ default registry with options from the environment.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import logging
 import time
@@ -15,7 +17,17 @@ from typing import Any
 
 import kopf
 
-from eventfleet_operator import GROUP, PLURAL, VERSION, backups, kube, metrics, model, naming
+from eventfleet_operator import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    backups,
+    kube,
+    metrics,
+    model,
+    naming,
+    secretrefs,
+)
 from eventfleet_operator.config import OperatorConfig
 from eventfleet_operator.constants import ConditionType, EventType, Operation, PassResult, Reason
 from eventfleet_operator.reconcile import Context, TransientRefusal, reconcile
@@ -26,6 +38,10 @@ from eventfleet_operator.status import find_condition
 
 # Seconds before a pass refused for a transient reason is retried (see run_pass).
 TRANSIENT_RETRY_SECONDS = 2
+# While a token change is on its way to the replicas (secretrefs.tokens_settling), the
+# replicas are re-read this often (at most every resync): TokensLoaded and each step of a
+# peer-token rotation then follow the replicas' reload within seconds.
+TOKENS_SETTLING_POLL_SECONDS = 3.0
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -44,20 +60,32 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
 
 
 class QuietResync(logging.Filter):
-    """Drop Kopf's "Timer 'resync' succeeded." line: one per fleet per resync is noise.
+    """Drop Kopf's "Timer 'resync' succeeded." line: one per fleet per resync is noise;
+    so are the same line of the tokens-settling timer (every few seconds while tokens
+    reload), "Handler 'secret-changed' succeeded." (one per change of any Secret in
+    the watched namespaces, most of them no fleet's) and "Handler 'requests-changed'
+    succeeded." (one per event of an EventServer, status writes included).
 
-    Failures of the timer and everything the pass itself logs still get through.
+    Failures and everything the pass itself logs still get through.
     """
 
+    QUIET = frozenset(
+        {
+            "Timer 'resync' succeeded.",
+            "Timer 'tokens-settling' succeeded.",
+            "Handler 'secret-changed' succeeded.",
+            "Handler 'requests-changed' succeeded.",
+        }
+    )
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.levelno == logging.INFO and record.getMessage() == "Timer 'resync' succeeded."
-        )
+        return not (record.levelno == logging.INFO and record.getMessage() in self.QUIET)
 
 
 async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
     """One reconciliation pass of an EventServer (every cause: create, update, resume,
-    timer), its status remembered and counted in the metrics.
+    timer, a referenced Secret's change), its status remembered and counted in the
+    metrics. Passes of one fleet run one after the other.
 
     A transient refusal by the API server (:class:`TransientRefusal`) becomes a
     ``kopf.TemporaryError`` retried after ``TRANSIENT_RETRY_SECONDS``, not at the next
@@ -65,10 +93,27 @@ async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> 
     """
     raw: dict[str, Any] = copy.deepcopy(dict(body))
     uid = raw["metadata"].get("uid", "")
-    # The watch may not have delivered our last status write yet (short resync
-    # intervals): prefer what this process wrote last for this very object.
-    if uid in memo.last_status:
-        raw["status"] = memo.last_status[uid]
+    # One pass of a fleet at a time, each starting from the status the last one wrote:
+    # several causes (an update, the timers, a Secret's change) can ask at once, and a
+    # pass waiting for another must not decide from the status before it (a peer-token
+    # rotation step would then be taken twice).
+    async with _pass_lock(memo, uid):
+        # The watch may not have delivered our last status write yet (short resync
+        # intervals): prefer what this process wrote last for this very object.
+        if uid in memo.last_status:
+            raw["status"] = memo.last_status[uid]
+        await _run_pass(raw, body, memo, logger)
+
+
+def _pass_lock(memo: kopf.Memo, uid: str) -> asyncio.Lock:
+    locks = memo.setdefault("pass_locks", {})  # set at startup; a bare Memo in tests
+    return locks.setdefault(uid, asyncio.Lock())
+
+
+async def _run_pass(
+    raw: dict[str, Any], body: kopf.Body, memo: kopf.Memo, logger: logging.Logger
+) -> None:
+    uid = raw["metadata"].get("uid", "")
 
     def emit(type_: EventType, reason: str, message: str) -> None:
         kopf.event(body, type=str(type_), reason=str(reason), message=message[:1024])
@@ -97,6 +142,66 @@ async def run_pass(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> 
     finally:
         metrics.RECONCILES.labels(result).inc()
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+
+
+async def secret_changed(
+    event_type: str | None,
+    namespace: str,
+    name: str,
+    index: Mapping[secretrefs.Key, Any],
+    memo: kopf.Memo,
+    settings: kopf.OperatorSettings,
+) -> list[str]:
+    """A watched Secret's event: run the pass of every EventServer whose pass reads it
+    (``index``: the ``secret_refs`` index); returns their names.
+
+    The initial listing (``event_type`` None) is skipped: the resume handlers run every
+    fleet's pass then. A pass that fails is logged, not retried: the timers retry it.
+    """
+    if event_type not in ("ADDED", "MODIFIED", "DELETED"):
+        return []
+    ran = []
+    for fleet in secretrefs.fleets_for(index, namespace, name):
+        live = await memo.ctx.kube.get(kube.EVENTSERVERS, namespace, fleet)
+        if live is None or live["metadata"].get("deletionTimestamp"):
+            continue
+        body = kopf.Body(live)
+        logger = kopf.LocalObjectLogger(body=body, settings=settings)
+        logger.info("Secret %s %s: reconciling", name, event_type.lower())
+        try:
+            await run_pass(body, memo, logger)
+        except (kopf.TemporaryError, kube.ApiError) as e:
+            logger.warning("pass after Secret %s changed: %s (the timer retries)", name, e)
+        ran.append(fleet)
+    return ran
+
+
+async def requests_changed(
+    event_type: str | None, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger
+) -> bool:
+    """An EventServer's event: run its pass when a request annotation
+    (``naming.REQUEST_ANNOTATIONS``: restart, flush, rotate-peer-token, pause) changed
+    since the last event this process saw; returns whether it ran.
+
+    Kopf reports no change for them (they share its annotations' prefix). ``memo`` is
+    the object's own: the first event seen (the listing, a creation) only records them,
+    the resume and create handlers run the pass then.
+    """
+    meta = body.get("metadata") or {}
+    seen = naming.requests(meta)
+    before = memo.get("request_annotations")
+    memo["request_annotations"] = seen
+    if before is None or before == seen or event_type not in ("ADDED", "MODIFIED"):
+        return False
+    if meta.get("deletionTimestamp"):
+        return False
+    changed = sorted({k for k, _ in set(seen) ^ set(before)})
+    logger.info("annotations %s changed: reconciling", ", ".join(changed))
+    try:
+        await run_pass(body, memo, logger)
+    except (kopf.TemporaryError, kube.ApiError) as e:
+        logger.warning("pass after annotations changed: %s (the timer retries)", e)
+    return True
 
 
 def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
@@ -134,6 +239,10 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
             endpoints=endpoints,
         )
         memo.last_status = {}
+        # Here, in the operator's memo, which every object's memo shares: a Secret's
+        # handler and the fleet's own handlers must find the same lock.
+        memo.pass_locks = {}
+        memo.settings = settings  # for the loggers of passes a Secret's event runs
         memo.metrics_runner = (
             await metrics.serve(config.metrics_endpoint) if config.metrics_endpoint else None
         )
@@ -171,6 +280,46 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def on_timer(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         await run_pass(body, memo, logger)
         await backup_schedule(body, memo, logger)
+
+    @kopf.on.event(**resource, registry=registry, id="requests-changed")
+    async def on_requests(
+        event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        await requests_changed(event.get("type"), body, memo, logger)
+
+    # -- Referenced Secrets: a change runs the pass of every fleet that reads the Secret --
+    # A token rotation is a Secret change the operator would otherwise only see at the
+    # next resync; the index maps (namespace, Secret) to the EventServers whose pass reads
+    # it (secretrefs.of_spec), kept by Kopf from the EventServer watch.
+    @kopf.index(**resource, registry=registry, id="secret_refs")
+    def secret_refs(body: kopf.Body, **_: Any) -> dict[secretrefs.Key, str]:
+        return secretrefs.index_entries(body)
+
+    @kopf.on.event("", "v1", "secrets", registry=registry, id="secret-changed")
+    async def on_secret(
+        event: kopf.RawEvent,
+        name: str,
+        namespace: str,
+        memo: kopf.Memo,
+        secret_refs: kopf.Index,
+        **_: Any,
+    ) -> None:
+        # Kopf gives `settings` to activity handlers only: the startup's, kept in the memo.
+        await secret_changed(event.get("type"), namespace, name, secret_refs, memo, memo.settings)
+
+    @kopf.timer(
+        **resource,
+        registry=registry,
+        id="tokens-settling",
+        interval=min(TOKENS_SETTLING_POLL_SECONDS, config.resync_seconds),
+        initial_delay=min(TOKENS_SETTLING_POLL_SECONDS, config.resync_seconds),
+        errors=kopf.ErrorsMode.IGNORED,  # the next tick is the retry
+        when=lambda status, **_: secretrefs.tokens_settling(status),
+    )
+    async def on_tokens_settling(
+        body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
+    ) -> None:
+        await run_pass(body, memo, logger)
 
     async def backup_schedule(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> None:
         meta = body["metadata"]
@@ -245,6 +394,7 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
     async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
         deleted = await cleanup(memo.ctx, copy.deepcopy(dict(body)), logger)
         memo.last_status.pop(body.get("metadata", {}).get("uid", ""), None)
+        memo.get("pass_locks", {}).pop(body.get("metadata", {}).get("uid", ""), None)
         metrics.forget(body["metadata"]["namespace"], body["metadata"]["name"])
         if deleted:
             kopf.event(

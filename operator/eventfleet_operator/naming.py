@@ -27,6 +27,24 @@ ROTATE_PEER_TOKEN_ANNOTATION = f"{GROUP}/rotate-peer-token"
 # `eventfleet.io/reconcile: paused` on an EventServer: observe and report, write nothing.
 PAUSE_ANNOTATION = f"{GROUP}/reconcile"
 PAUSED = "paused"
+# The annotations above that ask the operator for something. They share the eventfleet.io/
+# prefix with Kopf's progress annotations, and Kopf leaves every annotation of that prefix
+# out of the changes it reports (no update handler runs): the handlers watch these
+# themselves (handlers.requests_changed), or a request waited for the next resync.
+REQUEST_ANNOTATIONS = (
+    RESTART_ANNOTATION,
+    FLUSH_ANNOTATION,
+    ROTATE_PEER_TOKEN_ANNOTATION,
+    PAUSE_ANNOTATION,
+)
+
+
+def requests(meta: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The request annotations an EventServer's metadata carries, with their values."""
+    notes = meta.get("annotations") or {}
+    return tuple((key, str(notes[key])) for key in REQUEST_ANNOTATIONS if key in notes)
+
+
 SERVING_LABEL = f"{GROUP}/serving"  # client Service selects only serving="true" pods
 
 CONFIG_DIR = "/etc/eventfleet"
