@@ -305,6 +305,16 @@ def json_payload_error(text: Any) -> str | None:
     if not isinstance(text, str):
         return "JSON payload must be text"
     decoder = _DECODER_INTS if _may_hold_big_int(text) else _DECODER
+    # The C scanner straight away (what `decode` runs, without its two Python frames:
+    # ~0.65 of 1.4 µs for a small payload, on every JSON event registered): a text that
+    # is one JSON value from its first to its last character is valid. Anything else
+    # (leading or trailing whitespace, errors) goes through `decode`, for its answer and
+    # its exact error message.
+    try:
+        if decoder.scan_once(text, 0)[1] == len(text):
+            return None
+    except (_BadNumber, ValueError, RecursionError, StopIteration):
+        pass
     try:
         decoder.decode(text)
     except _BadNumber as err:
