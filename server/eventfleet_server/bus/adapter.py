@@ -176,16 +176,26 @@ class EngineAdapter:
             own = self._own
             merged = self._merged
             index_rows = self._index_rows
-            for seq, event in inserted:
-                mine = own.pop(event.id, None)
-                if mine is not None:
-                    index_rows.append((mine[0], seq))
-                    continue
-                peer = merged.pop(event.id, None)
-                uuid = peer[0] if peer is not None else mapping.envelope_uuid(event.payload)
-                if uuid is not None:
-                    self._remember(uuid)
-                    index_rows.append((uuid, seq))
+            if not own and not merged:
+                # No PUB and no peer envelope waits for this commit (an Eventer batch):
+                # only envelopes registered some other way are looked for.
+                envelope_uuid = mapping.envelope_uuid
+                for seq, event in inserted:
+                    uuid = envelope_uuid(event.payload)
+                    if uuid is not None:
+                        self._remember(uuid)
+                        index_rows.append((uuid, seq))
+            else:
+                for seq, event in inserted:
+                    mine = own.pop(event.id, None)
+                    if mine is not None:
+                        index_rows.append((mine[0], seq))
+                        continue
+                    peer = merged.pop(event.id, None)
+                    uuid = peer[0] if peer is not None else mapping.envelope_uuid(event.payload)
+                    if uuid is not None:
+                        self._remember(uuid)
+                        index_rows.append((uuid, seq))
         self._head = inserted[-1][0]
         self._index_upto = self._head
         self._index_wakeup.set()
