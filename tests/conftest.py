@@ -7,8 +7,16 @@ import contextlib
 import pytest
 from eventfleet_server import config
 from eventfleet_server.main import Replica
+from hypothesis import settings
 
 from tests import parts
+
+# Hypothesis' default 200 ms deadline per example is a timed assertion: on the shared
+# 2-core CI machine a slow example failed a property that held (test_bus_sbs, once).
+# Properties here check results; a test that wants a hang detector sets its own deadline
+# (tests/fuzz/test_decoders.py does).
+settings.register_profile("eventfleet", deadline=None)
+settings.load_profile("eventfleet")
 
 
 @contextlib.asynccontextmanager
