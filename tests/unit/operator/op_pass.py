@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import logging
 from typing import Any
 
-from eventfleet_operator import reconcile
+from eventfleet_operator import reconcile, tokens
 from eventfleet_operator.config import OperatorConfig
-from op_fakes import FakeEndpoints, FakeReplicas
+from op_fakes import FakeEndpoints, FakeReplicas, status_doc
 from op_kube import FakeKube
 
 LOG = logging.getLogger("test.operator")
@@ -69,3 +70,20 @@ class Harness:
         found = self.kube.obj("StatefulSet", self.name)
         assert found is not None
         return found
+
+    def secret_tokens(self, name: str) -> tuple[str, ...]:
+        """The tokens a token Secret of the fake API holds now."""
+        data = self.kube.obj("Secret", name)["data"]["token"]
+        return tokens.parse(base64.b64decode(data).decode())
+
+    def replicas_load(self, count: int) -> None:
+        """The fake replicas report the tokens the Secrets hold now (their reload)."""
+        client = self.secret_tokens(f"{self.name}-token")
+        peer = self.secret_tokens(f"{self.name}-peer-token")
+        for i in range(count):
+            doc = status_doc(i + 1, {j + 1: (1, 0) for j in range(count)})
+            doc["credentials"] = {
+                "client": [tokens.fingerprint(t) for t in client],
+                "peer": [tokens.fingerprint(t) for t in peer],
+            }
+            self.replicas.docs[i] = doc

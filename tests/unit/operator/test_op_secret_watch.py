@@ -11,13 +11,12 @@ import logging
 
 import kopf
 import pytest
-from eventfleet_operator import handlers, model, naming, secretrefs, tokens
+from eventfleet_operator import handlers, model, naming, secretrefs
 from eventfleet_operator.config import OperatorConfig
 from kopf._cogs.structs import patches, references
 from kopf._core.actions import invocation
 from kopf._core.engines import posting
 from kopf._core.intents import causes
-from op_fakes import status_doc
 from op_pass import Harness
 
 RESOURCE = references.Resource("eventfleet.io", "v1", "eventservers")
@@ -136,22 +135,6 @@ def memo_of(h: Harness) -> kopf.Memo:
     return memo
 
 
-def secret_tokens(h, name):
-    return tokens.parse(base64.b64decode(h.kube.obj("Secret", name)["data"]["token"]).decode())
-
-
-def replicas_load(h, count):
-    """The fake replicas report the tokens the Secrets hold now (their reload)."""
-    client, peer = secret_tokens(h, "demo-token"), secret_tokens(h, "demo-peer-token")
-    for i in range(count):
-        doc = status_doc(i + 1, {j + 1: (1, 0) for j in range(count)})
-        doc["credentials"] = {
-            "client": [tokens.fingerprint(t) for t in client],
-            "peer": [tokens.fingerprint(t) for t in peer],
-        }
-        h.replicas.docs[i] = doc
-
-
 def set_peer_secret(h, text):
     h.kube.obj("Secret", "demo-peer-token")["data"]["token"] = base64.b64encode(
         text.encode()
@@ -164,13 +147,13 @@ async def test_a_changed_token_secret_runs_the_pass_of_the_fleet_that_reads_it()
     other = h.kube.put(body("other", {"replicas": 1}) | {"kind": "EventServer"})
     memo, settings = memo_of(h), kopf.OperatorSettings()
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
-    replicas_load(h, 2)
+    h.replicas_load(2)
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
     before = copy.deepcopy(h.kube.obj("EventServer", "demo")["status"])
     assert condition(before, "TokensLoaded")["status"] == "True"
     assert not secretrefs.tokens_settling(before)
     index = index_of(h.kube.obj("EventServer", "demo"), other)
-    (old,) = secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
     set_peer_secret(h, f"{old}\nnew-peer\n")
 
     # The initial listing and Secrets no fleet reads run nothing.
@@ -209,9 +192,9 @@ async def test_passes_asked_at_once_each_start_from_the_status_of_the_one_before
     memo = memo_of(h)
     es = lambda: kopf.Body(copy.deepcopy(h.kube.obj("EventServer", "demo")))  # noqa: E731
     await handlers.run_pass(es(), memo, h_log())
-    replicas_load(h, 2)
+    h.replicas_load(2)
     await handlers.run_pass(es(), memo, h_log())
-    (old,) = secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
     h.annotate(rotate_peer_token="r1")
     h.kube.obj("EventServer", "demo")["metadata"]["annotations"] = h.body["metadata"]["annotations"]
     first, second = es(), es()  # both read before either pass ran
@@ -220,14 +203,14 @@ async def test_passes_asked_at_once_each_start_from_the_status_of_the_one_before
     )
     status = h.kube.obj("EventServer", "demo")["status"]
     assert status["peerTokenRotation"]["step"] == "Adding"
-    live = secret_tokens(h, "demo-peer-token")
+    live = h.secret_tokens("demo-peer-token")
     assert live[0] == old and len(live) == 2
     # And it goes on from there once the replicas reloaded.
-    replicas_load(h, 2)
+    h.replicas_load(2)
     await handlers.run_pass(es(), memo, h_log())
     await handlers.run_pass(es(), memo, h_log())
     assert h.kube.obj("EventServer", "demo")["status"]["peerTokenRotation"]["step"] == "Swapping"
-    assert secret_tokens(h, "demo-peer-token") == (live[1], old)
+    assert h.secret_tokens("demo-peer-token") == (live[1], old)
 
 
 def condition(status, type_):
@@ -261,7 +244,7 @@ async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
     memo = memo_of(h)
     memo.settings = kopf.OperatorSettings()
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
-    replicas_load(h, 2)
+    h.replicas_load(2)
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
     es = kopf.Body(h.kube.obj("EventServer", "demo"))
     log = logging.getLogger("test.operator")
@@ -275,7 +258,7 @@ async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
     assert entries == {("ns", "demo-token"): "demo", ("ns", "demo-peer-token"): "demo"}
     index = {key: [value] for key, value in entries.items()}
     secret = kopf.Body(h.kube.obj("Secret", "demo-peer-token"))
-    (old,) = secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
     set_peer_secret(h, f"{old}\nnew-peer\n")
     digest = h.kube.obj("EventServer", "demo")["status"]["tokensDigest"]
     event = {"type": "MODIFIED", "object": dict(secret)}
@@ -320,7 +303,7 @@ async def test_a_request_annotation_runs_the_pass_at_once():
     memo = memo_of(h)
     object_memo = kopf.Memo(memo)  # Kopf gives each object a copy of the operator's memo
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
-    replicas_load(h, 2)
+    h.replicas_load(2)
     await handlers.run_pass(kopf.Body(h.kube.obj("EventServer", "demo")), memo, h_log())
     handler = registered("watching", "requests-changed")
 

@@ -8,7 +8,6 @@ import base64
 from eventfleet_operator import tokens
 from eventfleet_operator.constants import ConditionStatus, Reason
 from eventfleet_server.listener.tokens import parse_tokens, token_fingerprint
-from op_fakes import status_doc
 from op_pass import Harness
 
 
@@ -35,22 +34,6 @@ def test_verdict():
     assert exp.digest() != tokens.Expected.of(["c"], ["p1", "p2"]).digest()
 
 
-def _secret_tokens(h, name):
-    return tokens.parse(base64.b64decode(h.kube.obj("Secret", name)["data"]["token"]).decode())
-
-
-def _replicas_load(h, count):
-    """The fake replicas report the tokens the Secrets hold now (their reload)."""
-    client, peer = _secret_tokens(h, "demo-token"), _secret_tokens(h, "demo-peer-token")
-    for i in range(count):
-        doc = status_doc(i + 1, {j + 1: (1, 0) for j in range(count)})
-        doc["credentials"] = {
-            "client": [tokens.fingerprint(t) for t in client],
-            "peer": [tokens.fingerprint(t) for t in peer],
-        }
-        h.replicas.docs[i] = doc
-
-
 def _set_peer_secret(h, text):
     secret = h.kube.obj("Secret", "demo-peer-token")
     secret["data"]["token"] = base64.b64encode(text.encode()).decode()
@@ -59,12 +42,12 @@ def _set_peer_secret(h, text):
 async def test_a_peer_rotation_is_followed_without_restarting_anything():
     h = Harness({"replicas": 2})
     await h.run()
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     status = await h.run()
     assert h.condition("TokensLoaded")["status"] == "True"
     digest = status["tokensDigest"]
     template = h.sts()["spec"]["template"]
-    (old,) = _secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
 
     # Step 1: the new token second. Nothing has reloaded yet.
     _set_peer_secret(h, f"{old}\nnew-peer\n")
@@ -82,10 +65,10 @@ async def test_a_peer_rotation_is_followed_without_restarting_anything():
     # Not a restart: the pod template (config hash, revision) is unchanged.
     assert h.sts()["spec"]["template"] == template
     # The operator keeps what the user put into its Secret.
-    assert _secret_tokens(h, "demo-peer-token") == (old, "new-peer")
+    assert h.secret_tokens("demo-peer-token") == (old, "new-peer")
 
     # The replicas reload: the condition turns True, with an Event.
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     h.events.clear()
     await h.run()
     assert h.condition("TokensLoaded")["status"] == "True"
@@ -93,11 +76,11 @@ async def test_a_peer_rotation_is_followed_without_restarting_anything():
 
     # Step 2 and 3: the new one first, then alone; presented from then on.
     _set_peer_secret(h, f"new-peer\n{old}\n")
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     h.replicas.tokens.clear()
     await h.run()
     _set_peer_secret(h, "new-peer\n")
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     await h.run()
     assert set(h.replicas.tokens) == {"new-peer"}
     assert h.condition("TokensLoaded")["status"] == "True"
@@ -126,16 +109,16 @@ def test_rotation_steps_keep_every_pair_of_replicas_compatible():
 async def test_the_operator_rotates_the_generated_peer_token_step_by_step():
     h = Harness({"replicas": 2})
     await h.run()
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     await h.run()
-    (old,) = _secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
     template = h.sts()["spec"]["template"]
     h.annotate(rotate_peer_token="r1")
     seen = []
     for _ in range(12):
         status = await h.run()
         rotation = status["peerTokenRotation"]
-        live = _secret_tokens(h, "demo-peer-token")
+        live = h.secret_tokens("demo-peer-token")
         if not seen or seen[-1] != (rotation["step"], live):
             seen.append((rotation["step"], live))
         # Every call to a replica presents what every replica accepts right now.
@@ -143,7 +126,7 @@ async def test_the_operator_rotates_the_generated_peer_token_step_by_step():
         h.replicas.tokens.clear()
         if rotation["step"] == "Done":
             break
-        _replicas_load(h, 2)  # the replicas reload what the Secret holds now
+        h.replicas_load(2)  # the replicas reload what the Secret holds now
     new = seen[0][1][1]
     assert new != old
     assert [s for s, _ in seen] == ["Adding", "Swapping", "Removing", "Done"]
@@ -153,14 +136,14 @@ async def test_the_operator_rotates_the_generated_peer_token_step_by_step():
     assert reasons.count("PeerTokenRotation") == 3 and reasons.count("PeerTokenRotated") == 1
     # Done is kept: the same annotation value does nothing more.
     await h.run()
-    assert _secret_tokens(h, "demo-peer-token") == (new,)
+    assert h.secret_tokens("demo-peer-token") == (new,)
     assert h.body["status"]["peerTokenRotation"]["requested"] == "r1"
 
 
 async def test_a_step_waits_until_every_replica_has_loaded_the_last_one():
     h = Harness({"replicas": 2})
     await h.run()
-    _replicas_load(h, 2)
+    h.replicas_load(2)
     await h.run()
     h.annotate(rotate_peer_token="r1")
     await h.run()
@@ -168,7 +151,7 @@ async def test_a_step_waits_until_every_replica_has_loaded_the_last_one():
     for _ in range(3):  # the replicas still run the old tokens
         await h.run()
     assert h.body["status"]["peerTokenRotation"]["step"] == "Adding"
-    assert len(_secret_tokens(h, "demo-peer-token")) == 2
+    assert len(h.secret_tokens("demo-peer-token")) == 2
 
 
 async def test_a_users_peer_secret_is_not_rotated_by_the_operator():
@@ -192,7 +175,7 @@ async def test_a_users_peer_secret_is_not_rotated_by_the_operator():
 async def test_an_edit_of_the_token_secret_during_a_pass_is_not_reverted():
     h = Harness({"replicas": 1})
     await h.run()
-    (old,) = _secret_tokens(h, "demo-peer-token")
+    (old,) = h.secret_tokens("demo-peer-token")
     _set_peer_secret(h, f"{old}\nstep-1\n")  # a hand edit: the next pass re-applies it
     real_get = h.kube.get
     reads = []
@@ -213,7 +196,7 @@ async def test_an_edit_of_the_token_secret_during_a_pass_is_not_reverted():
 
     h.kube.get = get  # type: ignore[method-assign]
     await h.run()
-    assert _secret_tokens(h, "demo-peer-token") == ("step-1", old)
+    assert h.secret_tokens("demo-peer-token") == ("step-1", old)
     h.kube.get = real_get  # type: ignore[method-assign]
     await h.run()
-    assert _secret_tokens(h, "demo-peer-token") == ("step-1", old)
+    assert h.secret_tokens("demo-peer-token") == ("step-1", old)
