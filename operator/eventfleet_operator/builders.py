@@ -25,10 +25,6 @@ from eventfleet_operator.model import AGGREGATION_OUTPUT_DIR, FleetSpec
 # Keys of the replica config that the replica re-reads without a restart. They stay
 # out of the config hash so that scaling never restarts the surviving replicas.
 HOT_RELOADED_KEYS = ("peers", "allow_empty_start")
-# Grace period of a container the kubelet kills for a failed liveness probe (a hung
-# replica), instead of the pod's terminationGracePeriodSeconds; the CRD's minimum of
-# that field, so it is never longer than what the user gave the graceful shutdown.
-LIVENESS_KILL_GRACE_SECONDS = 10
 
 
 def _metadata(spec: FleetSpec, name: str, component: str) -> dict[str, Any]:
@@ -465,12 +461,6 @@ def _container(spec: FleetSpec) -> dict[str, Any]:
             "periodSeconds": 10,
             "failureThreshold": 3,
             "timeoutSeconds": 2,
-            # A replica whose loop has not answered for 30 s cannot run its graceful
-            # shutdown (the SIGTERM handler runs on that loop), so the pod's grace period
-            # (spec.terminationGracePeriodSeconds, 60 s by default, for the flush of a
-            # healthy replica) would only delay the restart; what it committed is on its
-            # volume and syncs after the restart.
-            "terminationGracePeriodSeconds": LIVENESS_KILL_GRACE_SECONDS,
         },
         # failureThreshold 1: a stopping replica turns /readyz 503 at once and must
         # leave the client Service at once (docs/observability.md).

@@ -197,23 +197,6 @@ def test_statefulset_shape():
     assert s["template"]["metadata"]["labels"][naming.SERVING_LABEL] == "true"
 
 
-def test_a_hung_replica_is_killed_after_a_short_grace_not_the_flush_grace():
-    """The kubelet kills a container whose liveness probe failed with the probe's grace
-    period: a hung loop cannot flush, so the pod's (the graceful shutdown's) would only
-    delay the restart; never longer than the shortest grace the CRD admits."""
-    crd = yaml.safe_load(k8s_schema.CRD_PATH.read_text())
-    (version,) = [v for v in crd["spec"]["versions"] if v.get("storage")]
-    field = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
-        "terminationGracePeriodSeconds"
-    ]
-    for grace in (field["minimum"], 60, 600):
-        spec = fleet({"replicas": 3, "terminationGracePeriodSeconds": grace})
-        pod = builders.statefulset(spec, replicas=3, config_hash="abc")["spec"]["template"]["spec"]
-        (c,) = pod["containers"]
-        assert pod["terminationGracePeriodSeconds"] == grace
-        assert c["livenessProbe"]["terminationGracePeriodSeconds"] == field["minimum"]
-
-
 def test_full_spec_reaches_the_pods(full_spec):
     spec = fleet(full_spec)
     pod = builders.statefulset(spec, replicas=5, config_hash="x")["spec"]["template"]
