@@ -16,6 +16,7 @@ from typing import Any
 from eventfleet_operator import model, naming
 from eventfleet_operator import tokens as tokens_mod
 from eventfleet_operator.constants import ConditionStatus, ConditionType, Reason
+from eventfleet_operator.status import find_condition
 
 # An index key: (namespace, Secret name). Secrets are namespaced and a fleet only
 # references Secrets of its own namespace.
@@ -72,8 +73,7 @@ def tokens_settling(status: Mapping[str, Any] | None) -> bool:
     seconds instead of within the resync interval.
     """
     status = status or {}
-    conditions = status.get("conditions") or []
-    loaded = next((c for c in conditions if c.get("type") == ConditionType.TOKENS_LOADED), {})
+    loaded = find_condition(status.get("conditions"), ConditionType.TOKENS_LOADED)
     if (
         loaded.get("status") == ConditionStatus.FALSE
         and loaded.get("reason") == Reason.TOKENS_RELOADING
