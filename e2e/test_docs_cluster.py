@@ -6,7 +6,7 @@ docs/quickstart.md (load an image without a registry, install the operator, crea
 fleet, what the operator made, use it through a port-forward and from a pod, the
 plugin, back it up, scale, watch and delete) and of docs/runbook.md (back up by the
 operator and by hand, replace a lost volume, upgrade the operator and the replicas,
-turn on TLS, scale, restore the whole fleet from a backup, find that backup in the
+turn on TLS, grow the volumes, scale, restore the whole fleet from a backup, find that backup in the
 bucket alone with the AWS CLI, restore by hand from a copy on disk) run through bash as a reader
 pastes them, with
 the cluster admin's kubeconfig, in the namespaces the docs name (``eventfleet-system``
@@ -389,6 +389,23 @@ def test_runbook_turns_on_tls(reader: DocShell, default: ClusterKubectl):
     assert (reader.workdir / "ca.crt").read_text() == ca
 
 
+def test_runbook_grows_the_volumes(reader: DocShell, default: ClusterKubectl):
+    """The page's size (20Gi) through the cluster provisioner's resizer (hostPath volumes:
+    the claims' and volumes' capacity), with no pod restarted on the way."""
+    before = pods(default)
+    ((_, block),) = cluster_blocks(RUNBOOK, "Grow the volumes")
+    out = reader.run(block, where="Grow the volumes")
+    assert out.splitlines()[0] == "true", out  # the class allows expansion
+    for i in range(3):
+        claim = default.get("persistentvolumeclaim", f"data-demo-{i}")
+        assert claim["status"]["capacity"]["storage"] == "20Gi", claim["status"]
+        # What the page prints: each claim's request and capacity.
+        assert [f"data-demo-{i}", "20Gi", "20Gi"] in [line.split() for line in out.splitlines()]
+    assert condition(default.get("eventserver", "demo"), "StorageResizing")["reason"] == "Resized"
+    assert pods(default) == before  # same pods (uids), no restarts
+    wait_for(lambda: ready(default), timeout=300, what="demo Ready after the growth")
+
+
 def test_runbook_and_quickstart_scale_then_delete(reader: DocShell, default: ClusterKubectl):
     ((_, up),) = cluster_blocks(RUNBOOK, "Scale")
     reader.run(up, where="the runbook's scale-up")
@@ -475,6 +492,7 @@ def test_blocks_are_found():
         (RUNBOOK, "Restore"): 5,  # its own two blocks and its subsection's three
         (RUNBOOK, "By hand (fallback: a copy on disk)"): 3,
         (RUNBOOK, "Replace a lost volume"): 1,
+        (RUNBOOK, "Grow the volumes"): 1,
         (RUNBOOK, "Rotate the Event BUS CURVE server key"): 2,
     }
     for (path, heading), count in counts.items():
