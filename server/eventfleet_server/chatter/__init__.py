@@ -22,6 +22,7 @@ from eventfleet_server.chatter.connection import (
 from eventfleet_server.chatter.listener import (
     ChatterListener,
     InitRejected,
+    frame_error_reason,
     messages,
     refuse,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "InitRejected",
     "Msg",
     "connect",
+    "frame_error_reason",
     "messages",
     "refuse",
     "serve",
