@@ -6,6 +6,7 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import json
 import logging
@@ -179,6 +180,8 @@ def syncer_events(data: bytes) -> None:
 
 
 _CONFIG_DIR = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-fuzz-"))
+# Made at import (every test run and fuzz session): removed at exit, not left in /tmp.
+atexit.register(shutil.rmtree, _CONFIG_DIR, ignore_errors=True)
 
 
 def config_yaml(data: bytes) -> None:
