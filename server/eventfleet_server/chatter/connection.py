@@ -408,6 +408,11 @@ class Connection(asyncio.Protocol):
         if self._transport is not None:
             self._transport.abort()
 
+    async def wait_closing(self) -> None:
+        """Until either side closed the connection (what is queued may still be
+        leaving: `wait_closed` waits for that too)."""
+        await asyncio.shield(self._closed)
+
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
         if self._transport is not None:

@@ -155,7 +155,9 @@ class EventerSession:
         # only a large request or a query waits in a task, with the dispatch paused.
         try:
             self.conn.set_handler(self._on_msg, self._on_frame_error)
-            await self.conn.wait_closed()
+            # Until closed, not until the socket is gone: a refused client that does not
+            # read must not keep its session place while its last bytes wait.
+            await self.conn.wait_closing()
         finally:
             await self._tasks.close()
 
