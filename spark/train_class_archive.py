@@ -123,7 +123,15 @@ def train(job_python: str, events: int, work: pathlib.Path) -> None:
         _wait_ready(http, server)
         asyncio.run(_seed(eventer, events))
         print(f"train: {events} events registered; running the job", flush=True)
-        env = {**os.environ, "PYSPARK_PYTHON": job_python, "PYSPARK_DRIVER_PYTHON": job_python}
+        env = {
+            **os.environ,
+            "PYSPARK_PYTHON": job_python,
+            "PYSPARK_DRIVER_PYTHON": job_python,
+            # A build container's host name need not resolve (buildah's does not):
+            # Spark looks its own address up at start unless told.
+            "SPARK_LOCAL_IP": "127.0.0.1",
+            "SPARK_LOCAL_HOSTNAME": "localhost",
+        }
         dump = f"-XX:ArchiveClassesAtExit={archive} {image_archive.LOG_OPTIONS}"
         subprocess.run(
             [
