@@ -531,6 +531,7 @@ def image_cold_runs(args, server, n, http, endpoint, span, iso, workdir) -> list
             print(f"{name} ...", file=sys.stderr)
             container = [
                 *(podman, "run", "--rm", "--network", "host"),
+                *(a for v in args.image_volume for a in ("-v", v)),
                 *("-v", f"{out}:/out", "--entrypoint", "/opt/eventfleet/venv/bin/python"),
                 *(args.image, "-c", _CONTAINER_WRAPPER, *argv),
             ]
@@ -719,6 +720,14 @@ def main(argv=None) -> int:
         "--image",
         help="also run the cold job inside this job image (podman), --cold-repeat pairs"
         " alternating without and with its class archive (e.g. localhost/eventfleet/spark:test)",
+    )
+    p.add_argument(
+        "--image-volume",
+        action="append",
+        default=[],
+        metavar="SRC:DST[:ro]",
+        help="with --image: also mount this into the containers (podman -v), e.g. an"
+        " archive directory written by a training run outside the image build",
     )
     p.add_argument(
         "--image-only",
