@@ -119,10 +119,12 @@ def train(job_python: str, events: int, work: pathlib.Path) -> None:
             *("--eventer-port", str(eventer), "--host", "127.0.0.1"),
         ]
     )
+    t0 = time.monotonic()
     try:
         _wait_ready(http, server)
         asyncio.run(_seed(eventer, events))
-        print(f"train: {events} events registered; running the job", flush=True)
+        t1 = time.monotonic()
+        print(f"train: {events} events registered in {t1 - t0:.1f} s; running the job", flush=True)
         env = {
             **os.environ,
             "PYSPARK_PYTHON": job_python,
@@ -155,7 +157,11 @@ def train(job_python: str, events: int, work: pathlib.Path) -> None:
         server.wait(timeout=60)
     if not archive.is_file():
         raise RuntimeError(f"the JVM wrote no archive at {archive}")
-    print(f"train: {archive}: {archive.stat().st_size / 1e6:.0f} MB", flush=True)
+    print(
+        f"train: {archive}: {archive.stat().st_size / 1e6:.0f} MB; the job and the dump"
+        f" took {time.monotonic() - t1:.1f} s",
+        flush=True,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
