@@ -328,6 +328,10 @@ def test_the_scheduled_spark_job_runs_in_a_pod_and_its_result_reaches_the_status
     assert pod["status"]["phase"] == "Succeeded", log[-5000:]
     summaries = [ln for ln in log.splitlines() if ln.startswith("aggregate ")]
     assert summaries and all("bucket=2s" in ln for ln in summaries), log[-5000:]
+    # The driver's JVM maps the image's class-data-sharing archive (the operator's
+    # spark.driver.extraJavaOptions, eventfleet_spark.image_archive), without a warning.
+    mapped = f"class archive {naming.SPARK_CLASS_ARCHIVE}: mapped by the driver JVM"
+    assert mapped in log and "[warning][cds" not in log, log[-5000:]
 
     def last_result():
         report = kubectl.get("eventserver", fleet)["status"].get("aggregation") or {}

@@ -36,6 +36,15 @@ RUN uv pip install --python /opt/eventfleet/venv/bin/python --compile-bytecode "
 # spark-operator submits this file (mainApplicationFile local:///opt/eventfleet/aggregate.py);
 # it only hands over to the job's main, the same code as `eventfleet aggregate`.
 COPY spark/aggregate.py /opt/eventfleet/aggregate.py
+# The driver's class-data-sharing archive (eventfleet_spark.image_archive,
+# docs/aggregation.md): a training run of the job itself, as a driver pod runs it,
+# against a real replica on loopback, with -XX:ArchiveClassesAtExit. The archive holds
+# this stage's JDK and /opt/spark/jars, which the final stage has unchanged (same base
+# image). The replica's `[server]` extra lives in a throwaway venv deleted right after.
+RUN uv venv --quiet --python 3.11 /tmp/train \
+ && uv pip install --quiet --python /tmp/train/bin/python ".[server]" \
+ && /tmp/train/bin/python spark/train_class_archive.py --job-python /opt/eventfleet/venv/bin/python \
+ && rm -rf /tmp/train
 
 FROM ${SPARK_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet spark job" \

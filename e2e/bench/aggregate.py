@@ -33,6 +33,15 @@ the job's ``--http``):
 9. Spark read with ``http`` (rows counted) and 10. Spark job, warm, with ``--http``, in
    the warm session.
 
+With ``--image REF`` (the job image, images/spark.Dockerfile, run with podman), the cold
+job also runs inside the image as the driver pod runs it (``spark-submit`` of the
+image's main file, the command e2e/cluster/spark.py makes of the operator's
+ScheduledSparkApplication): ``--cold-repeat`` pairs, alternating without and with the
+image's class-data-sharing archive (the operator's driver settings,
+`builders.driver_class_archive_conf`). Wall time and CPU are taken inside the container
+(a PID-1 wrapper that reaps every process: container creation is not counted).
+``--image-only`` runs only those (and the baseline they are checked against).
+
 The Parquet written through ``/export`` must be byte-identical to the Eventer path's.
 ``--skip-eventer-spark`` leaves out 3-6 (the Eventer Spark phases) for a shorter run.
 
@@ -301,6 +310,22 @@ def run(args) -> dict:
             )
         phases.append(p)
 
+        if args.image:
+            phases += image_cold_runs(args, server, n, http, endpoint, span, iso, workdir)
+            if args.image_only:
+                parquet = _read_parquet(workdir / "parquet-image")
+                checks = {
+                    "parquet_equals_baseline": parquet
+                    == {k: v.payload_json() for k, v in expected.items()},
+                    "export_parquet_byte_identical": None,
+                    "spark_side_parquet_equal": None,
+                    "aggregates": len(expected),
+                    "registered_once_each": asyncio.run(_registered(endpoint, span))
+                    == {k: 1 for k in expected},
+                    "warm_run_registered": None,
+                }
+                return _result(args, n, seed_s, None, None, phases, checks, load_start)
+
         output = workdir / "parquet"
         output_http = workdir / "parquet-http"
         cli = [
@@ -438,6 +463,95 @@ def run(args) -> dict:
         server.stop()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
+
+
+# PID 1 of a benchmark container: runs the command, reaps every process (orphans are
+# re-parented to PID 1), then prints the wall time and the CPU time of the whole tree
+# (a reaped process's time, with its own reaped children's, is added to its reaper's).
+_CONTAINER_WRAPPER = """
+import json, os, subprocess, sys, time
+t0 = time.perf_counter()
+main = subprocess.Popen(sys.argv[1:])
+rc = None
+while True:
+    try:
+        pid, status = os.wait()
+    except ChildProcessError:
+        break
+    if pid == main.pid:
+        rc = os.waitstatus_to_exitcode(status)
+t = os.times()
+cpu = t.children_user + t.children_system
+wall = time.perf_counter() - t0
+print("BENCH-CONTAINER " + json.dumps({"wall": wall, "cpu": cpu, "rc": rc}), file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def image_cold_runs(args, server, n, http, endpoint, span, iso, workdir) -> list:
+    """Cold runs of the job inside the image: pairs without / with the class archive."""
+    from eventfleet_operator import builders, naming
+    from eventfleet_spark import timeplan
+
+    from e2e.cluster.spark import submit_command
+
+    podman = str(pathlib.Path(__file__).resolve().parents[2] / ".tools" / "bin" / "efpodman")
+    out = workdir / "parquet-image"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)  # the image's user (185) writes it
+    arguments = [
+        *("--eventer", endpoint, "--http", http, "--bucket", str(args.bucket)),
+        *("--output", "/out", "--start", iso[0], "--end", iso[1]),
+        *("--window", str((span.end - span.start) // timeplan.US), "--json"),
+    ]
+    if args.partitions:
+        arguments += ["--partitions", str(args.partitions)]
+    threads = int(args.master.removeprefix("local[").removesuffix("]"))
+
+    def command(conf: dict) -> list[str]:
+        template = {
+            "type": "Python",
+            "mode": "cluster",
+            "mainApplicationFile": naming.SPARK_MAIN,
+            "driver": {"memory": "1g"},
+            "executor": {"instances": 1, "cores": threads},
+            "sparkConf": conf,
+            "arguments": arguments,
+        }
+        return submit_command(template)
+
+    variants = [
+        ("in the image, no class archive", command({})),
+        ("in the image, class archive mapped", command(builders.driver_class_archive_conf({}))),
+    ]
+    phases = []
+    for i in range(args.cold_repeat):
+        for label, argv in variants:
+            name = f"Spark job, cold, --http, {label}, run {i + 1}"
+            print(f"{name} ...", file=sys.stderr)
+            container = [
+                *(podman, "run", "--rm", "--network", "host"),
+                *(a for v in args.image_volume for a in ("-v", v)),
+                *("-v", f"{out}:/out", "--entrypoint", "/opt/eventfleet/venv/bin/python"),
+                *(args.image, "-c", _CONTAINER_WRAPPER, *argv),
+            ]
+            with Phase(name, server, n) as p:
+                proc = subprocess.run(container, capture_output=True, text=True)
+            marker = [ln for ln in proc.stderr.splitlines() if ln.startswith("BENCH-CONTAINER ")]
+            if proc.returncode != 0 or not marker:
+                raise RuntimeError(f"the job in {args.image} failed:\n{proc.stderr[-4000:]}")
+            inside = json.loads(marker[-1].removeprefix("BENCH-CONTAINER "))
+            summary = json.loads(proc.stdout.strip().splitlines()[-1])
+            p.seconds, p.reader_sampled = inside["wall"], inside["cpu"]
+            cds = [ln for ln in proc.stderr.splitlines() if "[cds" in ln]
+            p.note = (
+                f"start-up {p.seconds - summary['seconds']:.1f} s, read+aggregate"
+                f" {summary['read_aggregate_seconds']} s, Parquet {summary['parquet_seconds']} s,"
+                f" write-back {summary['write_back_seconds']} s"
+                + (f"; JVM: {cds[0].strip()[:120]}" if cds else "")
+            )
+            phases.append(p)
+    return phases
 
 
 def _result(args, n, seed_s, startup, warmup, phases, checks, load_start) -> dict:
@@ -602,7 +716,27 @@ def main(argv=None) -> int:
         help="also run the cold job with --class-archive: one run writing the JVM class"
         " archive, then --cold-repeat runs mapping it",
     )
+    p.add_argument(
+        "--image",
+        help="also run the cold job inside this job image (podman), --cold-repeat pairs"
+        " alternating without and with its class archive (e.g. localhost/eventfleet/spark:test)",
+    )
+    p.add_argument(
+        "--image-volume",
+        action="append",
+        default=[],
+        metavar="SRC:DST[:ro]",
+        help="with --image: also mount this into the containers (podman -v), e.g. an"
+        " archive directory written by a training run outside the image build",
+    )
+    p.add_argument(
+        "--image-only",
+        action="store_true",
+        help="with --image: only the baselines and the runs in the image",
+    )
     args = p.parse_args(argv)
+    if args.image_only and not args.image:
+        p.error("--image-only needs --image")
     try:
         result = run(args)
     finally:

@@ -849,6 +849,36 @@ SPARK_UID = 185
 SPARK_GID = 185
 
 
+# The driver maps the image's class-data-sharing archive (a cold run's JVM then loads
+# Spark's classes from it instead of parsing and verifying them: docs/aggregation.md).
+# -Xshare:auto, the JVM's default, runs without it, after one [warning][cds] line, when
+# the image has none or another JDK/Spark; the JVM's log lines go to stderr, as stdout
+# carries the job's summary lines.
+SPARK_DRIVER_JAVA_OPTIONS = (
+    f"-XX:SharedArchiveFile={naming.SPARK_CLASS_ARCHIVE}"
+    " -Xlog:disable -Xlog:all=warning:stderr:uptime,level,tags"
+)
+
+
+def driver_class_archive_conf(user_conf: Mapping[str, str]) -> dict[str, str]:
+    """`user_conf` (spec.aggregation.sparkConf) with the driver's archive settings.
+
+    Ours come first in both values, so the user's own options and class path still
+    apply and can override (``-Xshare:off`` turns the archive off). The class path must
+    start with the image's classpath jar: the archive is only valid for the class path
+    it was written with.
+    """
+    conf = dict(user_conf)
+    merged = {
+        "spark.driver.extraJavaOptions": (SPARK_DRIVER_JAVA_OPTIONS, " "),
+        "spark.driver.extraClassPath": (naming.SPARK_CLASSPATH_JAR, ":"),
+    }
+    for key, (ours, sep) in merged.items():
+        theirs = conf.get(key, "").strip()
+        conf[key] = f"{ours}{sep}{theirs}" if theirs else ours
+    return conf
+
+
 def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
     """spark-operator ScheduledSparkApplication running the aggregation job.
 
@@ -934,9 +964,7 @@ def scheduled_spark_application(spec: FleetSpec) -> dict[str, Any]:
     }
     app_volumes: dict[str, Any] = {"volumes": volumes} if volumes else {}
     pod_mounts: dict[str, Any] = {"volumeMounts": mounts} if mounts else {}
-    conf: dict[str, Any] = {}
-    if agg.spark_conf:
-        conf["sparkConf"] = dict(agg.spark_conf)
+    conf: dict[str, Any] = {"sparkConf": driver_class_archive_conf(agg.spark_conf)}
     if agg.hadoop_conf:
         # spark-operator passes each as spark.hadoop.<key> (e.g. fs.s3a.endpoint).
         conf["hadoopConf"] = dict(agg.hadoop_conf)

@@ -77,6 +77,10 @@ S3_SECRET_KEY_FILE = "secret-access-key"
 BACKUP_FLEET_LABEL = f"{GROUP}/eventserver"
 BACKUP_SCHEDULED_LABEL = f"{GROUP}/scheduled"
 SPARK_MAIN = "local:///opt/eventfleet/aggregate.py"
+# The job image's class-data-sharing archive of the driver JVM's classes and the jar
+# that fixes the class path it was written with (eventfleet_spark.image_archive).
+SPARK_CLASS_ARCHIVE = "/opt/eventfleet/cds/spark-driver.jsa"
+SPARK_CLASSPATH_JAR = "/opt/eventfleet/cds/spark-classpath.jar"
 # spec.tls with aggregation: the fleet CA (only ca.crt) in the driver and executors.
 SPARK_TLS_CA_DIR = "/var/run/secrets/eventfleet-ca"
 

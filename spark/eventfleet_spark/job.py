@@ -22,7 +22,7 @@ from typing import TextIO
 from eventfleet_server.common.jsonfmt import timestamp_to_iso
 from eventfleet_server.common.model import timestamp_from_us
 
-from eventfleet_spark import class_archive, timeplan
+from eventfleet_spark import class_archive, image_archive, timeplan
 from eventfleet_spark import options as job_options
 from eventfleet_spark.class_archive import ArchivePlan as ClassArchive
 from eventfleet_spark.endpoints import parse_endpoints
@@ -216,6 +216,15 @@ def run(
                 file=sys.stderr,
             )
         spark = spark_session(opts.master, archive)
+        if not starts_own_jvm(opts.master):
+            # spark-submit started the JVM (the operator's driver pod): say whether it
+            # maps the image's class archive (eventfleet_spark.image_archive).
+            verdict = image_archive.driver_verdict(
+                spark.sparkContext.getConf().get("spark.driver.extraJavaOptions", ""),
+                os.getppid(),
+            )
+            if verdict:
+                print(f"eventfleet aggregate: {verdict}", file=sys.stderr, flush=True)
     try:
         return _run_windows(opts, spark, now_us, out, progress)
     finally:

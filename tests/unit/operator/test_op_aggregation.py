@@ -13,7 +13,7 @@ import kubernetes_validate
 import op_k8s_schema as k8s_schema
 import pytest
 import yaml
-from eventfleet_operator import builders, model, status
+from eventfleet_operator import builders, model, naming, status
 from eventfleet_operator.constants import ConditionType
 from op_pass import Harness
 
@@ -104,7 +104,10 @@ def test_s3a_output_with_credentials_from_a_secret_and_hadoop_conf():
     assert not spec.aggregation.output_is_ephemeral
     tmpl = spark_app(spec)["spec"]["template"]
     assert argument(tmpl, "--output") == "s3a://events/aggregates"
-    assert tmpl["sparkConf"] == aggregation["sparkConf"]
+    assert tmpl["sparkConf"] == {
+        **aggregation["sparkConf"],
+        **builders.driver_class_archive_conf({}),
+    }
     # spark-operator adds the spark.hadoop. prefix itself.
     assert tmpl["hadoopConf"] == aggregation["hadoopConf"]
     assert "volumes" not in tmpl
@@ -120,8 +123,10 @@ def test_default_output_is_ephemeral_and_nothing_extra_is_rendered():
     assert spec.aggregation.output == model.EPHEMERAL_AGGREGATION_OUTPUT
     assert spec.aggregation.output_is_ephemeral
     tmpl = spark_app(spec)["spec"]["template"]
-    for key in ("volumes", "sparkConf", "hadoopConf"):
+    for key in ("volumes", "hadoopConf"):
         assert key not in tmpl
+    # Only the driver's class archive settings (test_driver_maps_the_image_class_archive).
+    assert tmpl["sparkConf"] == builders.driver_class_archive_conf({})
     assert [e["name"] for e in tmpl["driver"]["env"]] == ["EVENTFLEET_TOKEN"]
 
 
@@ -433,3 +438,42 @@ async def test_status_reports_the_last_runs_result_and_counts():
     last = status_now["aggregation"]["lastResult"]
     assert last == {"run": run, "finishedAt": "2026-11-26T21:10:37Z", "exitCode": 0, **RUN_RESULT}
     assert status_errors(status_now) == []  # valid for our CRD's status schema
+
+
+def test_driver_maps_the_image_class_archive():
+    """The driver's JVM maps the job image's CDS archive, with the class path it was
+    written with (the image's classpath jar first); nothing else is asked of it."""
+    conf = spark_app(fleet({}))["spec"]["template"]["sparkConf"]
+    assert conf == {
+        "spark.driver.extraJavaOptions": f"-XX:SharedArchiveFile={naming.SPARK_CLASS_ARCHIVE}"
+        " -Xlog:disable -Xlog:all=warning:stderr:uptime,level,tags",
+        "spark.driver.extraClassPath": naming.SPARK_CLASSPATH_JAR,
+    }
+    # Never -Xshare:on: an image without the archive (a user's own) must still run.
+    assert "-Xshare" not in conf["spark.driver.extraJavaOptions"]
+
+
+def test_users_driver_options_and_class_path_follow_the_archive_settings():
+    """The user's own values are kept, after ours: later JVM options win (-Xshare:off
+    turns the archive off), and the archive's class path must come first."""
+    user = {
+        "spark.driver.extraJavaOptions": "-Xshare:off -Dx=1",
+        "spark.driver.extraClassPath": "/opt/extra/a.jar",
+        "spark.jars.packages": "org.apache.hadoop:hadoop-aws:3.4.1",
+    }
+    conf = spark_app(fleet({"sparkConf": user}))["spec"]["template"]["sparkConf"]
+    assert conf["spark.driver.extraJavaOptions"] == (
+        f"{builders.SPARK_DRIVER_JAVA_OPTIONS} -Xshare:off -Dx=1"
+    )
+    assert conf["spark.driver.extraClassPath"] == f"{naming.SPARK_CLASSPATH_JAR}:/opt/extra/a.jar"
+    assert conf["spark.jars.packages"] == user["spark.jars.packages"]
+    # Pure: the parsed spec's mapping is not changed.
+    assert dict(fleet({"sparkConf": user}).aggregation.spark_conf) == user
+
+
+def test_operator_and_image_name_the_same_archive_paths():
+    from eventfleet_spark import image_archive
+
+    assert naming.SPARK_CLASS_ARCHIVE == image_archive.ARCHIVE
+    assert naming.SPARK_CLASSPATH_JAR == image_archive.CLASSPATH_JAR
+    assert builders.SPARK_DRIVER_JAVA_OPTIONS == image_archive.java_options()
