@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from eventfleet_operator import builders, model, naming, rollout
+from eventfleet_operator import builders, followup, model, naming, rollout
 from eventfleet_operator.rollout import PodState
 from op_fakes import status_doc
 from op_pass import Harness
@@ -422,3 +422,27 @@ async def test_a_plain_scale_up_never_reports_a_rollout():
     assert seen == ["False"] * 4
     ready = f.h.condition("Ready")
     assert (ready["reason"], ready["message"]) == ("ReplicasNotReady", "3 of 4 replicas ready")
+
+
+async def test_every_pass_of_a_rollout_is_followed_up_until_ready():
+    """The operator does not watch pods: while a pass leaves the fleet rolling out (or
+    Ready=False until pods are ready) the follow-up timer runs the next pass within
+    seconds, so each step, and Ready after the last one, do not wait for the resync;
+    the pass that ends the rollout writes Progressing=False and Ready=True together."""
+    f = Fleet(3)
+    status = await f.run()
+    assert followup.needed(status)  # pods created, none ready yet: ReplicasNotReady
+    f.all_ready()
+    await f.run()
+    status = await f.run()
+    assert f.h.condition("Ready")["status"] == "True"
+    assert not followup.needed(status)  # an idle, ready fleet: the resync alone
+    f.h.set_spec({"replicas": 3, "image": "x:2"})
+    seen = []
+    for _ in range(8):
+        status = await f.run()
+        seen.append(followup.needed(status))
+        if f.h.condition("Progressing")["status"] == "False":
+            break
+    assert f.h.condition("Ready")["status"] == "True" and status["updatedReplicas"] == 3
+    assert len(seen) >= 3 and all(seen[:-1]) and not seen[-1], seen
