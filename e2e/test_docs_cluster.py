@@ -6,8 +6,8 @@ docs/quickstart.md (load an image without a registry, install the operator, crea
 fleet, what the operator made, use it through a port-forward and from a pod, the
 plugin, back it up, scale, watch and delete) and of docs/runbook.md (back up by the
 operator and by hand, replace a lost volume, upgrade the operator and the replicas,
-turn on TLS, scale, restore the whole fleet from a backup, restore by hand from a copy
-on disk) run through bash as a reader
+turn on TLS, grow the volumes, scale, restore the whole fleet from a backup, find that backup in the
+bucket alone with the AWS CLI, restore by hand from a copy on disk) run through bash as a reader
 pastes them, with
 the cluster admin's kubeconfig, in the namespaces the docs name (``eventfleet-system``
 for the operator, ``default`` for the quick start's fleet). A command that drifts from
@@ -53,6 +53,8 @@ from e2e.cluster.fixtures import _delete_kept_crds
 from e2e.cluster.layout import CONTAINERD_SOCKET, NODE_IP, ROOT
 from e2e.doc_blocks import DocShell, block_places, cluster_blocks, section
 from e2e.operator_helpers import condition, wait_for
+from tests.s3server import ACCESS_KEY as S3_ACCESS_KEY
+from tests.s3server import SECRET_KEY as S3_SECRET_KEY
 from tests.s3server import S3Server, running_s3
 
 pytest_plugins = ["e2e.cluster.fixtures"]
@@ -387,6 +389,23 @@ def test_runbook_turns_on_tls(reader: DocShell, default: ClusterKubectl):
     assert (reader.workdir / "ca.crt").read_text() == ca
 
 
+def test_runbook_grows_the_volumes(reader: DocShell, default: ClusterKubectl):
+    """The page's size (20Gi) through the cluster provisioner's resizer (hostPath volumes:
+    the claims' and volumes' capacity), with no pod restarted on the way."""
+    before = pods(default)
+    ((_, block),) = cluster_blocks(RUNBOOK, "Grow the volumes")
+    out = reader.run(block, where="Grow the volumes")
+    assert out.splitlines()[0] == "true", out  # the class allows expansion
+    for i in range(3):
+        claim = default.get("persistentvolumeclaim", f"data-demo-{i}")
+        assert claim["status"]["capacity"]["storage"] == "20Gi", claim["status"]
+        # What the page prints: each claim's request and capacity.
+        assert [f"data-demo-{i}", "20Gi", "20Gi"] in [line.split() for line in out.splitlines()]
+    assert condition(default.get("eventserver", "demo"), "StorageResizing")["reason"] == "Resized"
+    assert pods(default) == before  # same pods (uids), no restarts
+    wait_for(lambda: ready(default), timeout=300, what="demo Ready after the growth")
+
+
 def test_runbook_and_quickstart_scale_then_delete(reader: DocShell, default: ClusterKubectl):
     ((_, up),) = cluster_blocks(RUNBOOK, "Scale")
     reader.run(up, where="the runbook's scale-up")
@@ -415,9 +434,24 @@ def test_runbook_restores_the_whole_fleet_from_a_backup(
     # The whole fleet lost: the EventServer gone (the previous test) and every volume.
     default.run("delete", "pvc", "-l", "app.kubernetes.io/instance=demo", "--timeout=120s")
     backup = default.get("eventserverbackup", journey["backup"])["status"]
-    # The section's first block; the fallback by hand (its subsection) is the next test.
-    (_, block), *_ = cluster_blocks(RUNBOOK, "Restore")
-    place, *_ = block_places(RUNBOOK, "Restore")
+    # The section's first two blocks; the fallback by hand (its subsection) is the next test.
+    (_, block), (_, from_bucket), *_ = cluster_blocks(RUNBOOK, "Restore")
+    place, bucket_place, *_ = block_places(RUNBOOK, "Restore")
+    # Without the EventServerBackup objects: the bucket alone names the same copy (the
+    # journey's backup is the newest), through the AWS CLI as the page runs it.
+    documented_s3 = "S3=http://minio.example.com:9000 "
+    assert documented_s3 in from_bucket, from_bucket
+    credentials = (
+        f"export AWS_ACCESS_KEY_ID={S3_ACCESS_KEY} AWS_SECRET_ACCESS_KEY={S3_SECRET_KEY}"
+        " AWS_DEFAULT_REGION=us-east-1\n"
+    )  # a reader's `aws configure`
+    out = reader.run(
+        credentials + from_bucket.replace(documented_s3, f"S3={s3.endpoint_url} "),
+        where=bucket_place,
+    )
+    assert out.strip().splitlines()[-1] == (
+        f"KEY={backup['objectKey']} SHA256={backup['digest']['sha256']}"
+    ), out
     documented = ("BACKUP=demo-202611210300 ", "http://minio.backup.svc:9000")
     assert all(d in block for d in documented), block
     reader.run(
@@ -455,9 +489,10 @@ def test_blocks_are_found():
         (RUNBOOK, "Hibernate and wake a fleet"): 2,
         (RUNBOOK, "Upgrade"): 2,
         (RUNBOOK, "Rotate the tokens"): 2,
-        (RUNBOOK, "Restore"): 4,  # its own block and its subsection's three
+        (RUNBOOK, "Restore"): 5,  # its own two blocks and its subsection's three
         (RUNBOOK, "By hand (fallback: a copy on disk)"): 3,
         (RUNBOOK, "Replace a lost volume"): 1,
+        (RUNBOOK, "Grow the volumes"): 1,
         (RUNBOOK, "Rotate the Event BUS CURVE server key"): 2,
     }
     for (path, heading), count in counts.items():

@@ -867,10 +867,10 @@ def test_growing_the_volumes_on_the_real_api_server(kubectl, operator_release, t
     volumes the cluster's provisioner made, and the real StatefulSet controller adopting
     the running pods into the recreated StatefulSet.
 
-    Not real here: the resize itself. The cluster's provisioner makes hostPath volumes,
-    which no resizer can grow (no CSI driver or external-resizer is built from the module
-    proxy), so this test plays the external-resizer and the kubelet's file-system step
-    as an administrator: the PV's capacity, then the claim's ``status.capacity``."""
+    The resize itself is the cluster provisioner's resizer (a hostPath volume has no size
+    of its own: the PV's capacity, then the claim's ``status.capacity``). The class here
+    is a second, expandable one of the same provisioner; the default class allows
+    expansion too (the runbook's journey, e2e/test_docs_cluster.py)."""
     cls = f"expandable-{kubectl.namespace}"
     kubectl.apply(
         {
@@ -911,28 +911,7 @@ def _grow(kubectl: ClusterKubectl, cls: str, tmp_path: pathlib.Path) -> None:
         "patch", "eventserver/grow", "--type=merge", "-p", '{"spec":{"storage":{"size":"3Gi"}}}'
     )
 
-    def resizer() -> bool:
-        """The external-resizer's and the kubelet's part, for claims that asked for more."""
-        done = True
-        for i in (0, 1):
-            claim = kubectl.get("persistentvolumeclaim", f"data-grow-{i}")
-            want = claim["spec"]["resources"]["requests"]["storage"]
-            if want != "3Gi":
-                done = False
-                continue
-            if claim["status"].get("capacity", {}).get("storage") != want:
-                kubectl.run(
-                    "patch", "pv", claim["spec"]["volumeName"], "--type=merge", "-p",
-                    json.dumps({"spec": {"capacity": {"storage": want}}}),
-                )  # fmt: skip
-                kubectl.run(
-                    "patch", "pvc", f"data-grow-{i}", "--subresource=status", "--type=merge",
-                    "-p", json.dumps({"status": {"capacity": {"storage": want}}}),
-                )  # fmt: skip
-        return done
-
     def resized():
-        resizer()
         c = condition(kubectl.get("eventserver", "grow"), "StorageResizing")
         return c.get("reason") == "Resized" and c
 

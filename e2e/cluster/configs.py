@@ -207,7 +207,8 @@ COREFILE = f"""{CLUSTER_DOMAIN}:1053 in-addr.arpa:1053 {{
 
 def addons() -> list[dict]:
     """CoreDNS (non-root, port 1053 behind the kube-dns Service) and the default
-    StorageClass of the hostPath provisioner (no volume expansion: no resizer)."""
+    StorageClass of the hostPath provisioner, which grows claims (its resizer: a
+    hostPath volume's size is only the PV's and the claim's bookkeeping)."""
     labels = {"k8s-app": "kube-dns"}
     ns = "kube-system"
     return [
@@ -319,5 +320,6 @@ def addons() -> list[dict]:
             "provisioner": PROVISIONER_NAME,
             "reclaimPolicy": "Delete",
             "volumeBindingMode": "Immediate",
+            "allowVolumeExpansion": True,
         },
     ]

@@ -3,7 +3,7 @@
 // Every claim of its StorageClass gets a hostPath PersistentVolume: a directory below
 // -dir, mode 0777 because hostPath volumes get no fsGroup and the replicas run as a
 // non-root user. Deleting the volume (reclaim policy Delete) removes the directory.
-// Volume expansion is not offered: there is no resizer for hostPath volumes.
+// Growing a claim is the resizer's (resizer.go): its StorageClass must allow expansion.
 package main
 
 import (
@@ -75,8 +75,10 @@ func main() {
 		klog.Fatalf("-dir %q: %v", *root, err)
 	}
 	ctx := context.Background()
+	client := kubernetes.NewForConfigOrDie(cfg)
+	go runResizer(ctx, client, abs)
 	controller.NewProvisionController(
-		ctx, kubernetes.NewForConfigOrDie(cfg), *name, &hostPathProvisioner{root: abs},
+		ctx, client, *name, &hostPathProvisioner{root: abs},
 		controller.LeaderElection(false),
 	).Run(ctx)
 }
