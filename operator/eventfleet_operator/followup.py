@@ -11,7 +11,9 @@ watch event that re-evaluates the filter):
   30 s resync a three-replica rollout took about 30 s a pod);
 * ``Ready=False`` only because pods are starting or the StatefulSet's status catches up
   (:data:`WAITING_FOR_PODS`): a new fleet, a scale-up, a pod the kubelet restarted;
-* a token change on its way to the replicas (:func:`secretrefs.tokens_settling`).
+* a token change on its way to the replicas (:func:`secretrefs.tokens_settling`);
+* a volume growth under way (``StorageResizing=True``): the claims' capacity is the
+  storage side's answer, and the StatefulSet is recreated once every claim has it.
 
 A fleet whose pods never get ready is therefore passed every few seconds until they
 are (or until its status says something else). Pure: no Kopf, no API calls.
@@ -43,6 +45,13 @@ def waiting_for_pods(status: Mapping[str, Any] | None) -> bool:
     return ready.get("status") == ConditionStatus.FALSE and ready.get("reason") in WAITING_FOR_PODS
 
 
+def resizing(status: Mapping[str, Any] | None) -> bool:
+    """Does the last written status wait for claims to grow (``StorageResizing=True``)?"""
+    conditions = (status or {}).get("conditions")
+    resize = find_condition(conditions, ConditionType.STORAGE_RESIZING)
+    return resize.get("status") == ConditionStatus.TRUE
+
+
 def needed(status: Mapping[str, Any] | None) -> bool:
     """Should the pass run again within seconds (the ``follow-up`` timer's filter)?"""
-    return waiting_for_pods(status) or secretrefs.tokens_settling(status)
+    return waiting_for_pods(status) or secretrefs.tokens_settling(status) or resizing(status)

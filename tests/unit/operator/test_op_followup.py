@@ -40,6 +40,9 @@ DONE = ("False", "RolloutComplete")
         # The token reload it took over from the tokens-settling timer.
         (conditions(Ready=READY, TokensLoaded=("False", "TokensReloading")), True),
         ({**conditions(Ready=READY), "peerTokenRotation": {"step": "Swapping"}}, True),
+        # A volume growth: the claims' capacity and the StatefulSet's recreation.
+        (conditions(Ready=READY, StorageResizing=("True", "Resizing")), True),
+        (conditions(Ready=READY, StorageResizing=("False", "Resized")), False),
     ],
 )
 def test_which_statuses_are_followed_up(status, needed):
