@@ -22,6 +22,7 @@ from eventfleet_operator import (
     PLURAL,
     VERSION,
     backups,
+    followup,
     kube,
     metrics,
     model,
@@ -38,10 +39,11 @@ from eventfleet_operator.status import find_condition
 
 # Seconds before a pass refused for a transient reason is retried (see run_pass).
 TRANSIENT_RETRY_SECONDS = 2
-# While a token change is on its way to the replicas (secretrefs.tokens_settling), the
-# replicas are re-read this often (at most every resync): TokensLoaded and each step of a
-# peer-token rotation then follow the replicas' reload within seconds.
-TOKENS_SETTLING_POLL_SECONDS = 3.0
+# While the last status waits for what the operator does not watch (followup.needed: pods
+# of a rollout or a new fleet getting ready, replicas reloading tokens), the pass runs this
+# often (at most every resync): each rollout step, Ready, TokensLoaded and each step of a
+# peer-token rotation then follow within seconds instead of at the next resync.
+FOLLOW_UP_SECONDS = 3.0
 
 
 def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -61,8 +63,8 @@ def configure_settings(settings: kopf.OperatorSettings, config: OperatorConfig) 
 
 class QuietResync(logging.Filter):
     """Drop Kopf's "Timer 'resync' succeeded." line: one per fleet per resync is noise;
-    so are the same line of the tokens-settling timer (every few seconds while tokens
-    reload), "Handler 'secret-changed' succeeded." (one per change of any Secret in
+    so are the same line of the follow-up timer (every few seconds while pods start or
+    tokens reload), "Handler 'secret-changed' succeeded." (one per change of any Secret in
     the watched namespaces, most of them no fleet's) and "Handler 'requests-changed'
     succeeded." (one per event of an EventServer, status writes included).
 
@@ -72,7 +74,7 @@ class QuietResync(logging.Filter):
     QUIET = frozenset(
         {
             "Timer 'resync' succeeded.",
-            "Timer 'tokens-settling' succeeded.",
+            "Timer 'follow-up' succeeded.",
             "Handler 'secret-changed' succeeded.",
             "Handler 'requests-changed' succeeded.",
         }
@@ -307,16 +309,19 @@ def register(registry: kopf.OperatorRegistry, config: OperatorConfig) -> None:
         # Kopf gives `settings` to activity handlers only: the startup's, kept in the memo.
         await secret_changed(event.get("type"), namespace, name, secret_refs, memo, memo.settings)
 
+    # Only while the last status waits for pods or replicas (followup.needed): Kopf starts
+    # and stops a timer as its filter starts and stops matching, and every status write
+    # is a watch event. Its passes queue behind the others of the fleet (run_pass's lock).
     @kopf.timer(
         **resource,
         registry=registry,
-        id="tokens-settling",
-        interval=min(TOKENS_SETTLING_POLL_SECONDS, config.resync_seconds),
-        initial_delay=min(TOKENS_SETTLING_POLL_SECONDS, config.resync_seconds),
+        id="follow-up",
+        interval=min(FOLLOW_UP_SECONDS, config.resync_seconds),
+        initial_delay=min(FOLLOW_UP_SECONDS, config.resync_seconds),
         errors=kopf.ErrorsMode.IGNORED,  # the next tick is the retry
-        when=lambda status, **_: secretrefs.tokens_settling(status),
+        when=lambda status, **_: followup.needed(status),
     )
-    async def on_tokens_settling(
+    async def on_follow_up(
         body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any
     ) -> None:
         await run_pass(body, memo, logger)

@@ -155,7 +155,7 @@ async def _apply_children(
     pods = await observe.pods(ctx, spec)
     schema_version, schema_error = observe.schema(spec, previous, peers, pods)
     plan = await rollout.reconcile(
-        ctx, spec, sts_after, pods, peers, decision, growth.frozen, log, emit, token
+        ctx, spec, sts_after, pods, peers, decision, growth.frozen, previous, log, emit, token
     )
     return dataclasses.replace(
         obs,

@@ -13,6 +13,15 @@ step, highest ordinal first:
    and then deleted; the StatefulSet recreates it from the new template;
 3. the next step waits until that pod is ready and every replica is in sync again.
 
+The rollout is complete when every pod of ordinals ``0..replicas-1`` runs the update
+revision **and is ready** (its replica, the kubelet and the StatefulSet's count: what
+``Ready`` reads), not as soon as no pod is left on an old revision: otherwise
+``Progressing=False`` would be written while the last replaced pod starts. Pods only
+missing or not ready are a rollout's tail only while a rollout was under way (the last
+pass wrote ``Progressing=True``): between the deletion of the last old pod and its
+replacement's creation, nothing in the pods tells a replacement from a scale-up, and a
+scale-up (or a pod that crashes later) is not a rollout.
+
 Revisions are the operator's own: ``eventfleet.io/revision`` on the pod template is a
 hash of the rest of the template, and every pod carries the annotation of the template
 it was made from (on any StatefulSet strategy, on any cluster).
@@ -35,7 +44,8 @@ class PodState:
     ordinal: int
     exists: bool = True
     revision: str = ""
-    ready: bool = False
+    ready: bool = False  # its replica answers /status ready
+    pod_ready: bool = False  # the kubelet's Ready condition (Service, PDB, StatefulSet)
     image: str = ""
     config_hash: str = ""
     restart: str = ""
@@ -53,12 +63,18 @@ class PodState:
             ordinal,
             revision=notes.get(naming.REVISION_ANNOTATION, ""),
             ready=ready,
+            pod_ready=kubelet_ready(pod),
             image=containers[0].get("image", ""),
             config_hash=notes.get(naming.CONFIG_HASH_ANNOTATION, ""),
             restart=notes.get(naming.RESTART_ANNOTATION, ""),
             uid=meta.get("uid", ""),
             terminating=bool(meta.get("deletionTimestamp")),
         )
+
+    @property
+    def available(self) -> bool:
+        """Serving: its replica ready, the pod Ready for the kubelet, not shutting down."""
+        return self.exists and self.ready and self.pod_ready and not self.terminating
 
     @classmethod
     def desired(cls, statefulset: Mapping[str, Any]) -> PodState:
@@ -79,15 +95,39 @@ class Plan:
     replace: int | None = None  # ordinal to delete now
     check_first: bool = False  # flush and verify before deleting it (it is serving)
     waiting: str = ""  # why no step is taken (when incomplete)
+    # Every pod is on the update revision, but the rollout's last replacements are not
+    # all ready yet (or not yet created): the rollout is not complete.
+    finishing: bool = False
 
     @property
     def complete(self) -> bool:
-        """No pod on an old revision (pods still to be created are not a rollout)."""
-        return self.stale == 0
+        """No pod on an old revision and, after a rollout, every pod ready again."""
+        return self.stale == 0 and not self.finishing
 
 
-def plan(pods: Sequence[PodState], replicas: int, update_revision: str, synced: bool) -> Plan:
-    """The next step of the rollout for the pods of ordinals ``0..replicas-1``."""
+def kubelet_ready(pod: Mapping[str, Any]) -> bool:
+    """Is the pod's ``Ready`` condition True (what its Service and PDB go by)?"""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == "Ready":
+            return c.get("status") == "True"
+    return False
+
+
+def plan(
+    pods: Sequence[PodState],
+    replicas: int,
+    update_revision: str,
+    synced: bool,
+    in_progress: bool = False,
+    counted_ready: int | None = None,
+) -> Plan:
+    """The next step of the rollout for the pods of ordinals ``0..replicas-1``.
+
+    ``in_progress``: the last pass reported a rollout under way (``Progressing=True``);
+    only then do missing or unready pods on the update revision keep it incomplete.
+    ``counted_ready``: the StatefulSet's ``status.readyReplicas``, which ``Ready`` also
+    reads (None: not known); the rollout completes only once it counts every replica.
+    """
     present = [p for p in pods if p.ordinal < replicas]
     updated = sum(1 for p in present if p.exists and p.revision == update_revision)
     old = collections.Counter(
@@ -101,7 +141,7 @@ def plan(pods: Sequence[PodState], replicas: int, update_revision: str, synced: 
     )
     base = Plan(update_revision, current, updated, replicas, stale=len(stale))
     if not stale:
-        return base
+        return _tail(base, present, counted_ready) if in_progress else base
     # A deleted pod shuts down for up to its grace period and is still listed, on its
     # old revision: deleting it again would only repeat the step (and its Event), and
     # replacing another one meanwhile would take two replicas down at once.
@@ -113,7 +153,7 @@ def plan(pods: Sequence[PodState], replicas: int, update_revision: str, synced: 
     broken = [p for p in stale if not p.ready]
     if broken:
         return dataclasses.replace(base, replace=broken[0].ordinal)
-    not_ready = [p.ordinal for p in present if not (p.exists and p.ready)]
+    not_ready = [p.ordinal for p in present if not p.available]
     if not_ready:
         return dataclasses.replace(
             base, waiting=f"waiting for ordinal(s) {_names(not_ready)} to be ready"
@@ -121,6 +161,27 @@ def plan(pods: Sequence[PodState], replicas: int, update_revision: str, synced: 
     if not synced:
         return dataclasses.replace(base, waiting="waiting for every replica to be in sync")
     return dataclasses.replace(base, replace=stale[0].ordinal, check_first=True)
+
+
+def _tail(base: Plan, present: Sequence[PodState], counted_ready: int | None) -> Plan:
+    """A rollout under way with no pod left on an old revision: complete once every pod
+    exists on the update revision and is ready, and the StatefulSet counts them."""
+    serving = {p.ordinal for p in present if p.revision == base.update_revision and p.available}
+    waiting = [o for o in range(base.replicas) if o not in serving]
+    if waiting:
+        return dataclasses.replace(
+            base,
+            finishing=True,
+            waiting=f"waiting for ordinal(s) {_names(waiting)} to be ready on the new revision",
+        )
+    if counted_ready is not None and counted_ready < base.replicas:
+        return dataclasses.replace(
+            base,
+            finishing=True,
+            waiting=f"waiting for the StatefulSet to count every replica ready "
+            f"({counted_ready} of {base.replicas})",
+        )
+    return base
 
 
 def _names(ordinals: Sequence[int]) -> str:

@@ -28,7 +28,7 @@ from eventfleet_operator.constants import (
     Reason,
 )
 from eventfleet_operator.replicas import ReplicaStatus
-from eventfleet_operator.rollout import Plan
+from eventfleet_operator.rollout import Plan, kubelet_ready
 from eventfleet_operator.scaling import Decision
 
 IN_SYNC_STATES = ("synced", "connected")
@@ -148,14 +148,9 @@ class PodCounts:
             for ordinal, pod in pods.items()
             if ordinal < replicas
             and not (pod.get("metadata") or {}).get("deletionTimestamp")
-            and _pod_ready(pod)
+            and kubelet_ready(pod)
         )
         return cls(present=len(pods), ready=ready)
-
-
-def _pod_ready(pod: Mapping[str, Any]) -> bool:
-    conditions = (pod.get("status") or {}).get("conditions") or []
-    return find_condition(conditions, "Ready").get("status") == "True"
 
 
 def _statefulset_lag(sts: Mapping[str, Any] | None) -> str:
@@ -617,9 +612,13 @@ def _rollout_message(plan: Plan) -> str:
         if plan.replace is not None
         else plan.waiting or "waiting for the next step"
     )
+    # No pod left on the old revision (the rollout's tail): it is no longer known.
+    origin = (
+        f" (from {plan.current_revision})" if plan.current_revision != plan.update_revision else ""
+    )
     return (
-        f"{plan.updated} of {plan.replicas} replicas on revision {plan.update_revision} "
-        f"(from {plan.current_revision}); {step}"
+        f"{plan.updated} of {plan.replicas} replicas on revision {plan.update_revision}"
+        f"{origin}; {step}"
     )
 
 

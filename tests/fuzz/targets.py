@@ -6,6 +6,7 @@ driver (``scripts/fuzz``, long runs; docs/security.md records them)."""
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import json
 import logging
@@ -60,39 +61,38 @@ REACHED: collections.Counter[str] = collections.Counter()
 
 
 class _Transport:
-    def get_write_buffer_size(self) -> int:
-        return 0
-
-    def abort(self) -> None:
-        pass
-
-
-class _Writer:
-    """Enough of a StreamWriter for `Connection` to read (nothing is ever written)."""
-
-    transport = _Transport()
+    """Enough of a transport for `Connection` to read (nothing is ever written)."""
 
     def get_extra_info(self, name):
         return ("127.0.0.1", 1)
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def write(self, data) -> None:
+        pass
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
         pass
 
     def close(self) -> None:
         pass
 
-    async def drain(self) -> None:
-        pass
-
-    async def wait_closed(self) -> None:
+    def abort(self) -> None:
         pass
 
 
 async def _read_frames(data: bytes) -> int:
-    reader = asyncio.StreamReader(limit=1 << 20)
-    reader.feed_data(data)
-    reader.feed_eof()
-    conn = chatter_connection.Connection(reader, _Writer(), max_msg_size=64 * 1024, ping_delay=None)
+    conn = chatter_connection.Connection(max_msg_size=64 * 1024, ping_delay=None)
+    conn.connection_made(_Transport())
+    # In two pieces: a frame split across reads takes the buffering path too.
+    half = len(data) // 2
+    conn.data_received(data[:half])
+    conn.data_received(data[half:])
+    conn.connection_lost(None)
     count = 0
     try:
         while True:
@@ -180,6 +180,8 @@ def syncer_events(data: bytes) -> None:
 
 
 _CONFIG_DIR = pathlib.Path(tempfile.mkdtemp(prefix="eventfleet-fuzz-"))
+# Made at import (every test run and fuzz session): removed at exit, not left in /tmp.
+atexit.register(shutil.rmtree, _CONFIG_DIR, ignore_errors=True)
 
 
 def config_yaml(data: bytes) -> None:

@@ -351,3 +351,33 @@ async def test_an_answer_committed_while_the_eventer_stops_still_leaves(replica)
         assert [e.type for e in created] == [("stopping", "1")]
     finally:
         await client.async_close()
+
+
+async def test_pipelined_requests_around_a_sliced_one_keep_their_order(replica):
+    """Messages are handled as they are read; a request too large for one slice is
+    decoded by a task with the reading of the others held: the registers pipelined
+    behind it still get their ids in the order the client sent them, and a query
+    behind them is answered."""
+    from eventfleet_server.eventer.wire import CHUNK_EVENTS
+
+    client = await hat_client.connect(addr(replica), "test/order")
+    try:
+        big = [reg(("order", "big", str(i))) for i in range(CHUNK_EVENTS * 2 + 1)]
+        requests = [[reg(("order", "small", "0"))], big] + [
+            [reg(("order", "small", str(i)))] for i in range(1, 6)
+        ]
+        async with asyncio.timeout(20):
+            results = await asyncio.gather(
+                *(client.register(r, True) for r in requests),
+                client.query(hat.QueryLatestParams([("order", "small", "5")])),
+            )
+        answers, latest = results[:-1], results[-1]
+        assert [len(a) for a in answers] == [len(r) for r in requests]
+        sessions = [a[0].id.session for a in answers]
+        assert sessions == sorted(sessions) and len(set(sessions)) == len(sessions)
+        instances = [e.id.instance for a in answers for e in a]
+        assert instances == sorted(instances)
+        # The query behind them is answered too (from what was committed by then).
+        assert {e.id for e in latest.events} <= {answers[-1][0].id}
+    finally:
+        await client.async_close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from eventfleet_server import chatter
 from eventfleet_server.chatter.listener import ChatterListener
 from eventfleet_server.listener import AdmissionLimits, Rejections
@@ -101,3 +102,82 @@ def test_hand_built_frames_are_the_codecs_and_parse_back():
                         )
                         assert msg.conv == chatter.Conversation(not owner, first)
                         assert msg.first == (owner and first == msg_id)
+
+
+class _Transport:
+    """The transport side a `Connection` writes to and pauses (a real socket's would do;
+    this one keeps what is written and the reading state for the asserts)."""
+
+    def __init__(self):
+        self.written = bytearray()
+        self.reading = True
+        self.closed = False
+
+    def get_extra_info(self, name):
+        return ("127.0.0.1", 1)
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+    def write(self, data) -> None:
+        self.written += data
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
+
+    def close(self) -> None:
+        self.closed = True
+
+    def abort(self) -> None:
+        self.closed = True
+
+
+def _frame(msg_id: int, msg_type: str, data: bytes) -> bytes:
+    from eventfleet_server.chatter.connection import _frame_head
+
+    return _frame_head(msg_id, msg_id, True, True, True, msg_type, len(data)) + data
+
+
+async def test_frames_split_anywhere_are_dispatched_in_order_across_pauses():
+    """Frames are parsed as bytes arrive (`data_received`), however the reads split
+    them; a handler that pauses the dispatch (for async work) gets the messages read
+    meanwhile after `resume_dispatch`, in order; pings are answered as they arrive;
+    messages queued for `receive` before `set_handler` come first."""
+    frames = [_frame(i, f"T.Msg{i}", bytes([i]) * (i * 37 % 300)) for i in range(1, 40)]
+    ping = _frame(99, "HatChatter.Ping", b"")
+    stream = frames[0] + ping + b"".join(frames[1:])
+    for step in (1, 7, 64, len(stream)):
+        conn = chatter.Connection(ping_delay=None)
+        transport = _Transport()
+        conn.connection_made(transport)
+        conn.data_received(stream[:1])
+        conn.data_received(stream[1 : len(frames[0])])  # the first frame, queued
+        assert (await conn.receive()).type == "T.Msg1"
+        got: list[str] = []
+
+        def handler(msg, got=got, conn=conn):
+            got.append(msg.type)
+            if len(got) % 5 == 0:
+                conn.pause_dispatch()  # as a session awaiting a large request does
+
+        conn.set_handler(handler, lambda e: pytest.fail(f"frame error {e}"))
+        rest = stream[len(frames[0]) :]
+        for pos in range(0, len(rest), step):
+            conn.data_received(rest[pos : pos + step])
+            while conn._dispatch_paused:
+                conn.resume_dispatch()
+        assert got == [f"T.Msg{i}" for i in range(2, 40)], step
+        assert b"HatChatter.Pong" in transport.written  # the ping answered on arrival
+
+
+async def test_a_frame_error_reaches_the_handler_after_the_good_frames():
+    conn = chatter.Connection(ping_delay=None)
+    conn.connection_made(_Transport())
+    got, errors = [], []
+    conn.set_handler(lambda m: got.append(m.type), errors.append)
+    conn.data_received(_frame(1, "T.A", b"x") + b"\x09garbage")
+    assert got == ["T.A"]
+    assert len(errors) == 1 and "length-of-length byte 9" in str(errors[0])

@@ -52,7 +52,7 @@ async def observe_only(
         statefulset=sts,
         decision=scaling.Decision(target=count),
         peers=peers,
-        rollout=rollout.plan_of(spec, sts, pods, peers, count),
+        rollout=rollout.plan_of(spec, sts, pods, peers, count, previous),
         pods=status_mod.PodCounts.of(pods, spec.replicas),
         config_hash=str(previous.get("configHash") or ""),
         not_implemented=spec.not_implemented,

@@ -15,7 +15,7 @@ from typing import Any
 
 from eventfleet_operator import kube, model, naming, rollout, scaling
 from eventfleet_operator import status as status_mod
-from eventfleet_operator.constants import EventType, Reason
+from eventfleet_operator.constants import ConditionStatus, ConditionType, EventType, Reason
 from eventfleet_operator.reconcilers import volumes
 from eventfleet_operator.reconcilers.children import Context, Emit
 
@@ -26,7 +26,13 @@ def plan_of(
     pods: Mapping[int, Mapping[str, Any]],
     peers: Sequence[status_mod.PeerReport],
     count: int,
+    previous: Mapping[str, Any],
 ) -> rollout.Plan | None:
+    """The rollout as the pods, the replicas and the StatefulSet show it in this pass.
+
+    ``previous`` is the last status written: its ``Progressing=True`` says a rollout is
+    under way, so pods still missing or starting on the new revision are its tail.
+    """
     if sts is None:
         return None
     desired = rollout.PodState.desired(sts)
@@ -34,7 +40,15 @@ def plan_of(
     states = [rollout.PodState.of(i, pods.get(i), ready.get(i, False)) for i in range(count)]
     entries = [status_mod.peer_entry(p, [q.server_id for q in peers]) for p in peers]
     synced = bool(entries) and all(e.get("syncState") == "synced" for e in entries)
-    return rollout.plan(states, count, desired.revision, synced)
+    progressing = status_mod.find_condition(previous.get("conditions"), ConditionType.PROGRESSING)
+    return rollout.plan(
+        states,
+        count,
+        desired.revision,
+        synced,
+        in_progress=progressing.get("status") == ConditionStatus.TRUE,
+        counted_ready=int((sts.get("status") or {}).get("readyReplicas") or 0),
+    )
 
 
 async def roll(
@@ -97,6 +111,7 @@ async def reconcile(
     peers: Sequence[status_mod.PeerReport],
     decision: scaling.Decision,
     frozen: Sequence[str],
+    previous: Mapping[str, Any],
     log: logging.Logger,
     emit: Emit,
     token: str | None = None,
@@ -106,7 +121,7 @@ async def reconcile(
     Steady: not hibernating, no scale-down held, at its size and with no refused
     immutable change (``frozen``), so a replacement never races a scale or a resize.
     """
-    plan = plan_of(spec, sts, pods, peers, decision.target)
+    plan = plan_of(spec, sts, pods, peers, decision.target, previous)
     steady = not spec.hibernate and not decision.held and decision.target == spec.replicas
     if plan is not None and sts is not None:
         if spec.update_strategy == "Managed" and steady and not frozen:

@@ -1,4 +1,4 @@
-"""Hat Chatter transport over asyncio streams, wire-compatible with `hat.drivers.chatter`.
+"""Hat Chatter transport (an asyncio Protocol), wire-compatible with `hat.drivers.chatter`.
 
 Frame: 1 byte N, N-byte big-endian length L, then L bytes of an SBS ``HatChatter.Msg``
 whose ``data`` is ``{type, data}`` with a fully qualified message type.
@@ -22,6 +22,7 @@ from eventfleet_server.chatter.connection import (
 from eventfleet_server.chatter.listener import (
     ChatterListener,
     InitRejected,
+    frame_error_reason,
     messages,
     refuse,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "InitRejected",
     "Msg",
     "connect",
+    "frame_error_reason",
     "messages",
     "refuse",
     "serve",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -15,6 +16,9 @@ log = logging.getLogger(__name__)
 _PING = "HatChatter.Ping"
 _PONG = "HatChatter.Pong"
 DEFAULT_MAX_MSG_SIZE = 64 * 1024 * 1024
+# Bytes of received messages held (queued for `receive`, or while the dispatch is
+# paused) before the socket stops being read.
+_READ_BUFFER = 1 << 20
 # Above this many payload bytes the frame is built and parsed around the payload (no
 # whole-message copy through the C codec, which would hold the GIL for all of it).
 _LARGE = 64 * 1024
@@ -42,38 +46,247 @@ class Msg(NamedTuple):
     token: bool
 
 
-class Connection:
-    """A chatter connection; `receive` yields application messages (pings are answered here)."""
+class Connection(asyncio.Protocol):
+    """A chatter connection, the transport's protocol: frames are parsed as bytes arrive
+    (`data_received`) and pings answered there.
+
+    Application messages go either to a handler set by `set_handler` — called
+    synchronously, in the iteration that read them, without a stream reader, an async
+    generator or a task step per message (`Eventer` sessions) — or to a queue that
+    `receive` reads (the init message, the Syncer, clients). A handler can stop the
+    dispatch for async work with `pause_dispatch` and continue it (`resume_dispatch`):
+    messages stay in order.
+    """
 
     def __init__(
         self,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
         *,
         max_msg_size: int = DEFAULT_MAX_MSG_SIZE,
         ping_delay: float | None = 20.0,
         ping_timeout: float = 20.0,
+        on_made: Callable[[Connection], None] | None = None,
     ):
-        self._reader = reader
-        self._writer = writer
-        self._transport = writer.transport
         self._max_msg_size = max_msg_size
+        self._ping = (ping_delay, ping_timeout)
+        self._on_made = on_made
         # Unsent bytes past which a peer that still sends pings is cut: it is not reading.
         self.max_write_buffer: int | None = None
         self._next_id = 1
-        self._closed = asyncio.get_running_loop().create_future()
-        self._close_reason: str | None = None
         self._loop = asyncio.get_running_loop()
+        self._closed = self._loop.create_future()
+        self._lost = self._loop.create_future()
+        self._close_reason: str | None = None
         self._last_activity = self._loop.time()
-        peer = writer.get_extra_info("peername")
+        self._transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.address = "?"
+        self._ping_task: asyncio.Task | None = None
+        # Received bytes not parsed yet: a partial frame, or frames held while the
+        # dispatch is paused; `_need` bytes in all before a parse is worth it.
+        self._chunks: list[bytes] = []
+        self._have = 0
+        self._need = 0
+        self._handler: Callable[[Msg], None] | None = None
+        self._on_error: Callable[[FrameError], None] | None = None
+        self._dispatch_paused = False
+        self._queue: deque[Msg] = deque()
+        self._queued_bytes = 0
+        self._waiter: asyncio.Future | None = None
+        self._error: FrameError | None = None
+        self._reading_paused = False
+        self._write_paused = False
+        self._drain_waiter: asyncio.Future | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:  # type: ignore[override]
+        self._transport = transport
+        peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         # The remote IP alone (address-based policies: hat-compatible token exemption).
         self.address = peer[0] if isinstance(peer, tuple) else str(peer)
-        self._ping_task = (
-            asyncio.get_running_loop().create_task(self._ping_loop(ping_delay, ping_timeout))
-            if ping_delay
-            else None
-        )
+        self._last_activity = self._loop.time()
+        delay, timeout = self._ping
+        if delay:
+            self._ping_task = self._loop.create_task(self._ping_loop(delay, timeout))
+        if self._on_made is not None:
+            on_made, self._on_made = self._on_made, None
+            on_made(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self._lost.done():
+            self._lost.set_result(None)
+        self.close()
+        self._wake()
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError(f"connection {self.peer} lost"))
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        waiter = self._drain_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_activity = self._loop.time()
+        if self._chunks:
+            self._chunks.append(data)
+            self._have += len(data)
+            if self._have < self._need or self._dispatch_paused:
+                if self._dispatch_paused and self._have > _READ_BUFFER:
+                    self._pause_reading()
+                return
+            data = b"".join(self._chunks)
+            self._chunks = []
+            self._have = 0
+        elif self._dispatch_paused:
+            self._keep(data, 0)
+            return
+        self._parse(data)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def _keep(self, rest: bytes, need: int) -> None:
+        self._chunks = [rest]
+        self._have = len(rest)
+        self._need = need
+
+    def _parse(self, data: bytes) -> None:
+        """Dispatch every whole frame of `data`; keep the rest."""
+        pos = 0
+        size_all = len(data)
+        while pos < size_all:
+            if self._dispatch_paused or self._error is not None or self.is_closed:
+                break
+            n = data[pos]
+            if not 1 <= n <= 8:
+                self._frame_error(FrameError(f"invalid length-of-length byte {n}"))
+                return
+            head = pos + 1 + n
+            if head > size_all:
+                break
+            size = int.from_bytes(data[pos + 1 : head], "big")
+            if size > self._max_msg_size:
+                self._frame_error(
+                    FrameTooLarge(
+                        f"message of {size} bytes exceeds the limit of {self._max_msg_size}"
+                    ),
+                    abort=True,
+                )
+                return
+            end = head + size
+            if end > size_all:
+                self._keep(data[pos:], end - pos)
+                return
+            try:
+                msg = parse_msg(data[head:end])
+            except Exception as e:
+                self._frame_error(FrameError(f"undecodable chatter message: {e}"))
+                return
+            pos = end
+            self._dispatch(msg, size)
+        if pos < size_all and not self.is_closed and self._error is None:
+            self._keep(data[pos:], 0)
+
+    def _dispatch(self, msg: Msg, size: int) -> None:
+        msg_type = msg.type
+        if msg_type == _PING:
+            limit = self.max_write_buffer
+            if limit is not None and self.write_buffer_size > limit:
+                self.abort(f"peer pings but does not read: {self.write_buffer_size} bytes unsent")
+                return
+            self.send(_PONG, b"", conv=msg.conv)
+            return
+        if msg_type == _PONG:
+            return
+        handler = self._handler
+        if handler is not None:
+            self._call(handler, msg)
+            return
+        self._queue.append(msg)
+        self._queued_bytes += size
+        if self._queued_bytes > _READ_BUFFER:
+            self._pause_reading()
+        self._wake()
+
+    def _call(self, handler: Callable[[Msg], None], msg: Msg) -> None:
+        try:
+            handler(msg)
+        except Exception:
+            # A bug of the handler: this connection goes, the transport stays sane.
+            log.exception("chatter connection %s: message handler failed", self.peer)
+            self.abort(f"handler failed on {msg.type}", quiet=True)
+
+    def _frame_error(self, error: FrameError, *, abort: bool = False) -> None:
+        self._error = error
+        self._chunks = []
+        if abort:
+            self.abort()
+        if self._handler is not None and self._on_error is not None:
+            self._on_error(error)
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _pause_reading(self) -> None:
+        if not self._reading_paused and self._transport is not None:
+            self._reading_paused = True
+            with contextlib.suppress(Exception):
+                self._transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            with contextlib.suppress(Exception):
+                self._transport.resume_reading()
+
+    def set_handler(
+        self, handler: Callable[[Msg], None], on_error: Callable[[FrameError], None]
+    ) -> None:
+        """From now on hand each application message to `handler` as it is read (the
+        queued ones first); a bad frame goes to `on_error` (the connection is not
+        closed by it, except for an oversize one, which is aborted)."""
+        self._handler = handler
+        self._on_error = on_error
+        self.resume_dispatch()
+
+    def pause_dispatch(self) -> None:
+        """Hold the messages read from now on until `resume_dispatch` (in order)."""
+        self._dispatch_paused = True
+
+    def resume_dispatch(self) -> None:
+        """Dispatch what was held (queued messages first), then go on as bytes arrive."""
+        self._dispatch_paused = False
+        handler = self._handler
+        if handler is None:
+            return  # `receive` reads the queue
+        queue = self._queue
+        while queue and not self._dispatch_paused and not self.is_closed:
+            self._call(handler, queue.popleft())
+        if queue or self._dispatch_paused or self.is_closed:
+            return
+        self._queued_bytes = 0
+        if self._error is not None:
+            if self._on_error is not None:
+                self._on_error(self._error)
+            return
+        self._resume_reading()
+        if self._chunks:
+            data = b"".join(self._chunks)
+            self._chunks = []
+            self._have = 0
+            self._need = 0
+            self._parse(data)
 
     @property
     def is_closed(self) -> bool:
@@ -85,7 +298,7 @@ class Connection:
 
     @property
     def write_buffer_size(self) -> int:
-        return self._transport.get_write_buffer_size()
+        return self._transport.get_write_buffer_size()  # type: ignore[union-attr]
 
     @property
     def max_msg_size(self) -> int:
@@ -96,21 +309,25 @@ class Connection:
         self._max_msg_size = size
 
     async def receive(self) -> Msg:
-        """Next application message; `ConnectionError` once closed, `FrameError` on garbage."""
-        while True:
-            msg = await self._read()
-            if msg.type == _PING:
-                limit = self.max_write_buffer
-                if limit is not None and self.write_buffer_size > limit:
-                    self.abort(
-                        f"peer pings but does not read: {self.write_buffer_size} bytes unsent"
-                    )
-                    raise ConnectionError(f"connection {self.peer} closed: not reading")
-                self.send(_PONG, b"", conv=msg.conv)
-                continue
-            if msg.type == _PONG:
-                continue
-            return msg
+        """Next queued application message; `ConnectionError` once closed, `FrameError`
+        on garbage (pings are answered as they arrive)."""
+        while not self._queue:
+            if self._error is not None:
+                raise self._error
+            if self.is_closed:
+                raise ConnectionError(f"connection {self.peer} closed")
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        msg = self._queue.popleft()
+        if not self._queue:
+            self._queued_bytes = 0
+            self._resume_reading()
+        return msg
+
+    # -- writing ---------------------------------------------------------------------------
 
     def send(
         self,
@@ -133,11 +350,12 @@ class Connection:
         # message and a schema lookup of the type name: a reply and a notification per
         # registration at batch 1 each paid ~10 µs for those.
         head = _frame_head(msg_id, conv.first_id, conv.owner, token, last, msg_type, len(data))
+        transport = self._transport
         if len(data) > _LARGE:
-            self._writer.write(head)
-            self._writer.write(data)
+            transport.write(head)  # type: ignore[union-attr]
+            transport.write(data)  # type: ignore[union-attr]
         else:
-            self._writer.write(head + data)
+            transport.write(head + data)  # type: ignore[union-attr]
         return conv
 
     def send_many(self, msgs: list[tuple[str, bytes, Conversation]]) -> None:
@@ -154,10 +372,19 @@ class Connection:
                 _frame_head(msg_id, conv.first_id, conv.owner, True, True, msg_type, len(data))
             )
             parts.append(data)
-        self._writer.write(b"".join(parts))
+        self._transport.write(b"".join(parts))  # type: ignore[union-attr]
 
     async def drain(self) -> None:
-        await self._writer.drain()
+        """Wait until the transport's buffer is below its high-water mark."""
+        if self._lost.done():
+            raise ConnectionResetError(f"connection {self.peer} lost")
+        if not self._write_paused:
+            return
+        self._drain_waiter = self._loop.create_future()
+        try:
+            await self._drain_waiter
+        finally:
+            self._drain_waiter = None
 
     def close(self, reason: str | None = None, *, quiet: bool = False) -> None:
         """Close once what is queued is sent; `reason` is kept in `close_reason` and
@@ -170,47 +397,35 @@ class Connection:
         self._closed.set_result(None)
         if self._ping_task:
             self._ping_task.cancel()
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
+        self._wake()
 
     def abort(self, reason: str | None = None, *, quiet: bool = False) -> None:
         """Close now, dropping unsent data: for a peer that stopped reading (a plain close
         would keep the socket until the peer reads what is queued) or sent garbage."""
         self.close(reason, quiet=quiet)
-        self._transport.abort()
+        if self._transport is not None:
+            self._transport.abort()
+
+    async def wait_closing(self) -> None:
+        """Until either side closed the connection (what is queued may still be
+        leaving: `wait_closed` waits for that too)."""
+        await asyncio.shield(self._closed)
 
     async def wait_closed(self) -> None:
         await asyncio.shield(self._closed)
-        with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+        if self._transport is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._lost)
 
     async def close_after_flush(self, timeout: float, reason: str | None = None) -> None:
         """Give the peer up to `timeout` s to read what is queued and close its side."""
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self._writer.drain(), timeout)
+            await asyncio.wait_for(self.drain(), timeout)
             # The peer is expected to close after an init error; wait for its EOF.
-            await asyncio.wait_for(self._reader.read(), timeout)
+            await asyncio.wait_for(asyncio.shield(self._lost), timeout)
         self.close(reason)
-
-    async def _read(self) -> Msg:
-        try:
-            n = (await self._reader.readexactly(1))[0]
-            if not 1 <= n <= 8:
-                raise FrameError(f"invalid length-of-length byte {n}")
-            size = int.from_bytes(await self._reader.readexactly(n), "big")
-            if size > self._max_msg_size:
-                self.abort()
-                raise FrameTooLarge(
-                    f"message of {size} bytes exceeds the limit of {self._max_msg_size}"
-                )
-            body = await self._reader.readexactly(size)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as e:
-            self.close()
-            raise ConnectionError(f"connection {self.peer} closed") from e
-        self._last_activity = self._loop.time()
-        try:
-            return parse_msg(body)
-        except Exception as e:
-            raise FrameError(f"undecodable chatter message: {e}") from e
 
     async def _ping_loop(self, delay: float, timeout: float) -> None:
         # Sleeps until the idle deadline instead of waking on every message: the hot
@@ -297,9 +512,10 @@ ConnectionCb = Callable[[Connection], Awaitable[None]]
 
 async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs) -> asyncio.Server:
     """Listen on host:port; `connection_cb` runs per connection, which is closed after it."""
+    loop = asyncio.get_running_loop()
+    running: set[asyncio.Task] = set()
 
-    async def on_client(reader, writer):
-        conn = Connection(reader, writer, **conn_kwargs)
+    async def run(conn: Connection) -> None:
         try:
             await connection_cb(conn)
         except Exception:
@@ -307,7 +523,12 @@ async def serve(connection_cb: ConnectionCb, host: str, port: int, **conn_kwargs
         finally:
             conn.close()
 
-    return await asyncio.start_server(on_client, host, port, limit=1 << 20)
+    def made(conn: Connection) -> None:
+        task = loop.create_task(run(conn))
+        running.add(task)
+        task.add_done_callback(running.discard)
+
+    return await loop.create_server(lambda: Connection(on_made=made, **conn_kwargs), host, port)
 
 
 async def connect(
@@ -316,5 +537,8 @@ async def connect(
     """Connect (over TLS with `ssl`, an ssl.SSLContext verifying `server_hostname`, by
     default `host`)."""
     tls_name = {"server_hostname": server_hostname} if ssl is not None and server_hostname else {}
-    reader, writer = await asyncio.open_connection(host, port, limit=1 << 20, ssl=ssl, **tls_name)
-    return Connection(reader, writer, **conn_kwargs)
+    loop = asyncio.get_running_loop()
+    _, conn = await loop.create_connection(
+        lambda: Connection(**conn_kwargs), host, port, ssl=ssl, **tls_name
+    )
+    return conn

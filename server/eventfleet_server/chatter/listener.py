@@ -28,8 +28,6 @@ from eventfleet_server.listener import (
 
 log = logging.getLogger(__name__)
 
-_READ_LIMIT = 1 << 20  # the stream buffer's line limit (frames are read by length)
-
 
 class Session(Protocol):
     conn: Connection
@@ -99,6 +97,7 @@ class ChatterListener:
         self._server: asyncio.Server | None = None
         self._bound_port: int | None = None
         self._conns: set[Connection] = set()
+        self._serving: set[asyncio.Task] = set()  # one per connection (a reference kept)
         self.sessions: set[Any] = set()
 
     @property
@@ -116,13 +115,7 @@ class ChatterListener:
             self._server = await tls_accept.serve(self._accept_tls, self._host, self._port)
         else:
             loop = asyncio.get_running_loop()
-
-            def protocol() -> asyncio.StreamReaderProtocol:
-                return asyncio.StreamReaderProtocol(
-                    asyncio.StreamReader(limit=_READ_LIMIT), self._on_client
-                )
-
-            self._server = await loop.create_server(protocol, self._host, self._port)
+            self._server = await loop.create_server(self._protocol, self._host, self._port)
         self._bound_port = self._server.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -136,14 +129,28 @@ class ChatterListener:
                     await self._server.wait_closed()
         self.rejections.flush()
 
-    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        """A plain connection: admission, then the session."""
-        address = tls_accept.peer_host(writer.transport)
-        ticket = self.admission.admit(address, evict=writer.transport.abort)
+    def _protocol(self) -> Connection:
+        """A plain connection's protocol: admission when it is made, then the session."""
+        delay, timeout = self._ping
+        return Connection(
+            max_msg_size=self.limits.pre_init_max_msg_size,
+            ping_delay=delay,
+            ping_timeout=timeout,
+            on_made=self._admit,
+        )
+
+    def _admit(self, conn: Connection) -> None:
+        transport = conn._transport
+        ticket = self.admission.admit(conn.address, evict=transport.abort)  # type: ignore[union-attr]
         if ticket is None:
-            writer.transport.abort()
+            conn.abort(quiet=True)
             return
-        await self._serve(reader, writer, ticket)
+        self._start(conn, ticket)
+
+    def _start(self, conn: Connection, ticket: Ticket) -> None:
+        task = asyncio.get_running_loop().create_task(self._serve(conn, ticket))
+        self._serving.add(task)
+        task.add_done_callback(self._serving.discard)
 
     def _accept_tls(self, transport: Any) -> None:
         """A TLS connection, from its ``connection_made``: admission first (a refused
@@ -155,9 +162,12 @@ class ChatterListener:
         if ticket is None:
             transport.abort()
             return
-        app = asyncio.StreamReaderProtocol(
-            asyncio.StreamReader(limit=_READ_LIMIT),
-            lambda reader, writer: self._serve(reader, writer, ticket),
+        delay, ping_timeout = self._ping
+        app = Connection(
+            max_msg_size=self.limits.pre_init_max_msg_size,
+            ping_delay=delay,
+            ping_timeout=ping_timeout,
+            on_made=lambda conn: self._start(conn, ticket),
         )
         timeout = self.limits.init_timeout
         done = tls_accept.accept_tls(transport, app, self._ssl, timeout=timeout)
@@ -168,18 +178,8 @@ class ChatterListener:
 
         tls_accept.on_failure(done, transport, failed, timeout=timeout)
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, ticket: Ticket
-    ) -> None:
+    async def _serve(self, conn: Connection, ticket: Ticket) -> None:
         with ticket:
-            delay, timeout = self._ping
-            conn = Connection(
-                reader,
-                writer,
-                max_msg_size=self.limits.pre_init_max_msg_size,
-                ping_delay=delay,
-                ping_timeout=timeout,
-            )
             self._conns.add(conn)
             try:
                 session = await self._initialize(conn, ticket)

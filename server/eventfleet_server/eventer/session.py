@@ -27,6 +27,7 @@ from eventfleet_server.eventer.wire import (
     MalformedRequest,
     decode_query_req,
     decode_register,
+    decode_register_now,
     event_elements,
     register_res,
 )
@@ -56,7 +57,8 @@ class EventerSession:
         self._outstanding_acks = 0
         self._queue: deque[tuple[bytes, int]] = deque()
         self._queued_events = 0
-        self._queries = asyncio.Semaphore(self._limits.max_concurrent_queries)
+        self._queries_running = 0
+        self._query_waiting: chatter.Msg | None = None  # held until a query slot frees
         # MsgRegisterRes of committed requests, sent together when the commit's
         # callbacks are done (`flush_replies`, called by the server).
         self._replies: list[tuple[str, bytes, chatter.Conversation]] = []
@@ -149,54 +151,125 @@ class EventerSession:
         )
 
     async def run(self) -> None:
+        # Messages are handled as the connection reads them (`_on_msg`, synchronous);
+        # only a large request or a query waits in a task, with the dispatch paused.
         try:
-            await self._read_loop()
+            self.conn.set_handler(self._on_msg, self._on_frame_error)
+            # Until closed, not until the socket is gone: a refused client that does not
+            # read must not keep its session place while its last bytes wait.
+            await self.conn.wait_closing()
         finally:
             await self._tasks.close()
 
-    async def _read_loop(self) -> None:
+    def _on_frame_error(self, error: chatter.FrameError) -> None:
         label = f"eventer client {self.name!r}"
-        async for msg in chatter.messages(self.conn, self.server.rejections, label):
-            t = msg.type
-            if t == _P + "MsgRegisterReq":
-                await self._on_register(msg)
-            elif t == _P + "MsgEventsAck":
-                self._on_ack()
-            elif t == _P + "MsgQueryReq":
-                await self._queries.acquire()
-                self._tasks.spawn("query", self._on_query(msg), critical=False)
+        self.server.rejections.reject(
+            chatter.frame_error_reason(error), f"{label}: {error}", self.conn.peer
+        )
+        self.conn.abort(f"{label}: {error}", quiet=True)
+
+    def _on_msg(self, msg: chatter.Msg) -> None:
+        t = msg.type
+        if t == _P + "MsgRegisterReq":
+            self._on_register_now(msg)
+        elif t == _P + "MsgEventsAck":
+            self._on_ack()
+        elif t == _P + "MsgQueryReq":
+            if self._queries_running >= self._limits.max_concurrent_queries:
+                # No slot: the next messages wait until a query ends (`_query_ended`).
+                self._query_waiting = msg
+                self.conn.pause_dispatch()
             else:
-                self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
-                return
+                self._start_query(msg)
+        else:
+            self._refuse(RejectReason.UNEXPECTED_MESSAGE, f"unexpected message type {t!r}")
+
+    def _start_query(self, msg: chatter.Msg) -> None:
+        self._queries_running += 1
+        try:
+            self._tasks.spawn("query", self._on_query(msg), critical=False)
+        except Exception:
+            self._queries_running -= 1
+            raise
+
+    def _query_ended(self) -> None:
+        self._queries_running -= 1
+        waiting, self._query_waiting = self._query_waiting, None
+        if waiting is not None and not self.conn.is_closed:
+            self._start_query(waiting)
+            self.conn.resume_dispatch()
+
+    def _in_task(self, name: str, coro) -> None:
+        """Run `coro` with the connection's dispatch paused until it is done: messages
+        are handled in the order they came."""
+        conn = self.conn
+        conn.pause_dispatch()
+        try:
+            task = self._tasks.spawn(name, coro, critical=False)
+        except Exception:
+            conn.resume_dispatch()
+            raise
+
+        def resume(_task) -> None:
+            if not conn.is_closed:
+                conn.resume_dispatch()
+
+        task.add_done_callback(resume)
+
+    def _on_register_now(self, msg: chatter.Msg) -> None:
+        """A register request handled in the iteration that read it; one too large for
+        one slice is decoded by a task (`_on_register`), the dispatch paused."""
+        # Where each event lies in the request: its stored bytes are spliced from them.
+        spans: list[tuple[int, int, int]] = []
+        try:
+            events = decode_register_now(msg.data, self._limits.register, spans)
+        except Exception as e:
+            self._decode_failed(msg, e)
+            return
+        if events is None:
+            self._in_task("register", self._on_register(msg))
+            return
+        self._submit(msg, events, spans)
 
     async def _on_register(self, msg: chatter.Msg) -> None:
-        conn = self.conn
-        wants_response = not msg.last
-        # Where each event lies in the request: its stored bytes are spliced from them.
         spans: list[tuple[int, int, int]] = []
         try:
             # Slice by slice, yielding between slices: a maximal request never holds
             # the loop (docs/security.md). Limits are checked before decoding.
             events = await decode_register(msg.data, self._limits.register, spans)
-        except MalformedRequest as e:
-            self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {e}")
+        except Exception as e:
+            self._decode_failed(msg, e)
             return
-        except InvalidRegistration as e:
+        fut = self._submit(msg, events, spans)
+        if fut is not None and msg.last and len(events) > CHUNK_EVENTS:
+            # No answer to wait for: still, the next request waits for this commit, so
+            # a client cannot queue uncommitted batches faster than the disk takes them.
+            with contextlib.suppress(Exception):
+                await fut
+
+    def _decode_failed(self, msg: chatter.Msg, error: Exception) -> None:
+        if isinstance(error, MalformedRequest):
+            self._refuse(RejectReason.BAD_MESSAGE, f"MsgRegisterReq does not decode: {error}")
+        elif isinstance(error, InvalidRegistration):
             # The whole request fails; the connection stays (the client may go on).
-            self._register_failed(msg, f"register by {self.name!r} refused: {e}")
-            return
-        except Exception as e:  # a bug of the decoder (the fuzz target fails on it)
-            log.exception("MsgRegisterReq from %r: decoder failed", self.name)
-            self._register_failed(msg, f"register by {self.name!r} refused: {e!r}")
-            return
-        if conn.is_closed:
-            return
+            self._register_failed(msg, f"register by {self.name!r} refused: {error}")
+        else:  # a bug of the decoder (the fuzz target fails on it)
+            log.error("MsgRegisterReq from %r: decoder failed", self.name, exc_info=error)
+            self._register_failed(msg, f"register by {self.name!r} refused: {error!r}")
+
+    def _submit(
+        self, msg: chatter.Msg, events: list, spans: list[tuple[int, int, int]]
+    ) -> asyncio.Future | None:
+        """Hand decoded events to the engine; the answer leaves after their commit."""
+        if self.conn.is_closed:
+            return None
+        wants_response = not msg.last
         if not events:
             # Nothing to commit (the engine calls no `done` for it): answered at once
             # with no events, as the reference does (it never answered before).
             if wants_response:
                 self._respond_register(msg, [])
-            return
+            return None
         elements: list[bytes] = []
 
         def encode(created: list[Event]) -> list[bytes]:
@@ -225,12 +298,8 @@ class EventerSession:
             self._register_failed(
                 msg, f"register of {len(events)} events by {self.name!r} failed: {e}"
             )
-            return
-        if not wants_response and len(events) > CHUNK_EVENTS:
-            # No answer to wait for: still, the next request waits for this commit, so
-            # a client cannot queue uncommitted batches faster than the disk takes them.
-            with contextlib.suppress(Exception):
-                await fut
+            return None
+        return fut
 
     def _register_failed(self, msg: chatter.Msg, detail: str) -> None:
         """A register request that stored nothing: counted and logged as a rejection, and
@@ -314,4 +383,4 @@ class EventerSession:
             except ConnectionError:
                 pass
         finally:
-            self._queries.release()
+            self._query_ended()

@@ -299,6 +299,27 @@ def check_client_event(i: int, e: RegisterEvent, limits: RegisterLimits) -> None
         )
 
 
+def _decode_slices(
+    data: bytes,
+    limits: RegisterLimits,
+    spans: list[tuple[int, int, int]] | None,
+    events: list[RegisterEvent],
+) -> Iterator[None]:
+    """Decode and validate a ``MsgRegisterReq`` into `events`, yielding between slices
+    (a one-slice request, nearly all, never yields)."""
+    for first, chunk in slices(data, limits, spans):
+        if first:
+            yield
+        try:
+            raw = codec.repo.decode(_REQ, chunk)
+        except Exception as e:
+            raise MalformedRequest(f"events {first}..: do not decode: {e}") from None
+        for offset, item in enumerate(raw):
+            event = codec.register_event_from_sbs(item)
+            check_client_event(first + offset, event, limits)
+            events.append(event)
+
+
 async def decode_register(
     data: bytes, limits: RegisterLimits, spans: list[tuple[int, int, int]] | None = None
 ) -> list[RegisterEvent]:
@@ -308,19 +329,23 @@ async def decode_register(
     kept. `spans`: see `slices` (for
     `encode_register_res`)."""
     events: list[RegisterEvent] = []
-    for first, chunk in slices(data, limits, spans):
-        if first:
-            # Between slices only: a one-slice request (nearly all) costs no extra loop
-            # iteration, a big one never holds the loop for more than a slice.
-            await asyncio.sleep(0)
-        try:
-            raw = codec.repo.decode(_REQ, chunk)
-        except Exception as e:
-            raise MalformedRequest(f"events {first}..: do not decode: {e}") from None
-        for offset, item in enumerate(raw):
-            event = codec.register_event_from_sbs(item)
-            check_client_event(first + offset, event, limits)
-            events.append(event)
+    for _ in _decode_slices(data, limits, spans, events):
+        # Between slices only: a one-slice request (nearly all) costs no extra loop
+        # iteration, a big one never holds the loop for more than a slice.
+        await asyncio.sleep(0)
+    return events
+
+
+def decode_register_now(
+    data: bytes, limits: RegisterLimits, spans: list[tuple[int, int, int]] | None = None
+) -> list[RegisterEvent] | None:
+    """`decode_register` of a request that fits one slice, without a coroutine (the
+    Eventer session dispatches messages synchronously); None for a larger one (then
+    `spans` holds a part and must be discarded: use `decode_register`). Raises as
+    `decode_register` does."""
+    events: list[RegisterEvent] = []
+    for _ in _decode_slices(data, limits, spans, events):
+        return None
     return events
 
 

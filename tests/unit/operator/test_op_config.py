@@ -80,6 +80,7 @@ def test_quiet_resync_drops_only_the_timer_success_line():
 
     quiet = QuietResync()
     assert not quiet.filter(record("Timer 'resync' succeeded."))
+    assert not quiet.filter(record("Timer 'follow-up' succeeded."))
     assert quiet.filter(
         record("Timer 'resync' failed with an exception. Will retry.", logging.ERROR)
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 
-from eventfleet_operator import builders, model, naming, rollout
+from eventfleet_operator import builders, followup, model, naming, rollout
 from eventfleet_operator.rollout import PodState
 from op_fakes import status_doc
 from op_pass import Harness
@@ -13,9 +13,12 @@ NEW, OLD = "new", "old"
 
 
 def pods(*specs):
-    """specs: (revision, ready) per ordinal, or None for a missing pod."""
+    """specs: (revision, ready) per ordinal (ready: by its replica and by the kubelet), or
+    None for a missing pod."""
     return [
-        PodState(i, exists=False) if s is None else PodState(i, revision=s[0], ready=s[1])
+        PodState(i, exists=False)
+        if s is None
+        else PodState(i, revision=s[0], ready=s[1], pod_ready=s[1])
         for i, s in enumerate(specs)
     ]
 
@@ -58,6 +61,47 @@ def test_a_terminating_pod_is_neither_deleted_again_nor_followed_by_another():
     pod = {"metadata": {"uid": "u", "deletionTimestamp": "2026-11-24T01:41:00Z"}}
     assert PodState.of(2, pod, ready=True).terminating
     assert not PodState.of(2, {"metadata": {"uid": "u"}}, ready=True).terminating
+
+
+def test_a_rollout_is_complete_only_once_its_last_new_pod_is_ready():
+    # The last old pod was replaced; its successor runs the new revision but starts.
+    tail = pods((NEW, True), (NEW, True), (NEW, False))
+    plan = rollout.plan(tail, 3, NEW, synced=False, in_progress=True)
+    assert not plan.complete and plan.replace is None and plan.updated == 3
+    assert "2" in plan.waiting and "ready" in plan.waiting
+    done = rollout.plan(pods((NEW, True), (NEW, True), (NEW, True)), 3, NEW, True, True, 3)
+    assert done.complete and not done.waiting
+
+
+def test_a_pod_missing_during_its_replacement_keeps_the_rollout_incomplete():
+    # Between the old pod's deletion and its replacement's creation nothing in the pods
+    # tells a replacement from a scale-up: the rollout under way (Progressing=True) does.
+    plan = rollout.plan(pods((NEW, True), (NEW, True), None), 3, NEW, synced=True, in_progress=True)
+    assert not plan.complete and plan.stale == 0 and plan.updated == 2
+    assert "2" in plan.waiting
+
+
+def test_a_new_pod_is_ready_only_when_its_replica_and_the_kubelet_say_so():
+    # The replica answers ready before the kubelet's readiness probe passes (every 5 s):
+    # Ready reads the kubelet's condition, so the rollout is not complete before it.
+    fleet = pods((NEW, True), (NEW, True), (NEW, True))
+    fleet[2] = PodState(2, revision=NEW, ready=True, pod_ready=False)
+    assert not rollout.plan(fleet, 3, NEW, synced=True, in_progress=True).complete
+    fleet[2] = PodState(2, revision=NEW, ready=True, pod_ready=True, terminating=True)
+    assert not rollout.plan(fleet, 3, NEW, synced=True, in_progress=True).complete
+    ready_pod = {"metadata": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    assert PodState.of(2, ready_pod, ready=True).available
+    assert not PodState.of(2, {"metadata": {}, "status": {}}, ready=True).available
+    # And the StatefulSet, whose readyReplicas Ready reads too, must count them all.
+    every = pods((NEW, True), (NEW, True), (NEW, True))
+    late = rollout.plan(every, 3, NEW, synced=True, in_progress=True, counted_ready=2)
+    assert not late.complete and "StatefulSet" in late.waiting
+
+
+def test_a_scale_up_or_a_crash_after_a_rollout_is_not_a_rollout():
+    # No rollout under way: pods still to be created, or one not ready, are Ready's news.
+    assert rollout.plan(pods((NEW, True), None, None), 3, NEW, synced=True).complete
+    assert rollout.plan(pods((NEW, True), (NEW, False)), 2, NEW, synced=False).complete
 
 
 def test_pods_above_the_replica_count_are_not_the_rollouts_business():
@@ -320,3 +364,85 @@ def test_schema_refusal_is_read_from_either_container_state():
     assert schema.refusal(pod) == ("/var/lib/eventfleet/events.sqlite", 5, 3)
     assert schema.highest(None, [None, 1, 3]) == 3 and schema.highest(4, [1]) == 4
     assert schema.highest(None, [None]) is None
+
+
+async def test_progressing_stays_true_until_the_last_replaced_pod_is_ready():
+    """The runbook waits for Progressing=False and then expects a Ready fleet: no pass
+    may write it while the last replaced pod is missing or still starting."""
+    f = Fleet(2)
+    f.all_ready()
+    await f.run()
+    await f.run()
+    f.h.set_spec({"replicas": 2, "image": "x:2"})
+    for _ in range(6):
+        await f.h.run()
+        if f.h.kube.obj("Pod", "demo-0") is None:
+            break
+        f.make_pods()
+    assert f.h.kube.obj("Pod", "demo-0") is None  # the last old pod is deleted
+
+    def conditions():
+        return tuple(
+            (f.h.condition(c)["status"], f.h.condition(c)["reason"])
+            for c in ("Progressing", "Ready")
+        )
+
+    rolling = (("True", "RollingOut"), ("False", "RolloutInProgress"))
+    f.all_ready(broken={0})
+    await f.h.run()  # not recreated yet: no pod on an old revision, one missing
+    assert conditions() == rolling
+    assert "waiting for ordinal(s) 0" in f.h.condition("Progressing")["message"]
+    f.make_pods()  # recreated from the new template; the kubelet has not probed it yet
+    f.h.kube.obj("Pod", "demo-0")["status"] = {"conditions": [{"type": "Ready", "status": "False"}]}
+    await f.h.run()
+    assert conditions() == rolling
+    f.all_ready()  # its replica answers ready; the kubelet's condition is still False
+    await f.h.run()
+    assert conditions() == rolling
+    f.h.kube.obj("Pod", "demo-0")["status"]["conditions"][0]["status"] = "True"
+    status = await f.h.run()
+    assert conditions() == (("False", "RolloutComplete"), ("True", "AllReplicasReady"))
+    assert status["updatedReplicas"] == 2 and status["currentRevision"] == status["updateRevision"]
+
+
+async def test_a_plain_scale_up_never_reports_a_rollout():
+    f = Fleet(2)
+    f.all_ready()
+    await f.run()
+    await f.run()
+    f.h.set_spec({"replicas": 4})
+    f.n = 4
+    seen = []
+    for _ in range(4):
+        await f.h.run()  # new ordinals missing, then starting: a scale-up, not a rollout
+        seen.append(f.h.condition("Progressing")["status"])
+        f.make_pods()
+        f.h.kube.obj("Pod", "demo-3")["status"] = {}  # ordinal 3 never gets ready
+        f.all_ready(broken={3})
+    assert seen == ["False"] * 4
+    ready = f.h.condition("Ready")
+    assert (ready["reason"], ready["message"]) == ("ReplicasNotReady", "3 of 4 replicas ready")
+
+
+async def test_every_pass_of_a_rollout_is_followed_up_until_ready():
+    """The operator does not watch pods: while a pass leaves the fleet rolling out (or
+    Ready=False until pods are ready) the follow-up timer runs the next pass within
+    seconds, so each step, and Ready after the last one, do not wait for the resync;
+    the pass that ends the rollout writes Progressing=False and Ready=True together."""
+    f = Fleet(3)
+    status = await f.run()
+    assert followup.needed(status)  # pods created, none ready yet: ReplicasNotReady
+    f.all_ready()
+    await f.run()
+    status = await f.run()
+    assert f.h.condition("Ready")["status"] == "True"
+    assert not followup.needed(status)  # an idle, ready fleet: the resync alone
+    f.h.set_spec({"replicas": 3, "image": "x:2"})
+    seen = []
+    for _ in range(8):
+        status = await f.run()
+        seen.append(followup.needed(status))
+        if f.h.condition("Progressing")["status"] == "False":
+            break
+    assert f.h.condition("Ready")["status"] == "True" and status["updatedReplicas"] == 3
+    assert len(seen) >= 3 and all(seen[:-1]) and not seen[-1], seen

@@ -280,8 +280,8 @@ async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
     assert status["tokensDigest"] != digest
     assert "Secret demo-peer-token modified: reconciling" in caplog.text
     assert condition(status, "TokensLoaded")["reason"] == "TokensReloading"
-    # The settling timer's filter, as Kopf calls it with the fleet's new status.
-    timer = registered("spawning", "tokens-settling")
+    # The follow-up timer's filter, as Kopf calls it with the fleet's new status.
+    timer = registered("spawning", "follow-up")
     spawning = causes.SpawningCause(
         logger=log,
         indices={},
@@ -292,7 +292,7 @@ async def test_kopf_runs_the_secret_handler_from_its_index(caplog):
         reset=False,
     )
     assert timer.when(**spawning.kwargs) is True
-    assert timer.interval == handlers.TOKENS_SETTLING_POLL_SECONDS
+    assert timer.interval == handlers.FOLLOW_UP_SECONDS
 
 
 async def test_a_request_annotation_runs_the_pass_at_once():
