@@ -25,6 +25,7 @@ not start with `CLASSPATH_JAR`), ``-Xshare:auto`` (the default) makes it print a
 
 from __future__ import annotations
 
+import os
 import pathlib
 import zipfile
 
@@ -34,6 +35,8 @@ import zipfile
 ARCHIVE = "/opt/eventfleet/cds/spark-driver.jsa"
 CLASSPATH_JAR = "/opt/eventfleet/cds/spark-classpath.jar"
 SPARK_JARS = "/opt/spark/jars"
+# The classpath jar's mtime: 1980-01-01T00:00:00Z (the zip epoch), whole seconds.
+JAR_MTIME_NS = 315_532_800 * 1_000_000_000
 
 # The JVM's own log lines go to stderr (stdout carries the job's summary lines); the
 # archive's one-line "mapped" / "mismatch" verdicts are what the driver log shows.
@@ -78,7 +81,10 @@ def write_classpath_jar(jar: pathlib.Path, jars_dir: pathlib.Path) -> list[str]:
     order (relative to `jar`'s directory, as the JVM resolves them). Returns the names.
 
     Written with a fixed timestamp so that two builds of the same Spark write the same
-    bytes (the JVM checks the jar's size and mtime, not its contents).
+    bytes, and with a fixed mtime of a whole second (`JAR_MTIME`): the JVM checks a
+    class-path jar's size and mtime against the archive's record, and an image layer
+    keeps mtimes to the second only — a jar written at 14:22:06.9 in the build stage
+    is 14:22:06.0 in the image, and the JVM (17.0.19) refused the archive for it.
     """
     names = jar_names(jars_dir)
     rel = pathlib.Path(_relative(jars_dir, jar.parent))
@@ -87,6 +93,7 @@ def write_classpath_jar(jar: pathlib.Path, jars_dir: pathlib.Path) -> list[str]:
     info = zipfile.ZipInfo("META-INF/MANIFEST.MF", date_time=(1980, 1, 1, 0, 0, 0))
     with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr(info, manifest(entries))
+    os.utime(jar, ns=(JAR_MTIME_NS, JAR_MTIME_NS))
     return names
 
 

@@ -60,6 +60,9 @@ def test_classpath_jar_bytes_do_not_depend_on_the_build(tmp_path):
     os.utime(jars / "HikariCP-2.5.1.jar", (0, 0))
     image_archive.write_classpath_jar(two, jars)
     assert one.read_bytes() == two.read_bytes()
+    # A whole second: an image layer keeps no more, and the JVM compares it exactly.
+    assert one.stat().st_mtime_ns == two.stat().st_mtime_ns == image_archive.JAR_MTIME_NS
+    assert image_archive.JAR_MTIME_NS % 1_000_000_000 == 0
 
 
 def test_a_directory_without_jars_is_not_a_spark_installation(tmp_path):
