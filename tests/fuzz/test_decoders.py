@@ -38,7 +38,7 @@ from eventfleet_server.eventer.wire import (
     encode_register_res,
     encode_register_res_sliced,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.fuzz import targets
@@ -595,6 +595,9 @@ replication_after_login = st.builds(
 
 @FUZZ
 @given(msg=replication_after_login)
+# Found by CI: a lone surrogate in a row failed the event's encoding for storage with an
+# uncaught UnicodeEncodeError (the engine now refuses it as a RegisterError).
+@example(msg={"mt": "ReplicateAdd", "api": "items", "columns": {"name": {"\ud800": None}, "id": 0}})
 def test_structured_replication_messages_after_login(msg):
     targets.replication_logged_in(json.dumps(msg).encode())
 

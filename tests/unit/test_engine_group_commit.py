@@ -130,3 +130,21 @@ async def test_a_failed_group_commit_fails_every_request_and_keeps_the_acknowled
     assert [e.id.instance for e in acknowledged] == [1]
     # Nothing of the failed group is stored, the acknowledged event is.
     assert stored_names(path) == {"kept"}
+
+
+async def test_text_no_utf8_can_carry_is_refused_whole_and_gives_its_ids_back(tmp_path):
+    """A lone surrogate (what a JSON "\\ud800" escape decodes to, e.g. in a Replication
+    row made into a payload here) cannot be encoded for storage: the request is refused
+    with a RegisterError naming it, nothing of it is stored, and the next registration
+    gets the ids it would have got (no gap in the server's instance ids)."""
+    path = tmp_path / "e.sqlite"
+    async with running(path) as (engine, _):
+        (first,), fut = engine.register([event("before")])
+        await fut
+        with pytest.raises(EngineError, match=r"not valid Unicode.*\\ud800"):
+            engine.register([event("fine"), event("bad", '{"\ud800":1}')], validated=True)
+        (after,), fut = engine.register([event("after")])
+        await fut
+    assert stored_names(path) == {"before", "after"}
+    assert after.id.instance == first.id.instance + 1
+    assert after.id.session == first.id.session + 1

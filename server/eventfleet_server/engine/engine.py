@@ -379,9 +379,20 @@ class Engine:
             )
             for i, e in enumerate(events)
         ]
-        sbs = encode(created) if encode is not None else None
-        if sbs is None:
-            sbs = [codec.encode_event(e) for e in created]
+        try:
+            sbs = encode(created) if encode is not None else None
+            if sbs is None:
+                sbs = [codec.encode_event(e) for e in created]
+        except UnicodeEncodeError as e:
+            # Text that no UTF-8 can carry (a lone surrogate, which a JSON "\ud800"
+            # escape gives) in a type or payload: the request is refused whole, before
+            # anything is pending, and its session and ids are given back (no gap).
+            self._session -= 1
+            self._instance -= len(events)
+            raise RegisterError(
+                f"event not storable: its text is not valid Unicode ({e.reason}: "
+                f"{e.object[e.start : e.end]!r})"
+            ) from None
         start = len(self._pending)
         self._pending.extend(created)
         self._pending_sbs.extend(sbs)
