@@ -26,7 +26,7 @@ from typing import Any
 
 from eventfleet_operator import secretrefs
 from eventfleet_operator.constants import ConditionStatus, ConditionType, Reason
-from eventfleet_operator.status import find_condition
+from eventfleet_operator.status import condition_true, find_condition
 
 # Ready=False reasons that only pods becoming ready, or the StatefulSet's status catching
 # up, end: no event of the EventServer or of a Secret announces that.
@@ -38,18 +38,15 @@ WAITING_FOR_PODS = frozenset(
 def waiting_for_pods(status: Mapping[str, Any] | None) -> bool:
     """Does the last written status wait for pods: a rollout under way (``Progressing``),
     or ``Ready=False`` for a reason in :data:`WAITING_FOR_PODS`?"""
-    conditions = (status or {}).get("conditions")
-    if find_condition(conditions, ConditionType.PROGRESSING).get("status") == ConditionStatus.TRUE:
+    if condition_true(status, ConditionType.PROGRESSING):
         return True
-    ready = find_condition(conditions, ConditionType.READY)
+    ready = find_condition((status or {}).get("conditions"), ConditionType.READY)
     return ready.get("status") == ConditionStatus.FALSE and ready.get("reason") in WAITING_FOR_PODS
 
 
 def resizing(status: Mapping[str, Any] | None) -> bool:
     """Does the last written status wait for claims to grow (``StorageResizing=True``)?"""
-    conditions = (status or {}).get("conditions")
-    resize = find_condition(conditions, ConditionType.STORAGE_RESIZING)
-    return resize.get("status") == ConditionStatus.TRUE
+    return condition_true(status, ConditionType.STORAGE_RESIZING)
 
 
 def needed(status: Mapping[str, Any] | None) -> bool:

@@ -580,6 +580,12 @@ def find_condition(conditions: Sequence[Mapping[str, Any]] | None, type_: str) -
     return next((c for c in conditions or () if c.get("type") == type_), {})
 
 
+def condition_true(status: Mapping[str, Any] | None, type_: str) -> bool:
+    """Is condition ``type_`` of a written `status` True?"""
+    found = find_condition((status or {}).get("conditions"), type_)
+    return found.get("status") == ConditionStatus.TRUE
+
+
 def _kept(previous: Sequence[Mapping[str, Any]], type_: ConditionType, unknown: Reason) -> Verdict:
     """Not observed this pass (an invalid spec, a failed apply): keep the last verdict."""
     last = find_condition(previous, type_)

@@ -15,7 +15,7 @@ from typing import Any
 
 from eventfleet_operator import kube, model, naming, rollout, scaling
 from eventfleet_operator import status as status_mod
-from eventfleet_operator.constants import ConditionStatus, ConditionType, EventType, Reason
+from eventfleet_operator.constants import ConditionType, EventType, Reason
 from eventfleet_operator.reconcilers import volumes
 from eventfleet_operator.reconcilers.children import Context, Emit
 
@@ -40,13 +40,12 @@ def plan_of(
     states = [rollout.PodState.of(i, pods.get(i), ready.get(i, False)) for i in range(count)]
     entries = [status_mod.peer_entry(p, [q.server_id for q in peers]) for p in peers]
     synced = bool(entries) and all(e.get("syncState") == "synced" for e in entries)
-    progressing = status_mod.find_condition(previous.get("conditions"), ConditionType.PROGRESSING)
     return rollout.plan(
         states,
         count,
         desired.revision,
         synced,
-        in_progress=progressing.get("status") == ConditionStatus.TRUE,
+        in_progress=status_mod.condition_true(previous, ConditionType.PROGRESSING),
         counted_ready=int((sts.get("status") or {}).get("readyReplicas") or 0),
     )
 

@@ -55,10 +55,7 @@ async def reconcile(
     sts, frozen = builders.keep_immutable(desired_sts, sts_live)
     immutable_error = ""
     resize: status_mod.Verdict | None = None
-    was_resizing = any(
-        c.get("type") == ConditionType.STORAGE_RESIZING and c.get("status") == "True"
-        for c in previous.get("conditions") or []
-    )
+    was_resizing = status_mod.condition_true(previous, ConditionType.STORAGE_RESIZING)
     # The StatefulSet is being deleted with orphan propagation (recreated with a grown
     # claim template): the API server keeps the old object until the garbage collector
     # has released its pods, and refuses any change to its claim template meanwhile.
