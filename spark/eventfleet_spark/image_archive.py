@@ -98,8 +98,6 @@ def write_classpath_jar(jar: pathlib.Path, jars_dir: pathlib.Path) -> list[str]:
 
 
 def _relative(target: pathlib.Path, start: pathlib.Path) -> str:
-    import os.path
-
     return os.path.relpath(target.resolve(), start.resolve())
 
 
