@@ -83,6 +83,22 @@ async def rejected(replica: ReplicaProc, reason: str, protocol: str = "eventer")
     return float(match.group(1)) if match else 0.0
 
 
+async def open_connections(replica: ReplicaProc, protocol: str = "eventer") -> float:
+    async with aiohttp.ClientSession() as s, s.get(replica.http + "/metrics") as res:
+        text = await res.text()
+    match = re.search(rf'eventfleet_connections{{protocol="{protocol}"}} (\S+)', text)
+    assert match, f"no eventfleet_connections{{protocol={protocol!r}}} in /metrics"
+    return float(match.group(1))
+
+
+async def connections_drop_to(replica: ReplicaProc, n: int, timeout: float = 10.0) -> None:
+    """Until the replica reports at most `n` open Eventer connections (bounded)."""
+    deadline = time.monotonic() + timeout
+    while (now := await open_connections(replica)) > n:
+        assert time.monotonic() < deadline, f"still {now} Eventer connections after {timeout} s"
+        await asyncio.sleep(0.05)
+
+
 async def start(tmp_path, extra: dict) -> ReplicaProc:
     replica = ReplicaProc(tmp_path, "r1", 1, free_block(1), extra=extra).start()
     await replica.wait_ready()
@@ -233,9 +249,12 @@ async def test_connection_beyond_max_connections_is_refused(tmp_path):
         finally:
             for c in clients:
                 await c.close()
-        # Places are freed: a new client is admitted again.
+        # Places are freed once the replica has seen the closes (a client's close does
+        # not wait for the server's side), then a new client is admitted again.
+        await connections_drop_to(replica, 0)
         again = await connect(*replica.eventer, "again")
         await again.close()
+        assert await rejected(replica, "too_many_connections") == 1
     finally:
         replica.stop()
 
