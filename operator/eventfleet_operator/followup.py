@@ -13,10 +13,7 @@ watch event that re-evaluates the filter):
   (:data:`WAITING_FOR_PODS`): a new fleet, a scale-up, a pod the kubelet restarted;
 * a token change on its way to the replicas (:func:`secretrefs.tokens_settling`);
 * a volume growth under way (``StorageResizing=True``): the claims' capacity is the
-  storage side's answer, and the StatefulSet is recreated once every claim has it;
-* a held scale-down (``ScaleDownHeld=True``): the leaving replicas' events reach the
-  staying ones over the Syncer, which no watch event announces; the StatefulSet is
-  lowered within seconds of it (at the 30 s resync, up to 30 s later).
+  storage side's answer, and the StatefulSet is recreated once every claim has it.
 
 A fleet whose pods never get ready is therefore passed every few seconds until they
 are (or until its status says something else). Pure: no Kopf, no API calls.
@@ -52,16 +49,6 @@ def resizing(status: Mapping[str, Any] | None) -> bool:
     return condition_true(status, ConditionType.STORAGE_RESIZING)
 
 
-def scale_down_held(status: Mapping[str, Any] | None) -> bool:
-    """Does the last written status hold a scale-down (``ScaleDownHeld=True``)?"""
-    return condition_true(status, ConditionType.SCALE_DOWN_HELD)
-
-
 def needed(status: Mapping[str, Any] | None) -> bool:
     """Should the pass run again within seconds (the ``follow-up`` timer's filter)?"""
-    return (
-        waiting_for_pods(status)
-        or secretrefs.tokens_settling(status)
-        or resizing(status)
-        or scale_down_held(status)
-    )
+    return waiting_for_pods(status) or secretrefs.tokens_settling(status) or resizing(status)

@@ -43,13 +43,6 @@ DONE = ("False", "RolloutComplete")
         # A volume growth: the claims' capacity and the StatefulSet's recreation.
         (conditions(Ready=READY, StorageResizing=("True", "Resizing")), True),
         (conditions(Ready=READY, StorageResizing=("False", "Resized")), False),
-        # A held scale-down: the leaving replicas' events reach the others unannounced.
-        (
-            conditions(Ready=("False", "ScaleDownHeld"), ScaleDownHeld=("True", "ScaleDownHeld")),
-            True,
-        ),
-        (conditions(Ready=READY, ScaleDownHeld=("False", "ScaleDownVerified")), False),
-        (conditions(Ready=READY, ScaleDownHeld=("False", "NotScalingDown")), False),
     ],
 )
 def test_which_statuses_are_followed_up(status, needed):
