@@ -75,20 +75,25 @@ def rss_mib(pid: int) -> float:
     return kib / 1024
 
 
-async def rejected(replica: ReplicaProc, reason: str, protocol: str = "eventer") -> float:
+async def metric(replica: ReplicaProc, sample: str) -> float | None:
+    """The value of one sample of the replica's ``/metrics`` (name and labels exactly as
+    exposed), None when it is not there."""
     async with aiohttp.ClientSession() as s, s.get(replica.http + "/metrics") as res:
         text = await res.text()
-    pattern = rf'eventfleet_rejected_total{{protocol="{protocol}",reason="{reason}"}} (\S+)'
-    match = re.search(pattern, text)
-    return float(match.group(1)) if match else 0.0
+    match = re.search(rf"^{re.escape(sample)} (\S+)$", text, re.MULTILINE)
+    return float(match.group(1)) if match else None
+
+
+async def rejected(replica: ReplicaProc, reason: str, protocol: str = "eventer") -> float:
+    sample = f'eventfleet_rejected_total{{protocol="{protocol}",reason="{reason}"}}'
+    return await metric(replica, sample) or 0.0
 
 
 async def open_connections(replica: ReplicaProc, protocol: str = "eventer") -> float:
-    async with aiohttp.ClientSession() as s, s.get(replica.http + "/metrics") as res:
-        text = await res.text()
-    match = re.search(rf'eventfleet_connections{{protocol="{protocol}"}} (\S+)', text)
-    assert match, f"no eventfleet_connections{{protocol={protocol!r}}} in /metrics"
-    return float(match.group(1))
+    sample = f'eventfleet_connections{{protocol="{protocol}"}}'
+    value = await metric(replica, sample)
+    assert value is not None, f"no {sample} in /metrics"
+    return value
 
 
 async def connections_drop_to(replica: ReplicaProc, n: int, timeout: float = 10.0) -> None:

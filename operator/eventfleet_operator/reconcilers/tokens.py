@@ -18,7 +18,7 @@ from typing import Any
 
 from eventfleet_operator import builders, kube, model, naming, tokens
 from eventfleet_operator import status as status_mod
-from eventfleet_operator.constants import ConditionStatus, ConditionType, EventType, Reason
+from eventfleet_operator.constants import ConditionType, EventType, Reason
 from eventfleet_operator.reconcilers.children import Context, Emit
 
 
@@ -135,12 +135,9 @@ async def rotate_peer_token(
         client = tokens.decode(
             client_secret, client_ref.key if not client_ref.generated else "token"
         )
-        loaded_c = status_mod.find_condition(
-            previous.get("conditions"), ConditionType.TOKENS_LOADED
-        )
         loaded = (
             bool(client)
-            and loaded_c.get("status") == ConditionStatus.TRUE
+            and status_mod.condition_true(previous, ConditionType.TOKENS_LOADED)
             and previous.get("tokensDigest") == tokens.Expected.of(client or (), live).digest()
         )
         result = tokens.rotation_step(step, live, loaded, secrets.token_urlsafe(32))
