@@ -789,6 +789,44 @@ async def test_inline_writes_are_checkpointed_in_the_background(tmp_path):
     await full.close()
 
 
+def _wal_restarts(path: Path) -> int:
+    # The WAL header's checkpoint sequence number (bytes 12..16, big-endian) grows by
+    # one each time a writer starts the WAL over from its first frame.
+    with open(f"{path}-wal", "rb") as f:
+        return int.from_bytes(f.read(16)[12:16], "big")
+
+
+async def test_the_wal_starts_over_under_a_steady_load(tmp_path):
+    """Inline commits that never pause still let the background checkpoint copy the
+    whole WAL, so the next commit starts it over: the file is reused, not grown
+    without bound (878 MB after 30,000 one-event commits when it was not)."""
+    path = tmp_path / "steady.sqlite"
+    storage = await Storage.open(path, synchronous="NORMAL")
+    try:
+        assert storage._inline
+        before = _wal_restarts(path)
+        deadline = time.monotonic() + 10 * storage_backend._CHECKPOINT_INTERVAL
+        i = 0
+        # Bounded in count and time; a commit every loop turn, so every checkpoint
+        # runs while commits go on.
+        while i < 200_000 and time.monotonic() < deadline:
+            i += 1
+            event = Event(EventId(1, i, i), ("s",), Timestamp(i, 0), None, None)
+            if storage.can_write_now(1):
+                storage.write_now([event])
+                await asyncio.sleep(0)
+            else:  # the checkpoint's last pass holds writes
+                await storage.write([event])
+            if i % 100 == 0 and _wal_restarts(path) >= before + 2:
+                break
+        restarts = _wal_restarts(path) - before
+        assert restarts >= 2, f"the WAL started over {restarts} time(s) in {i} commits"
+        result = await storage.query(QueryServerParams(1), max_results_cap=10)
+        assert len(result.events) == 10
+    finally:
+        await storage.close()
+
+
 async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_path):
     """In inline mode a batch above INLINE_MAX_EVENTS commits on the writer thread; small
     writes and writer jobs (the BUS's UUID index, retention) issued meanwhile wait for
