@@ -132,6 +132,7 @@ class Engine:
         # exit stops the replica (through the owner's on_fatal).
         self._tasks = tasks.child("engine")
         self._writer_task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by `start`
         self._sequence_listeners: list[SequenceListener] = []
         self._last_future: asyncio.Future | None = None
         self._own_committed: Event | None = None  # the last own event committed since start
@@ -172,6 +173,9 @@ class Engine:
         `continue_after` is the highest own id learned elsewhere (peers), if any.
         """
         self._set_status(Status.STARTING)
+        # Kept: `asyncio.get_running_loop` makes a getpid system call each time (3.11),
+        # and a register called it twice.
+        self._loop = asyncio.get_running_loop()
         stored = await self._storage.get_meta(_OWN_KEY)
         session, instance, ts_us = stored if stored else (0, 0, 0)
         newest = await self._storage.newest_of_server(self._server_id)
@@ -397,7 +401,7 @@ class Engine:
         self._pending.extend(created)
         self._pending_sbs.extend(sbs)
         self._pending_sessions.append((start, len(self._pending)))
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending_futures.append(fut)
         if done is not None:
             self._pending_done.append(done)
@@ -417,7 +421,7 @@ class Engine:
             return
         if not self._writer_busy and self._storage.can_write_now(len(self._pending)):
             self._commit_scheduled = True
-            asyncio.get_running_loop().call_soon(self._commit_now)
+            self._loop.call_soon(self._commit_now)  # type: ignore[union-attr]
         else:
             self._wakeup.set()
 

@@ -18,9 +18,12 @@ Inline writes: with ``synchronous`` OFF or NORMAL a commit does not wait for the
 (WAL pages are handed to the OS, fsync happens only at checkpoints), so `write` runs on
 the event loop's thread instead of hopping to the writer thread: the hop (queue, wake-up,
 self-pipe, context switches) costs more CPU than the commit itself. The writer then has
-automatic checkpoints disabled and a background task checkpoints (PASSIVE) from the
-reader's thread, so no fsync ever blocks the loop. With FULL or EXTRA every commit
-fsyncs, and writes go to the writer thread as described below.
+automatic checkpoints disabled and a background task checkpoints (PASSIVE) on a third
+connection with a thread of its own, so no fsync ever blocks the loop. Each checkpoint
+ends with a short pass that holds writes, so that the WAL is wholly copied and the next
+commit starts it over: under a steady load it would grow without bound otherwise. With
+FULL or EXTRA every commit fsyncs, and writes go to the writer thread as described
+below.
 
 Each public call is one hop to the connection's thread: the whole call (validation,
 statements, commit, decoding) runs there as one function through aiosqlite's
@@ -209,6 +212,7 @@ class Storage:
         self._commits_since_checkpoint = 0
         self._failed_write_bytes = 0
         self._checkpoint_task: asyncio.Task | None = None
+        self._checkpointer: aiosqlite.Connection | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
         # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
         # write (a UUID index mark, a retention delete) issued meanwhile ran on the same
@@ -241,6 +245,14 @@ class Storage:
                 raise CorruptStoreError(f"{path} is damaged ({e}): {RESTORE_HINT}") from None
             raise StorageError(f"{path}: cannot open: {e}") from e
         if self._inline:
+            # Its own connection and thread: a checkpoint never waits behind a long
+            # query, which matters while its last pass holds the writes.
+            try:
+                self._checkpointer = await aiosqlite.connect(path, isolation_level=None)
+            except BaseException:
+                await self._reader.close()
+                await self._writer.close()
+                raise
             self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
         return self
 
@@ -357,12 +369,14 @@ class Storage:
             # Nothing is lost: the next start reads the events above the mark back.
             log.warning("%s: could not write the state mark at close: %s", self._path, e)
         try:
+            if self._checkpointer is not None:
+                await self._checkpointer.close()
             await self._reader.close()
         finally:
             await self._writer.close()
 
     async def _checkpoint_loop(self) -> None:
-        """Checkpoint the WAL from the reader's thread while inline writes are on."""
+        """Checkpoint the WAL from a thread of its own while inline writes are on."""
         while True:
             await asyncio.sleep(_CHECKPOINT_INTERVAL)
             if not self._commits_since_checkpoint:
@@ -370,7 +384,7 @@ class Storage:
             self._commits_since_checkpoint = 0
             try:
                 # The bulk (both fsyncs, the copy) while commits go on ...
-                await _run(self._reader, self._checkpoint)
+                await _run(self._checkpointer, self._checkpoint)
                 # ... then the frames committed meanwhile, with writes held: the next
                 # commit finds the whole WAL copied and starts it over from its first
                 # frame. Without this pass a steady load never lets the WAL be fully
@@ -378,12 +392,13 @@ class Storage:
                 # commits) and every new block cost the kernel an allocation and a
                 # zeroing (16 % of the replica's CPU at batch 1).
                 async with self._write_lock:
-                    await _run(self._reader, self._checkpoint)
+                    await _run(self._checkpointer, self._checkpoint)
             except sqlite3.Error as e:
                 log.warning("%s: WAL checkpoint failed (will retry): %s", self._path, e)
 
     def _checkpoint(self) -> None:
-        self._reader._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        assert self._checkpointer is not None  # inline mode opened it
+        self._checkpointer._conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     @property
     def last_ids(self) -> dict[int, EventId]:
