@@ -235,8 +235,11 @@ def main(argv: list[str] | None = None) -> int:
         args.json.write_text(json.dumps(result, indent=2))
     if args.markdown:
         args.markdown.write_text(text + "\n")
-    if not args.no_plot and plot(result, args.plot):
-        print(f"plot: {args.plot}")
+    if not args.no_plot:
+        if plot(result, args.plot):
+            print(f"plot: {args.plot}")
+        else:
+            print("plot: skipped (matplotlib is not installed; scripts/bench installs it)")
     return 0
 
 
