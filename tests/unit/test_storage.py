@@ -827,6 +827,37 @@ async def test_the_wal_starts_over_under_a_steady_load(tmp_path):
         await storage.close()
 
 
+async def test_a_busy_reader_neither_stops_checkpoints_nor_holds_writes(tmp_path):
+    """The checkpoints have their own connection: while the reader's thread is busy
+    (a long query; here it sleeps), the WAL still starts over, and no write waits
+    behind the reader (the checkpoint's last pass holds writes only for its own work)."""
+    path = tmp_path / "busy.sqlite"
+    storage = await Storage.open(path, synchronous="NORMAL")
+    busy = 6 * storage_backend._CHECKPOINT_INTERVAL
+    try:
+        before = _wal_restarts(path)
+        reader_busy = asyncio.ensure_future(storage_backend._run(storage._reader, time.sleep, busy))
+        longest = 0.0
+        i = 0
+        while not reader_busy.done() and i < 200_000:
+            i += 1
+            event = Event(EventId(1, i, i), ("b",), Timestamp(i, 0), None, None)
+            started = time.monotonic()
+            if storage.can_write_now(1):
+                storage.write_now([event])
+                await asyncio.sleep(0)
+            else:
+                await storage.write([event])
+            longest = max(longest, time.monotonic() - started)
+        await reader_busy
+        restarts = _wal_restarts(path) - before
+        assert restarts >= 1, f"no WAL restart in {i} commits while the reader was busy"
+        # Behind the reader a write would have waited up to `busy` (3 s).
+        assert longest < busy / 2, f"a write waited {longest:.2f} s while the reader was busy"
+    finally:
+        await storage.close()
+
+
 async def test_inline_writes_wait_while_a_large_batch_commits_on_the_thread(tmp_path):
     """In inline mode a batch above INLINE_MAX_EVENTS commits on the writer thread; small
     writes and writer jobs (the BUS's UUID index, retention) issued meanwhile wait for
