@@ -796,6 +796,16 @@ def _wal_restarts(path: Path) -> int:
         return int.from_bytes(f.read(16)[12:16], "big")
 
 
+async def _commit_one(storage: Storage, event: Event) -> None:
+    # Inline as the engine commits, then one loop turn; through `write` while the
+    # checkpoint's last pass holds writes.
+    if storage.can_write_now(1):
+        storage.write_now([event])
+        await asyncio.sleep(0)
+    else:
+        await storage.write([event])
+
+
 async def test_the_wal_starts_over_under_a_steady_load(tmp_path):
     """Inline commits that never pause still let the background checkpoint copy the
     whole WAL, so the next commit starts it over: the file is reused, not grown
@@ -811,12 +821,7 @@ async def test_the_wal_starts_over_under_a_steady_load(tmp_path):
         # runs while commits go on.
         while i < 200_000 and time.monotonic() < deadline:
             i += 1
-            event = Event(EventId(1, i, i), ("s",), Timestamp(i, 0), None, None)
-            if storage.can_write_now(1):
-                storage.write_now([event])
-                await asyncio.sleep(0)
-            else:  # the checkpoint's last pass holds writes
-                await storage.write([event])
+            await _commit_one(storage, Event(EventId(1, i, i), ("s",), Timestamp(i, 0), None, None))
             if i % 100 == 0 and _wal_restarts(path) >= before + 2:
                 break
         restarts = _wal_restarts(path) - before
@@ -841,13 +846,8 @@ async def test_a_busy_reader_neither_stops_checkpoints_nor_holds_writes(tmp_path
         i = 0
         while not reader_busy.done() and i < 200_000:
             i += 1
-            event = Event(EventId(1, i, i), ("b",), Timestamp(i, 0), None, None)
             started = time.monotonic()
-            if storage.can_write_now(1):
-                storage.write_now([event])
-                await asyncio.sleep(0)
-            else:
-                await storage.write([event])
+            await _commit_one(storage, Event(EventId(1, i, i), ("b",), Timestamp(i, 0), None, None))
             longest = max(longest, time.monotonic() - started)
         await reader_busy
         restarts = _wal_restarts(path) - before
