@@ -613,6 +613,76 @@ async def test_latest_falls_back_after_retention(tmp_path):
         assert await s.query(QueryLatestParams([("a",)])) == QueryResult([], False)
 
 
+# -- the per-type index fold (events.typed) --------------------------------------------
+
+
+def _unfolded(path) -> int:
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        return conn.execute("SELECT count(*) FROM events WHERE typed = 0").fetchone()[0]
+
+
+def _typed_upto(path):
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        row = conn.execute("SELECT value FROM meta WHERE key = 'typed_upto'").fetchone()
+        return None if row is None else int(row[0])
+
+
+@pytest.mark.parametrize("synchronous", ["NORMAL", "FULL"])
+async def test_a_type_query_right_after_a_write_sees_every_event(
+    tmp_path, monkeypatch, synchronous
+):
+    # No background pass: only the query's own fold can put the rows into the index.
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
+    monkeypatch.setattr(storage_backend, "FOLD_CHUNK", 7)  # several fold transactions
+    path = tmp_path / "events.sqlite"
+    types = [("a",), ("b",), ("c",)]
+    written = make_events(30, types=types)
+    async with opened(path, synchronous=synchronous) as s:
+        await s.write(written)
+        assert _unfolded(path) == 30  # inserted outside the per-type index
+        got = await s.query(
+            QueryTimeseriesParams(event_types=[("b",)], order=Order.ASCENDING, max_results=100)
+        )
+        assert got.events == [e for e in written if e.type == ("b",)]
+        assert _unfolded(path) == 0 and _typed_upto(path) == 30
+        # A wildcard or an untyped query does not fold (it reads another index).
+        more = make_events(5, types=types, start=31, t0=2_000)
+        await s.write(more)
+        await s.query(QueryTimeseriesParams(max_results=100))
+        assert _unfolded(path) == 5
+    # The fold's progress survives a restart; the next type query folds the rest.
+    async with opened(path, synchronous=synchronous) as s:
+        got = await s.query(
+            QueryTimeseriesParams(event_types=[("a",), ("c",)], order=Order.ASCENDING)
+        )
+        assert got.events == [e for e in written + more if e.type != ("b",)]
+        assert _typed_upto(path) == 35
+
+
+async def test_the_background_pass_folds_what_was_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 0.05)
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        await s.write(make_events(20, types=[("a",), ("b",)]))
+        for _ in range(100):  # bounded: 5 s
+            if not _unfolded(path):
+                break
+            await asyncio.sleep(0.05)
+        assert _unfolded(path) == 0 and _typed_upto(path) == 20
+
+
+async def test_the_latest_repair_finds_an_event_not_yet_folded(tmp_path, monkeypatch):
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
+    path = tmp_path / "events.sqlite"
+    newest = Event(EventId(1, 1, 1), ("t",), Timestamp(2_000, 0), None, None)
+    older = Event(EventId(1, 1, 2), ("t",), Timestamp(1_000, 0), None, None)
+    async with opened(path, retention=Retention(max_events=1)) as s:
+        await s.write([newest])
+        await s.write([older])  # after the newest (seq 2), unfolded
+        assert await s.enforce_retention() == 1  # deletes seq 1: the type's latest
+        assert (await s.query(QueryLatestParams([("t",)]))).events == [older]
+
+
 # -- concurrency -----------------------------------------------------------------------
 
 

@@ -1,5 +1,6 @@
-"""Storage schema version 2 (stored SBS bytes): a store written by the release before
-it is migrated on first start, all or nothing; a newer store is still refused.
+"""Storage schema migrations: a store written by an earlier release is migrated on first
+start, all or nothing (version 1 -> stored SBS bytes; version 3 -> the folded per-type
+index); a newer store is still refused.
 
 `tests/fixtures/storage-v1.sqlite` was written by that release's own storage code
 (schema version 1: two server ids, three sessions each, JSON/binary/no payloads, with
@@ -108,7 +109,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         latest = await s.query_sbs(QueryLatestParams())
         assert len(latest.events) == len(latest_before)
 
-        # It goes on as a version-3 store: new events, the same answers shape.
+        # It goes on as a version-4 store: new events, the same answers shape.
         new = Event(EventId(1, 9, 100), ("a", "new"), Timestamp(1_800_000_000, 0), None, None)
         assert await s.write([new]) == [(49, new)]
         assert (await s.query_sbs(QueryLatestParams([("a", "new")]))).events == [
@@ -118,7 +119,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         await s.close()
 
     with closing(sqlite3.connect(v1_store)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 4
         assert conn.execute("SELECT count(*) FROM events WHERE length(sbs) = 0").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM events WHERE bus IS NOT NULL").fetchone() == (0,)
     assert _latest_seqs(v1_store)[: len(latest_before)] == latest_before
@@ -162,9 +163,86 @@ def _v1_events_of_bytes(data: bytes, folder: Path) -> list[Event]:
 
 async def test_a_newer_store_is_still_refused_before_anything_changes(tmp_path):
     path = tmp_path / "newer.sqlite"
+    newer = schema.SCHEMA_VERSION + 1
     with closing(sqlite3.connect(path)) as conn:
-        conn.execute(f"PRAGMA user_version = {schema.SCHEMA_VERSION + 1}")
+        conn.execute(f"PRAGMA user_version = {newer}")
     original = path.read_bytes()
-    with pytest.raises(SchemaVersionError, match=r"version 4 is newer than this replica's 3"):
+    with pytest.raises(
+        SchemaVersionError,
+        match=rf"version {newer} is newer than this replica.s {schema.SCHEMA_VERSION}",
+    ):
         await Storage.open(path)
     assert path.read_bytes() == original
+
+
+# -- version 3 -> 4: the per-type index holds folded rows only (events.typed) ----------
+
+# Written by the schema-3 release: the version-1 fixture migrated by it, then six events
+# of types ("a", "v3", "0") / ("a", "v3", "1") (sequence numbers 49-54).
+V3_FIXTURE = Path(__file__).parent.parent / "fixtures" / "storage-v3.sqlite"
+V3_TYPES = [("a", "v3", "0"), ("a", "v3", "1")]
+
+
+@pytest.fixture
+def v3_store(tmp_path) -> Path:
+    path = tmp_path / "store" / "events.sqlite"
+    path.parent.mkdir()
+    shutil.copyfile(V3_FIXTURE, path)
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+    return path
+
+
+def _type_index_sql(path: Path) -> str:
+    with closing(sqlite3.connect(path)) as conn:
+        return conn.execute(
+            "SELECT sql FROM sqlite_master WHERE name = 'events_type_ts'"
+        ).fetchone()[0]
+
+
+async def test_a_version_3_store_is_migrated_and_its_type_queries_answer_as_before(v3_store):
+    before = _v1_events(v3_store)  # the same columns in version 3
+    assert len(before) == 46
+    typed = [e for e in before if e.type in V3_TYPES]
+    assert len(typed) == 6
+
+    s = await Storage.open(v3_store)
+    try:
+        assert s.last_seq == 54
+        got = await s.query(QueryTimeseriesParams(event_types=[V3_TYPES[0]], order=Order.ASCENDING))
+        assert got.events == [e for e in typed if e.type == V3_TYPES[0]]
+        assert (await s.query(ASCENDING)).events == before
+        # New rows wait outside the index until a fold; a type query still sees them.
+        new = Event(EventId(1, 10, 200), V3_TYPES[1], Timestamp(1_900_000_000, 0), None, None)
+        await s.write([new])
+        got = await s.query(QueryTimeseriesParams(event_types=[V3_TYPES[1]], order=Order.ASCENDING))
+        assert got.events == [e for e in typed if e.type == V3_TYPES[1]] + [new]
+    finally:
+        await s.close()
+
+    with closing(sqlite3.connect(v3_store)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 4
+        # Every row of the old store was in the old (full) index: typed, none rewritten.
+        assert conn.execute("SELECT count(*) FROM events WHERE typed = 0").fetchone() == (0,)
+        assert conn.execute(
+            "SELECT value FROM meta WHERE key = ?", (schema.TYPED_UPTO_KEY,)
+        ).fetchone() == ("55",)
+    assert "WHERE typed = 1" in _type_index_sql(v3_store)
+
+
+async def test_a_failed_version_3_migration_leaves_the_store_untouched(v3_store, monkeypatch):
+    monkeypatch.setattr(
+        "eventfleet_server.storage.events.TYPE_INDEX_DDL", "CREATE INDEX broken ON nowhere (x)"
+    )
+    with pytest.raises(StorageError, match="migration failed"):
+        await Storage.open(v3_store)
+    with closing(sqlite3.connect(v3_store)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert "typed" not in [row[1] for row in conn.execute("PRAGMA table_info(events)")]
+    assert "typed" not in _type_index_sql(v3_store)
+    monkeypatch.undo()
+    s = await Storage.open(v3_store)  # a later start migrates it
+    try:
+        assert len((await s.query(ASCENDING)).events) == 46
+    finally:
+        await s.close()

@@ -89,6 +89,11 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _RETENTION_CHUNK = 2_000
 _CHECKPOINT_INTERVAL = 0.5  # seconds between PASSIVE checkpoints when inline writes are on
 _WAL_SIZE_LIMIT = 64 << 20  # bytes a started-over WAL keeps (`journal_size_limit`)
+# The per-type index fold (`Storage.fold_types`): how often the background pass runs, and
+# the most rows one of its transactions takes (writes wait while it runs, on the writer's
+# thread: ~20-30 ms for a chunk this size).
+_FOLD_INTERVAL = 1.0
+FOLD_CHUNK = 20_000
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +217,9 @@ class Storage:
         self._commits_since_checkpoint = 0
         self._failed_write_bytes = 0
         self._checkpoint_task: asyncio.Task | None = None
+        self._fold_task: asyncio.Task | None = None
+        # Events up to this sequence number are in the per-type index (`events.typed`).
+        self._typed_upto = 0
         self._checkpointer: aiosqlite.Connection | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
         # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
@@ -254,6 +262,7 @@ class Storage:
                 await self._writer.close()
                 raise
             self._checkpoint_task = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+        self._fold_task = asyncio.get_running_loop().create_task(self._fold_loop())
         return self
 
     # -- the one transaction helper ------------------------------------------------------
@@ -341,6 +350,7 @@ class Storage:
 
         self._cache.load(conn)
         self._last_seq, self._event_count, self._mark, self._meta = state.load(conn)
+        self._typed_upto = int(self._meta.get(schema.TYPED_UPTO_KEY, "0"))
         self._last_ids = last_ids.load(conn, self._mark)
         if self._last_seq != self._mark:
             # Events above the mark (a stop without a clean close): their ids go into
@@ -359,10 +369,11 @@ class Storage:
         if self._closed:
             return
         self._closed = True
-        if self._checkpoint_task:
-            self._checkpoint_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._checkpoint_task
+        for task in (self._checkpoint_task, self._fold_task):
+            if task:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         try:
             await self._on_writer(self._mark_now)
         except Exception as e:
@@ -395,6 +406,45 @@ class Storage:
                     await _run(self._checkpointer, self._checkpoint)
             except sqlite3.Error as e:
                 log.warning("%s: WAL checkpoint failed (will retry): %s", self._path, e)
+
+    # -- the per-type index fold (events.typed) ---------------------------------------
+
+    async def fold_types(self) -> None:
+        """Put every event committed so far into the per-type index (`events.FOLD`), in
+        transactions of at most `FOLD_CHUNK` rows on the writer's thread (the event loop
+        goes on; writes wait for each chunk). A query that reads the index calls this
+        first, so it never misses an event committed before it; a background pass does
+        it every `_FOLD_INTERVAL` so that such a query seldom waits."""
+        while self._last_seq > self._typed_upto:
+            self._check_open()
+            async with self._write_lock:
+                await _run(self._writer, self._fold_chunk)
+
+    def _fold_chunk(self) -> None:
+        upto = min(self._last_seq, self._typed_upto + FOLD_CHUNK)
+        if upto <= self._typed_upto:
+            return
+        with self._transaction("per-type index fold") as tx:
+            self._fold_in(tx, upto)
+        self._folded(upto)
+
+    def _fold_in(self, tx: sqlite3.Connection, upto: int) -> None:
+        tx.execute(events.FOLD, (self._typed_upto, upto))
+        state.set_meta(tx, [(schema.TYPED_UPTO_KEY, str(upto))])
+
+    def _folded(self, upto: int) -> None:
+        """The in-memory state after a fold up to `upto` committed."""
+        self._typed_upto = upto
+        self._meta[schema.TYPED_UPTO_KEY] = str(upto)
+
+    async def _fold_loop(self) -> None:
+        while True:
+            await asyncio.sleep(_FOLD_INTERVAL)
+            try:
+                await self.fold_types()
+            except StorageError as e:
+                # Queries fold on demand (and fail with the same cause if it persists).
+                log.warning("%s: per-type index fold failed (will retry): %s", self._path, e)
 
     def _checkpoint(self) -> None:
         assert self._checkpointer is not None  # inline mode opened it
@@ -940,13 +990,17 @@ class Storage:
         rows = await self._query(params, max_results_cap, queries.SBS)
         return SbsResult([row[0] for row in rows.rows], rows.more_follows)
 
-    def _query(self, params: Any, cap: int, cols: str) -> Awaitable[queries.Rows]:
+    async def _query(self, params: Any, cap: int, cols: str) -> queries.Rows:
         if not isinstance(cap, int) or cap < 1:
             raise ValueError(f"max_results_cap {cap!r} must be an integer >= 1")
         if not isinstance(params, QueryLatestParams | QueryTimeseriesParams | QueryServerParams):
             raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
-        return _run(self._reader, queries.run, self._reader._conn, self._cache, params, cap, cols)
+        if queries.may_read_type_index(params) and self._last_seq > self._typed_upto:
+            await self.fold_types()
+        return await _run(
+            self._reader, queries.run, self._reader._conn, self._cache, params, cap, cols
+        )
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         """Up to `limit` events of `server_id` with instance above ``after.instance``
@@ -1121,13 +1175,20 @@ class Storage:
         return result
 
     def _delete(self, sql: str, args: tuple) -> int:
+        folded = False
         with self._transaction("retention") as tx:
             deleted = tx.execute(sql, args).rowcount
             if deleted:
+                # The repair looks a type's next newest event up in the per-type index.
+                folded = self._last_seq > self._typed_upto
+                if folded:
+                    self._fold_in(tx, self._last_seq)
                 latest.repair(tx)
                 # Nothing above the mark may be deleted (`state`): the mark moves to now.
                 self._write_mark(tx, self._last_seq, self._event_count - deleted)
         self._event_count -= deleted
+        if folded:
+            self._folded(self._last_seq)
         if deleted:
             self._marked(self._last_seq)
         return deleted

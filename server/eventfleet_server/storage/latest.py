@@ -56,7 +56,8 @@ TYPES_SBS = (
 STALE = "SELECT type_id FROM latest WHERE NOT EXISTS (SELECT 1 FROM events WHERE seq = latest.seq)"
 NEWEST_OF_TYPE = (
     "SELECT seq, ts, server, session, instance FROM events INDEXED BY events_type_ts"
-    " WHERE type_id = ? ORDER BY ts DESC, server DESC, session DESC, instance DESC LIMIT 1"
+    " WHERE type_id = ? AND typed = 1"
+    " ORDER BY ts DESC, server DESC, session DESC, instance DESC LIMIT 1"
 )
 REPLACE = (
     "INSERT OR REPLACE INTO latest (type_id, seq, ts, server, session, instance)"

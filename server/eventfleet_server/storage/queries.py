@@ -50,6 +50,13 @@ def page_size(max_results: int | None, cap: int) -> int:
     return max(0, min(max_results, cap))
 
 
+def may_read_type_index(params: object) -> bool:
+    """Whether `params` may be answered from ``events_type_ts`` (a timestamp-ordered
+    timeseries of a few types), which holds only folded rows: the storage folds every
+    committed event into it first (`events.typed`). Errs on the side of True."""
+    return isinstance(params, QueryTimeseriesParams) and params.event_types is not None
+
+
 def run(
     conn: sqlite3.Connection,
     cache: TypeCache,
@@ -222,7 +229,7 @@ def timeseries_sql(
         select = cols if cols != SBS else f"{SBS}, {', '.join(key)}"
         arms = [
             f"SELECT {select} FROM events INDEXED BY events_type_ts"
-            f" WHERE type_id = :t{i} AND {' AND '.join(conds)}"
+            f" WHERE type_id = :t{i} AND typed = 1 AND {' AND '.join(conds)}"
             for i in range(types)
         ]
         return f"{' UNION ALL '.join(arms)} ORDER BY {order} LIMIT :limit"

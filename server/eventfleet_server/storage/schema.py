@@ -27,6 +27,13 @@ Versions (``PRAGMA user_version``):
    sets the version; the bump keeps a version-2 release, which would take the mark for
    the counters (and reuse sequence numbers), from opening a version-3 store.
 
+4. ``events.typed``: the per-type index ``events_type_ts`` holds only rows folded into
+   it (``typed = 1``, a partial index), many commits at once, instead of taking one
+   leaf per distinct type in every commit (`events`). The migration adds the column
+   (existing rows read 1: they are in the index already, no row is rewritten) and
+   rebuilds the index as a partial one, in one transaction. `TYPED_UPTO_KEY` (a meta
+   key) records up to which sequence number rows are folded.
+
 A store of a newer version is refused before anything in it changes (no downgrade).
 """
 
@@ -38,8 +45,12 @@ import time
 
 from eventfleet_server.storage import event_keys, event_types, events, last_ids, latest, state
 
-SCHEMA_VERSION = 3
-MIGRATABLE = (1, 2)  # versions `migrate` upgrades from
+SCHEMA_VERSION = 4
+MIGRATABLE = (1, 2, 3)  # versions `migrate` upgrades from
+
+TYPED_UPTO_KEY = "typed_upto"
+"""Meta key: every event with a sequence number up to this value is in the per-type
+index (`events.FOLD`); a fold writes it in its own transaction."""
 
 DDL = "".join([state.DDL, event_types.DDL, events.DDL, latest.DDL, last_ids.DDL])
 EVENT_KEYS_DDL = event_keys.DDL
@@ -76,7 +87,24 @@ def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
         _migrate_v1(conn, path)
     # 2 -> 3: the layout is the same; version 2's state row is exact, i.e. a mark with
     # no events above it.
+    _migrate_v3(conn, path)
     log.info("%s: storage schema version %d -> %d", path, version, SCHEMA_VERSION)
+
+
+def _migrate_v3(conn: sqlite3.Connection, path: object) -> None:
+    """Version 3 -> 4: ``events.typed`` and the per-type index rebuilt as a partial index;
+    every existing row is in it (``typed`` 1), and `TYPED_UPTO_KEY` says so."""
+    started = time.monotonic()
+    conn.execute(events.ADD_TYPED)
+    conn.execute("DROP INDEX events_type_ts")
+    conn.execute(events.TYPE_INDEX_DDL)
+    top = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
+    state.set_meta(conn, [(TYPED_UPTO_KEY, str(top))])
+    log.info(
+        "%s: per-type index rebuilt for schema version 4 (%.1f s)",
+        path,
+        time.monotonic() - started,
+    )
 
 
 def _migrate_v1(conn: sqlite3.Connection, path: object) -> None:
