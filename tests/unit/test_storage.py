@@ -37,6 +37,7 @@ from eventfleet_server.storage import (
     SbsResult,
     Storage,
     StorageError,
+    StorageFaultError,
     StorageStats,
     merge_rows,
     snapshot,
@@ -657,6 +658,26 @@ async def test_a_type_query_right_after_a_write_sees_every_event(
         )
         assert got.events == [e for e in written + more if e.type != ("b",)]
         assert _typed_upto(path) == 35
+
+
+async def test_a_type_query_answers_in_full_when_the_fold_fails(tmp_path, monkeypatch, caplog):
+    # A store that takes no writes (a full disk) still answers reads, and completely.
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
+    path = tmp_path / "events.sqlite"
+    written = make_events(12, types=[("a",), ("b",)])
+    async with opened(path) as s:
+        await s.write(written)
+
+        def full() -> None:
+            raise StorageFaultError(f"{path}: the file system is full (injected)")
+
+        monkeypatch.setattr(s, "_fold_chunk", full)
+        for _ in range(2):
+            got = await s.query(QueryTimeseriesParams(event_types=[("a",)], order=Order.ASCENDING))
+            assert got.events == [e for e in written if e.type == ("a",)]
+        assert _unfolded(path) == 12
+        warnings = [r for r in caplog.records if "per-type index fold failed" in r.message]
+        assert len(warnings) == 1 and "full (injected)" in warnings[0].message
 
 
 async def test_the_background_pass_folds_what_was_written(tmp_path, monkeypatch):

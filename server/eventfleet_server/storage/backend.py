@@ -220,6 +220,7 @@ class Storage:
         self._fold_task: asyncio.Task | None = None
         # Events up to this sequence number are in the per-type index (`events.typed`).
         self._typed_upto = 0
+        self._fold_failing = False
         self._checkpointer: aiosqlite.Connection | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
         # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
@@ -443,8 +444,27 @@ class Storage:
             try:
                 await self.fold_types()
             except StorageError as e:
-                # Queries fold on demand (and fail with the same cause if it persists).
-                log.warning("%s: per-type index fold failed (will retry): %s", self._path, e)
+                self._fold_failed(e)
+            except Exception:
+                # Not a store fault: a bug. Logged with its traceback; the pass goes on.
+                log.exception("%s: per-type index fold failed", self._path)
+            else:
+                if self._fold_failing:
+                    self._fold_failing = False
+                    log.info("%s: per-type index folds work again", self._path)
+
+    def _fold_failed(self, error: StorageError) -> None:
+        # Once per failing period (a full disk fails every pass): the engine reports the
+        # store's health; queries meanwhile answer without the per-type index.
+        if not self._fold_failing:
+            self._fold_failing = True
+            log.warning(
+                "%s: per-type index fold failed (retried every %g s; type queries use the "
+                "timestamp index meanwhile): %s",
+                self._path,
+                _FOLD_INTERVAL,
+                error,
+            )
 
     def _checkpoint(self) -> None:
         assert self._checkpointer is not None  # inline mode opened it
@@ -996,10 +1016,24 @@ class Storage:
         if not isinstance(params, QueryLatestParams | QueryTimeseriesParams | QueryServerParams):
             raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
+        type_index = True
         if queries.may_read_type_index(params) and self._last_seq > self._typed_upto:
-            await self.fold_types()
+            try:
+                await self.fold_types()
+            except StorageError as e:
+                # A store that takes no writes (a full disk) still answers reads: the
+                # type filter then runs on the timestamp index, slower but complete.
+                self._fold_failed(e)
+                type_index = False
         return await _run(
-            self._reader, queries.run, self._reader._conn, self._cache, params, cap, cols
+            self._reader,
+            queries.run,
+            self._reader._conn,
+            self._cache,
+            params,
+            cap,
+            cols,
+            type_index,
         )
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:

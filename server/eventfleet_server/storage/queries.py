@@ -63,9 +63,12 @@ def run(
     params: QueryLatestParams | QueryTimeseriesParams | QueryServerParams,
     cap: int,
     cols: str,
+    type_index: bool = True,
 ) -> Rows:
+    """Answer `params`. `type_index`: False when ``events_type_ts`` may lack committed
+    events (a fold failed): type filters then read the timestamp index instead."""
     if isinstance(params, QueryTimeseriesParams):
-        return timeseries(conn, cache, params, cap, cols)
+        return timeseries(conn, cache, params, cap, cols, type_index)
     if isinstance(params, QueryServerParams):
         return server(conn, params, cap, cols)
     if isinstance(params, QueryLatestParams):
@@ -103,6 +106,7 @@ def timeseries(
     params: QueryTimeseriesParams,
     cap: int,
     cols: str,
+    type_index: bool = True,
 ) -> Rows:
     try:
         source = OrderBy(params.order_by) is OrderBy.SOURCE_TIMESTAMP
@@ -147,7 +151,7 @@ def timeseries(
     types: int | None = None
     if expansion is not None:
         ids, text = expansion
-        if not source and len(ids) <= MERGE_MAX_TYPES:
+        if not source and len(ids) <= MERGE_MAX_TYPES and type_index:
             types = len(ids)
             for i, type_id in enumerate(ids):
                 args[f"t{i}"] = type_id
