@@ -70,14 +70,19 @@ def _latest_seqs(path: Path) -> list[tuple]:
         return conn.execute("SELECT * FROM latest ORDER BY type_id").fetchall()
 
 
-@pytest.fixture
-def v1_store(tmp_path) -> Path:
+def _store_copy(tmp_path: Path, fixture: Path, version: int) -> Path:
+    """A copy of `fixture` (a store of schema `version`) where a replica keeps its store."""
     path = tmp_path / "store" / "events.sqlite"
     path.parent.mkdir()
-    shutil.copyfile(FIXTURE, path)
+    shutil.copyfile(fixture, path)
     with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == version
     return path
+
+
+@pytest.fixture
+def v1_store(tmp_path) -> Path:
+    return _store_copy(tmp_path, FIXTURE, 1)
 
 
 async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_store):
@@ -185,12 +190,7 @@ V3_TYPES = [("a", "v3", "0"), ("a", "v3", "1")]
 
 @pytest.fixture
 def v3_store(tmp_path) -> Path:
-    path = tmp_path / "store" / "events.sqlite"
-    path.parent.mkdir()
-    shutil.copyfile(V3_FIXTURE, path)
-    with closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
-    return path
+    return _store_copy(tmp_path, V3_FIXTURE, 3)
 
 
 def _type_index_sql(path: Path) -> str:
