@@ -680,6 +680,39 @@ async def test_a_type_query_answers_in_full_when_the_fold_fails(tmp_path, monkey
         assert len(warnings) == 1 and "full (injected)" in warnings[0].message
 
 
+async def test_a_fold_stops_at_what_was_committed_when_it_was_asked(tmp_path, monkeypatch):
+    # Commits keep arriving between its chunks: a query's fold must not chase them.
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
+    monkeypatch.setattr(storage_backend, "FOLD_CHUNK", 5)
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        await s.write(make_events(20))
+        chunks = 0
+        fold_chunk = s._fold_chunk
+
+        def counted() -> None:
+            nonlocal chunks
+            chunks += 1
+            fold_chunk()
+
+        monkeypatch.setattr(s, "_fold_chunk", counted)
+        stop = False
+
+        async def keep_writing() -> None:
+            start = 21
+            while not stop and start < 200:  # bounded
+                await s.write(make_events(1, start=start, t0=5_000 + start))
+                start += 1
+
+        writer = asyncio.create_task(keep_writing())
+        try:
+            await s.fold_types()
+        finally:
+            stop = True
+            await writer
+        assert chunks == 4  # 20 events in chunks of 5, whatever came after
+
+
 async def test_the_background_pass_folds_what_was_written(tmp_path, monkeypatch):
     monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 0.05)
     path = tmp_path / "events.sqlite"

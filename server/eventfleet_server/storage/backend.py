@@ -415,8 +415,11 @@ class Storage:
         transactions of at most `FOLD_CHUNK` rows on the writer's thread (the event loop
         goes on; writes wait for each chunk). A query that reads the index calls this
         first, so it never misses an event committed before it; a background pass does
-        it every `_FOLD_INTERVAL` so that such a query seldom waits."""
-        while self._last_seq > self._typed_upto:
+        it every `_FOLD_INTERVAL` so that such a query seldom waits. Stops once what was
+        committed when it was called is folded: under a steady load it does not chase
+        the commits that arrive meanwhile."""
+        target = self._last_seq
+        while self._typed_upto < target:
             self._check_open()
             async with self._write_lock:
                 await _run(self._writer, self._fold_chunk)
