@@ -8,20 +8,19 @@ Parquet; the aggregates reach every replica through the Syncer.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import io
 import json
 import os
 import pathlib
 import random
-import socket
 import subprocess
 import sys
 import time
 
 import pytest
 
+from e2e import ports
 from tests import parts
 
 parts.require_module("spark", "pyspark")
@@ -54,22 +53,6 @@ PAYLOADS = [
 ]
 
 
-def _free_block(size: int = 30) -> int:
-    """A base port whose next `size` ports are free (the fleet lays replicas out there)."""
-    rng = random.Random()
-    for _ in range(50):
-        base = rng.randrange(30000, 60000, 100)
-        try:
-            with contextlib.ExitStack() as stack:
-                for port in range(base, base + size):
-                    s = stack.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free port block")
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """`eventfleet fleet --replicas 3`; yields (eventer endpoints, token)."""
@@ -83,7 +66,9 @@ def fleet(tmp_path_factory):
             "--replicas",
             "3",
             "--base-port",
-            str(_free_block()),
+            # Below the ephemeral range: an outgoing connection cannot take one of
+            # them between the check and the replica's bind.
+            str(ports.free_block(30, align=10)),
             "--data-dir",
             str(data),
             "--json",

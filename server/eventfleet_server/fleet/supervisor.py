@@ -257,6 +257,18 @@ class Supervisor:
         return f"{layout.name} server_id={layout.server_id} pid={r.pid} {state}: {endpoints}"
 
 
+def reached_a_listener(sock_name: object, peer_name: object) -> bool:
+    """Whether a connection that succeeded reached a listening socket.
+
+    A port in the kernel's ephemeral range with nothing listening on it can still
+    "accept": a connect from the host to itself may be given that very port as its own
+    source port, and TCP's simultaneous open then connects the socket to itself. Polling
+    such a port for long enough makes that likely, and would report a replica that never
+    bound its port as up.
+    """
+    return sock_name != peer_name
+
+
 async def _wait_port(host: str, port: int, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -266,8 +278,13 @@ async def _wait_port(host: str, port: int, timeout: float) -> bool:
         except (OSError, TimeoutError):
             await asyncio.sleep(0.1)
             continue
+        listening = reached_a_listener(
+            writer.get_extra_info("sockname"), writer.get_extra_info("peername")
+        )
         writer.close()
         with contextlib.suppress(Exception):
             await writer.wait_closed()
-        return True
+        if listening:
+            return True
+        await asyncio.sleep(0.1)
     return False
