@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 
 import pytest
 from eventfleet_server import chatter
@@ -171,6 +172,51 @@ async def test_frames_split_anywhere_are_dispatched_in_order_across_pauses():
                 conn.resume_dispatch()
         assert got == [f"T.Msg{i}" for i in range(2, 40)], step
         assert b"HatChatter.Pong" in transport.written  # the ping answered on arrival
+
+
+async def test_large_frames_split_anywhere_arrive_whole_and_in_order():
+    """Frames above 64 KiB take the one-copy path (header read from the first chunk,
+    only the payload joined): whatever the split, including a first chunk that ends
+    inside the header and chunks that end inside the next frame, every payload
+    arrives byte for byte and in order, across dispatch pauses."""
+    rng = random.Random(5)
+    payloads = [rng.randbytes(n) for n in (200_000, 70_000, 10, 1_000_000, 65_537, 3)]
+    frames = [_frame(i + 1, f"T.Big{i}", data) for i, data in enumerate(payloads)]
+    stream = b"".join(frames)
+    for step in (1, 5, 40, 4096, 65_536, 300_001, len(stream)):
+        conn = chatter.Connection(ping_delay=None, max_msg_size=2_000_000)
+        conn.connection_made(_Transport())
+        got: list[tuple[str, bytes]] = []
+
+        def handler(msg, got=got, conn=conn):
+            got.append((msg.type, msg.data))
+            if len(got) % 2 == 0:
+                conn.pause_dispatch()
+
+        conn.set_handler(handler, lambda e: pytest.fail(f"frame error {e}"))
+        pos = 0
+        while pos < len(stream):
+            # Uneven reads: a real socket's sizes vary from one read to the next.
+            n = step if step < 40 else rng.randrange(1, 2 * step)
+            conn.data_received(stream[pos : pos + n])
+            pos += n
+            while conn._dispatch_paused:
+                conn.resume_dispatch()
+        assert [t for t, _ in got] == [f"T.Big{i}" for i in range(len(payloads))], step
+        assert [d for _, d in got] == payloads, step
+
+
+async def test_a_large_frame_with_a_bad_header_is_a_frame_error():
+    conn = chatter.Connection(ping_delay=None, max_msg_size=2_000_000)
+    conn.connection_made(_Transport())
+    got, errors = [], []
+    conn.set_handler(lambda m: got.append(m.type), errors.append)
+    frame = bytearray(_frame(1, "T.Big", b"x" * 100_000))
+    frame[-100_001] ^= 0x7F  # the payload's length no longer matches the frame's
+    conn.data_received(bytes(frame[:70_000]))
+    conn.data_received(bytes(frame[70_000:]))
+    assert got == []
+    assert len(errors) == 1 and "does not match" in str(errors[0])
 
 
 async def test_a_frame_error_reaches_the_handler_after_the_good_frames():
