@@ -35,8 +35,10 @@ from eventfleet_server.eventer.wire import (
     InvalidRegistration,
     RegisterLimits,
     decode_register,
-    encode_register_res,
-    encode_register_res_sliced,
+    event_elements,
+    register_res,
+    register_res_parts,
+    splice_elements_sliced,
 )
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -286,13 +288,17 @@ def test_register_response_spliced_from_the_request_equals_the_codecs(
     expected = codec.repo.encode(
         "HatEventer.MsgRegisterRes", ("events", [codec.event_to_sbs(e) for e in created])
     )
-    assert encode_register_res(request, spans, created) == expected
-    assert asyncio.run(encode_register_res_sliced(request, spans, created)) == expected
+    elements = event_elements(request, spans, created)
+    assert register_res(elements) == expected
+    assert b"".join(register_res_parts(elements)) == expected
+    prepared = asyncio.run(splice_elements_sliced(request, spans, created[0].id, ts))
+    assert prepared == elements
 
 
 def test_a_large_register_response_is_spliced_in_slices_identically():
-    """Beyond CHUNK_EVENTS events the answer is built a slice at a time (yielding to
-    the loop between slices): the same bytes as the codec's."""
+    """Beyond CHUNK_EVENTS events the stored bytes are prepared a slice at a time
+    (yielding to the loop between slices) and the answer written in pieces: the same
+    bytes as the codec's."""
     events = [
         RegisterEvent(("big", str(i)), Timestamp(i, i), EventPayloadBinary("b", b"x" * i))
         for i in range(3 * CHUNK_EVENTS + 5)
@@ -308,10 +314,11 @@ def test_a_large_register_response_is_spliced_in_slices_identically():
     expected = codec.repo.encode(
         "HatEventer.MsgRegisterRes", ("events", [codec.event_to_sbs(e) for e in created])
     )
-    assert asyncio.run(encode_register_res_sliced(request, spans, created)) == expected
+    prepared = asyncio.run(splice_elements_sliced(request, spans, EventId(1, 7, 100), ts))
+    assert b"".join(register_res_parts(prepared)) == expected
     # Not one registration (another session in the middle): not spliced, no wrong answer.
     mixed = [*created[:200], created[200]._replace(id=EventId(1, 8, 300)), *created[201:]]
-    assert asyncio.run(encode_register_res_sliced(request, spans, mixed)) is None
+    assert event_elements(request, spans, mixed) is None
 
 
 @FUZZ

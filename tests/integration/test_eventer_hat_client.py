@@ -381,3 +381,63 @@ async def test_pipelined_requests_around_a_sliced_one_keep_their_order(replica):
         assert {e.id for e in latest.events} <= {answers[-1][0].id}
     finally:
         await client.async_close()
+
+
+@pytest.mark.parametrize("interleaved", [False, True], ids=["alone", "interleaved"])
+async def test_a_sliced_requests_answer_is_what_was_stored(replica, monkeypatch, interleaved):
+    """A request too large for one slice has its stored bytes prepared a slice at a
+    time, for the ids and time `next_registration` gives, and its answer written in
+    pieces. The answer and what a query then reads are the same events, byte for byte
+    through the real client. When another registration takes those ids meanwhile
+    (`interleaved`), the bytes are spliced again for the ids the request did get."""
+    from eventfleet_server.eventer import session as session_module
+    from eventfleet_server.eventer import wire
+
+    calls = {"prepared": 0, "spliced_at_once": 0}
+    sliced = session_module.splice_elements_sliced
+    at_once = session_module.event_elements
+
+    async def preparing(*args):
+        calls["prepared"] += 1
+        out = await sliced(*args)
+        if interleaved:  # another connection's request, registered meanwhile
+            replica.engine.register([hat.RegisterEvent(("sliced", "other"), None, None)])
+        return out
+
+    def counting(*args):
+        calls["spliced_at_once"] += 1
+        return at_once(*args)
+
+    monkeypatch.setattr(session_module, "splice_elements_sliced", preparing)
+    monkeypatch.setattr(session_module, "event_elements", counting)
+    count = wire.CHUNK_EVENTS * 3 + 7
+    payload = hat.EventPayloadBinary("blob", bytes(range(256)) * 8)
+    client = await hat_client.connect(addr(replica), "test/sliced")
+    try:
+        before = await client.register([reg(("sliced", "before"))], True)
+        big = [
+            hat.RegisterEvent(("sliced", "big", str(i)), hat.Timestamp(i, 7), payload)
+            for i in range(count)
+        ]
+        answer = await client.register(big, True)
+        stored = await client.query(
+            hat.QueryTimeseriesParams(event_types=[("sliced", "big", "*")], max_results=count)
+        )
+    finally:
+        await client.async_close()
+    assert calls["prepared"] == 1
+    # Spliced at once: the small request before it, and the big one only when the
+    # prepared ids were taken.
+    assert calls["spliced_at_once"] == (2 if interleaved else 1)
+    assert len(answer) == count
+    assert sorted(stored.events, key=lambda e: e.id) == answer
+    assert [e.type for e in answer] == [e.type for e in big]
+    assert all(
+        e.payload == payload and e.source_timestamp == r.source_timestamp
+        for e, r in zip(answer, big, strict=True)
+    )
+    first = answer[0].id
+    assert [e.id.instance for e in answer] == list(range(first.instance, first.instance + count))
+    assert {e.id.session for e in answer} == {first.session} and first > before[0].id
+    assert {e.timestamp for e in answer} == {answer[0].timestamp}
+    assert answer[0].timestamp >= before[0].timestamp

@@ -123,6 +123,10 @@ class _Transport:
     def write(self, data) -> None:
         self.written += data
 
+    def writelines(self, parts) -> None:
+        for part in parts:
+            self.written += part
+
     def pause_reading(self) -> None:
         self.reading = False
 
@@ -204,6 +208,29 @@ async def test_large_frames_split_anywhere_arrive_whole_and_in_order():
                 conn.resume_dispatch()
         assert [t for t, _ in got] == [f"T.Big{i}" for i in range(len(payloads))], step
         assert [d for _, d in got] == payloads, step
+
+
+async def test_a_message_sent_in_parts_is_the_message_sent_whole():
+    parts = [b"head", b"x" * 70_000, b"", b"tail"]
+    whole, pieces = _Transport(), _Transport()
+    for transport, send in ((whole, "send"), (pieces, "send_parts")):
+        conn = chatter.Connection(ping_delay=None)
+        conn.connection_made(transport)
+        conv = chatter.Conversation(False, 7)
+        if send == "send":
+            conn.send("T.Res", b"".join(parts), conv=conv)
+        else:
+            conn.send_parts("T.Res", parts, conv=conv)
+    assert pieces.written == whole.written
+    receiver = chatter.Connection(ping_delay=None, max_msg_size=1_000_000)
+    receiver.connection_made(_Transport())
+    receiver.data_received(bytes(pieces.written))
+    msg = await receiver.receive()
+    assert (msg.type, msg.data, msg.conv) == (
+        "T.Res",
+        b"".join(parts),
+        chatter.Conversation(True, 7),
+    )
 
 
 async def test_a_large_frame_with_a_bad_header_is_a_frame_error():

@@ -318,6 +318,7 @@ class Engine:
         validated: bool = False,
         encode: Encoder | None = None,
         done: Callable[[bool], None] | None = None,
+        timestamp_us: int | None = None,
     ) -> tuple[list[Event], asyncio.Future]:
         """Create one session from `events`; returns the events and a commit future.
 
@@ -331,6 +332,8 @@ class Engine:
         `done`: called with True right after the commit that holds the events (after
         the ``persisted=true`` listeners), with False if it failed — in the commit's own
         loop iteration, where a callback on the future runs one iteration later.
+        `timestamp_us`: the registration's time when the caller took it earlier
+        (`next_registration`); never before the previous registration's.
 
         Refused as a whole (`RegisterError`) when the batch would take the ids handed
         out but not committed beyond `max_uncommitted` (the restart id gap relies on
@@ -359,7 +362,8 @@ class Engine:
         if not validated:
             for i, e in enumerate(events):
                 _validate_register_event(i, e)
-        ts_us = max(time.time_ns() // 1000, self._last_ts_us)
+        now_us = time.time_ns() // 1000 if timestamp_us is None else timestamp_us
+        ts_us = max(now_us, self._last_ts_us)
         self._last_ts_us = ts_us
         ts = timestamp_from_us(ts_us)
         self._session += 1
@@ -410,6 +414,15 @@ class Engine:
         self._schedule_commit()
         self._fan_out(created, sbs, False)
         return created, fut
+
+    def next_registration(self) -> tuple[EventId, int]:
+        """The first event id and the timestamp (µs) that a `register` made now would
+        give, for a caller that prepares a large registration's encoding ahead, a slice
+        at a time, then registers with ``timestamp_us`` set to it. Another registration
+        in between takes those ids: the caller's `encode` then sees other ids than it
+        prepared for and encodes anew."""
+        ts_us = max(time.time_ns() // 1000, self._last_ts_us)
+        return EventId(self._server_id, self._session + 1, self._instance + 1), ts_us
 
     def _schedule_commit(self) -> None:
         """Commit what is pending soon. When the store commits on the loop's thread

@@ -17,7 +17,13 @@ from typing import TYPE_CHECKING
 
 from eventfleet_server import chatter
 from eventfleet_server.common import codec
-from eventfleet_server.common.model import Event, QueryLatestParams
+from eventfleet_server.common.model import (
+    Event,
+    EventId,
+    QueryLatestParams,
+    timestamp_from_us,
+    timestamp_to_us,
+)
 from eventfleet_server.common.subscription import Subscription
 from eventfleet_server.engine import EngineError
 from eventfleet_server.eventer.wire import (
@@ -30,6 +36,8 @@ from eventfleet_server.eventer.wire import (
     decode_register_now,
     event_elements,
     register_res,
+    register_res_parts,
+    splice_elements_sliced,
 )
 from eventfleet_server.listener import RejectReason
 
@@ -240,7 +248,12 @@ class EventerSession:
         except Exception as e:
             self._decode_failed(msg, e)
             return
-        fut = self._submit(msg, events, spans)
+        # The stored bytes prepared a slice at a time too, for the ids and time the
+        # registration is about to get (spliced at once, as for small requests, if
+        # another registration took those meanwhile).
+        first, ts_us = self._engine.next_registration()
+        prepared = await splice_elements_sliced(msg.data, spans, first, timestamp_from_us(ts_us))
+        fut = self._submit(msg, events, spans, (first, ts_us, prepared))
         if fut is not None and msg.last and len(events) > CHUNK_EVENTS:
             # No answer to wait for: still, the next request waits for this commit, so
             # a client cannot queue uncommitted batches faster than the disk takes them.
@@ -258,9 +271,15 @@ class EventerSession:
             self._register_failed(msg, f"register by {self.name!r} refused: {error!r}")
 
     def _submit(
-        self, msg: chatter.Msg, events: list, spans: list[tuple[int, int, int]]
+        self,
+        msg: chatter.Msg,
+        events: list,
+        spans: list[tuple[int, int, int]],
+        prepared: tuple[EventId, int, list[bytes] | None] | None = None,
     ) -> asyncio.Future | None:
-        """Hand decoded events to the engine; the answer leaves after their commit."""
+        """Hand decoded events to the engine; the answer leaves after their commit.
+        `prepared`: the first id and time (µs) `Engine.next_registration` gave and the
+        stored bytes spliced for them."""
         if self.conn.is_closed:
             return None
         wants_response = not msg.last
@@ -274,6 +293,11 @@ class EventerSession:
 
         def encode(created: list[Event]) -> list[bytes]:
             # Spliced from the request (~1 µs/event); encoded only if it cannot be.
+            head = created[0]
+            if prepared is not None and prepared[2] is not None and head.id == prepared[0]:
+                if timestamp_to_us(head.timestamp) == prepared[1]:
+                    elements.extend(prepared[2])
+                    return elements
             spliced = event_elements(msg.data, spans, created)
             elements.extend(
                 spliced if spliced is not None else [codec.encode_event(e) for e in created]
@@ -293,7 +317,13 @@ class EventerSession:
                     self._respond_register(msg, None)
 
         try:
-            _, fut = self._engine.register(events, validated=True, encode=encode, done=done)
+            _, fut = self._engine.register(
+                events,
+                validated=True,
+                encode=encode,
+                done=done,
+                timestamp_us=None if prepared is None else prepared[1],
+            )
         except EngineError as e:
             self._register_failed(
                 msg, f"register of {len(events)} events by {self.name!r} failed: {e}"
@@ -310,6 +340,15 @@ class EventerSession:
 
     def _queue_reply(self, msg: chatter.Msg, elements: list[bytes]) -> None:
         if self.conn.is_closed:
+            return
+        if len(elements) > CHUNK_EVENTS:
+            # A large answer is written in pieces, not joined (`register_res_parts`),
+            # after the answers queued before it.
+            self.flush_replies()
+            parts = register_res_parts(elements)
+            if self._writable(sum(map(len, parts))):
+                with contextlib.suppress(ConnectionError):
+                    self.conn.send_parts(_P + "MsgRegisterRes", parts, conv=msg.conv)
             return
         first = not self._replies
         self._replies.append((_P + "MsgRegisterRes", register_res(elements), msg.conv))

@@ -32,10 +32,12 @@ from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
     RESERVED_TYPE_PREFIX,
     Event,
+    EventId,
     InvalidEvent,
     QueryParams,
     QueryTimeseriesParams,
     RegisterEvent,
+    Timestamp,
     check_register_event,
 )
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
@@ -352,42 +354,6 @@ def decode_register_now(
 _EVENTS_CHOICE = encode_int(0)  # MsgRegisterRes = Choice {events: Array(Event), failure}
 
 
-class _NotSpliceable(Exception):
-    """The events are not one registration from the request (never, from the engine)."""
-
-
-def _register_res_chunks(
-    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
-) -> Iterator[list[bytes | memoryview]]:
-    """The pieces of the spliced ``MsgRegisterRes``, `CHUNK_EVENTS` events at a time
-    (see `encode_register_res`); raises `_NotSpliceable`."""
-    if len(spans) != len(created) or not created:
-        raise _NotSpliceable
-    head = created[0]
-    server, session, ts = head.id.server, head.id.session, head.timestamp
-    if server < 0 or ts.s < 0:
-        raise _NotSpliceable  # encode_int writes non-negative integers only
-    id_prefix = encode_int(server) + encode_int(session)
-    ts_bytes = encode_int(ts.s) + encode_int(ts.us)
-    view = memoryview(request)  # slices are views: the final join copies once
-    yield [_EVENTS_CHOICE, encode_int(len(created))]
-    for lo in range(0, len(created), CHUNK_EVENTS):
-        parts: list[bytes | memoryview] = []
-        append = parts.append
-        for (start, type_end, end), event in zip(
-            spans[lo : lo + CHUNK_EVENTS], created[lo : lo + CHUNK_EVENTS], strict=True
-        ):
-            event_id = event.id
-            if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
-                raise _NotSpliceable
-            append(id_prefix)
-            append(encode_int(event_id.instance))
-            append(view[start:type_end])
-            append(ts_bytes)
-            append(view[type_end:end])
-        yield parts
-
-
 _LAST_GROUP = [bytes([0x80 | i]) for i in range(128)]
 
 
@@ -395,20 +361,45 @@ def event_elements(
     request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
 ) -> list[bytes] | None:
     """The SBS ``Event`` bytes of each of `created` (the events registered from
-    `request`), spliced from the request's bytes as `encode_register_res` does: its
-    id, the request's bytes of its type, the registration's timestamp, the request's
-    bytes of the rest. These are what the engine stores, notifies and answers with
-    (`Engine.register`'s `encode`); None when they cannot be spliced.
+    `request`, consecutive ids of one session and one timestamp, as the engine makes
+    them), spliced from the request's bytes (`splice_elements`). These are what the
+    engine stores, notifies and answers with (`Engine.register`'s `encode`); None when
+    they cannot be spliced."""
+    if len(spans) != len(created) or not created:
+        return None
+    head = created[0]
+    first, ts = head.id, head.timestamp
+    server, session, n = first
+    for event in created:
+        event_id = event.id
+        if (
+            event_id.instance != n
+            or event_id.session != session
+            or event_id.server != server
+            or (event.timestamp is not ts and event.timestamp != ts)
+        ):
+            return None
+        n += 1
+    return splice_elements(request, spans, first, ts)
+
+
+def splice_elements(
+    request: bytes, spans: list[tuple[int, int, int]], first: EventId, ts: Timestamp
+) -> list[bytes] | None:
+    """The SBS ``Event`` bytes of the events registered from the request's `spans`
+    (`slices`), with ids from `first` on and the registration's timestamp `ts`: each is
+    its id, the request's bytes of its type, the timestamp, the request's bytes of the
+    rest (an ``Event`` is ``id, type, timestamp, sourceTimestamp, payload``, a
+    ``RegisterEvent`` is ``type, sourceTimestamp, payload``, each encoded field by field
+    in that order). No SBS values are built and nothing is encoded twice. None when it
+    cannot be spliced (negative numbers: `encode_int` writes non-negative ones only).
 
     Instances are consecutive: an instance's encoding differs from the previous one's
     only in its last 7-bit group until that group wraps, so most are a prefix and a
     byte from a table instead of an `encode_int` call."""
-    if len(spans) != len(created) or not created:
+    server, session, n = first.server, first.session, first.instance
+    if server < 0 or session < 0 or n < 0 or ts.s < 0 or ts.us < 0:
         return None
-    head = created[0]
-    server, session, ts = head.id.server, head.id.session, head.timestamp
-    if server < 0 or session < 0 or ts.s < 0 or ts.us < 0:
-        return None  # encode_int writes non-negative integers only
     id_prefix = encode_int(server) + encode_int(session)
     ts_bytes = encode_int(ts.s) + encode_int(ts.us)
     out: list[bytes] = []
@@ -417,61 +408,37 @@ def event_elements(
     last_group = _LAST_GROUP
     high = -1
     prefix = b""
-    for (start, type_end, end), event in zip(spans, created, strict=True):
-        event_id = event.id
-        if event_id.session != session or (event.timestamp is not ts and event.timestamp != ts):
-            return None
-        n = event_id.instance
+    for start, type_end, end in spans:
         if n >> 7 == high and n >= 128:
             instance = prefix + last_group[n & 0x7F]
         else:
-            if n < 0:
-                return None
             instance = encode_int(n)
             high, prefix = n >> 7, instance[:-1]
         append(
             join((id_prefix, instance, request[start:type_end], ts_bytes, request[type_end:end]))
         )
+        n += 1
     return out
 
 
-def encode_register_res(
-    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
-) -> bytes | None:
-    """``MsgRegisterRes`` (the events choice) for `created`, the events registered from
-    `request`, spliced from the request's own bytes; None when it cannot be (then encode
-    the usual way). For answers of up to `CHUNK_EVENTS` events; larger ones use
-    `encode_register_res_sliced`.
-
-    An ``Event`` is ``id, type, timestamp, sourceTimestamp, payload`` and a
-    ``RegisterEvent`` is ``type, sourceTimestamp, payload``, each encoded field by field
-    in that order. So each answered event is its id, the request's bytes of its type,
-    the registration's timestamp (one per request), and the request's bytes of the rest:
-    no SBS values are built and nothing is encoded twice. This was a quarter of the
-    replica's CPU at batch 1000.
-    """
-    try:
-        chunks = _register_res_chunks(request, spans, created)
-        return b"".join([piece for chunk in chunks for piece in chunk])
-    except _NotSpliceable:
-        return None
-
-
-async def encode_register_res_sliced(
-    request: bytes, spans: list[tuple[int, int, int]], created: list[Event]
-) -> bytes | None:
-    """`encode_register_res` yielding to the loop between slices of `CHUNK_EVENTS`
-    events, as decoding does: a maximal request's answer (10,000 events, 16 MiB) never
-    holds the loop for long."""
-    parts: list[bytes | memoryview] = []
-    try:
-        for index, chunk in enumerate(_register_res_chunks(request, spans, created)):
-            if index > 1:
-                await asyncio.sleep(0)
-            parts.extend(chunk)
-    except _NotSpliceable:
-        return None
-    return b"".join(parts)
+async def splice_elements_sliced(
+    request: bytes, spans: list[tuple[int, int, int]], first: EventId, ts: Timestamp
+) -> list[bytes] | None:
+    """`splice_elements` a slice of `CHUNK_EVENTS` at a time, yielding to the loop
+    between slices: a maximal request's (10,000 events, 16 MiB) never holds the loop for
+    long. For a registration whose ids and timestamp are known before it is made
+    (`Engine.next_registration`)."""
+    out: list[bytes] = []
+    for lo in range(0, len(spans), CHUNK_EVENTS):
+        if lo:
+            await asyncio.sleep(0)
+        part = splice_elements(
+            request, spans[lo : lo + CHUNK_EVENTS], first._replace(instance=first.instance + lo), ts
+        )
+        if part is None:
+            return None
+        out.extend(part)
+    return out
 
 
 def register_res(elements: list[bytes]) -> bytes:
@@ -479,19 +446,12 @@ def register_res(elements: list[bytes]) -> bytes:
     return _EVENTS_CHOICE + codec.events_array(elements)
 
 
+def register_res_parts(elements: list[bytes]) -> list[bytes]:
+    """`register_res` as the pieces to write one after the other (no join: for a
+    maximal answer the join was a 16 MiB copy holding the loop ~15 ms)."""
+    return [_EVENTS_CHOICE + encode_int(len(elements)), *elements]
+
+
 def encode_count(n: int) -> bytes:
     """An SBS Integer (an Array's element count, a Choice index)."""
     return _encode_count(n)
-
-
-async def encode_events(events, slice_events: int = CHUNK_EVENTS, prefix: bytes = b"") -> bytes:
-    """`prefix` + SBS ``Array(Event)`` of `events`, encoded a slice at a time with a yield
-    to the loop between slices (an Array is its count followed by its elements)."""
-    parts = [prefix, _encode_count(len(events))]
-    for start in range(0, len(events), slice_events):
-        if start:
-            await asyncio.sleep(0)  # between slices, as in `decode_register`
-        chunk = [codec.event_to_sbs(e) for e in events[start : start + slice_events]]
-        encoded = codec.repo.encode("HatEventer.MsgEventsNotify", chunk)
-        parts.append(encoded[len(_encode_count(len(chunk))) :])
-    return b"".join(parts)
