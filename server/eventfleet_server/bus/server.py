@@ -335,6 +335,11 @@ class BusServer:
             self._read_subscriptions()
         return bool(self._subscribed)
 
+    def _refresh_subscriptions(self) -> None:
+        """Read the subscriptions now, whatever `has_subscribers` last read."""
+        self._subscriptions_read = time.monotonic()
+        self._read_subscriptions()
+
     def _read_subscriptions(self) -> None:
         sock = self._pub_sync
         if sock is None:
@@ -451,7 +456,10 @@ class BusServer:
 
     async def _serve_snapshot(self, identity: bytes, request: wire.SyncStart) -> None:
         # Fix the upper bound first: everything up to `head` is committed (readable),
-        # everything above it is broadcast after this point.
+        # everything above it is broadcast after this point. For "broadcast" to hold
+        # for this client, a subscription it made before asking must be known now: the
+        # next commit may come within `_SUBSCRIPTIONS_EVERY` of the last read.
+        self._refresh_subscriptions()
         head = self._handler.head
         subtrees = tuple(s.encode() for s in request.subtrees)
         after = request.sequence
