@@ -329,10 +329,8 @@ class BusServer:
         reached the socket — as if the network had been that much slower; a PUB socket
         drops what nobody has subscribed to yet in just the same way.
         """
-        now = time.monotonic()
-        if now - self._subscriptions_read >= _SUBSCRIPTIONS_EVERY:
-            self._subscriptions_read = now
-            self._read_subscriptions()
+        if time.monotonic() - self._subscriptions_read >= _SUBSCRIPTIONS_EVERY:
+            self._refresh_subscriptions()
         return bool(self._subscribed)
 
     def _refresh_subscriptions(self) -> None:

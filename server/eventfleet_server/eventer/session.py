@@ -294,10 +294,13 @@ class EventerSession:
         def encode(created: list[Event]) -> list[bytes]:
             # Spliced from the request (~1 µs/event); encoded only if it cannot be.
             head = created[0]
-            if prepared is not None and prepared[2] is not None and head.id == prepared[0]:
-                if timestamp_to_us(head.timestamp) == prepared[1]:
-                    elements.extend(prepared[2])
-                    return elements
+            if (
+                prepared is not None
+                and prepared[2] is not None
+                and (head.id, timestamp_to_us(head.timestamp)) == prepared[:2]
+            ):
+                elements.extend(prepared[2])
+                return elements
             spliced = event_elements(msg.data, spans, created)
             elements.extend(
                 spliced if spliced is not None else [codec.encode_event(e) for e in created]
