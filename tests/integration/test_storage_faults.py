@@ -156,4 +156,4 @@ async def test_status_reports_the_storage_schema_version(tmp_path):
         url = f"http://127.0.0.1:{replica.http.port}/status"
         async with aiohttp.ClientSession() as http, http.get(url) as res:
             doc = await res.json()
-    assert doc["storage"]["schema_version"] == SCHEMA_VERSION == 4
+    assert doc["storage"]["schema_version"] == SCHEMA_VERSION == 5

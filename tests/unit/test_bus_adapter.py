@@ -293,4 +293,4 @@ async def test_a_store_of_the_previous_release_opens_and_its_snapshot_is_unchang
         await engine.stop()
         await storage.close()
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5

@@ -614,12 +614,15 @@ async def test_latest_falls_back_after_retention(tmp_path):
         assert await s.query(QueryLatestParams([("a",)])) == QueryResult([], False)
 
 
-# -- the per-type index fold (events.typed) --------------------------------------------
+# -- the per-type index fold (type_index) ----------------------------------------------
 
 
 def _unfolded(path) -> int:
+    """Events without an entry in the per-type index table."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        return conn.execute("SELECT count(*) FROM events WHERE typed = 0").fetchone()[0]
+        return conn.execute(
+            "SELECT count(*) FROM events WHERE seq NOT IN (SELECT seq FROM events_by_type)"
+        ).fetchone()[0]
 
 
 def _typed_upto(path):
@@ -789,10 +792,22 @@ async def test_query_plans_use_indexes(storage):
             )
             plan = _plan(conn, sql, params)
             searches = [line for line in plan if "events" in line and "json_each" not in line]
-            index = "events_type_ts" if types else "events_source_ts" if source else "events_ts"
             assert searches, plan
-            prefix = f"SEARCH events USING INDEX {index} ("
-            assert all(line.startswith(prefix) for line in searches), (sql, plan)
+            if types:
+                # Each arm: a range of the type's entries in key order, then its row.
+                arms = [line for line in plan if line.startswith("SEARCH t ")]
+                assert len(arms) == types, plan
+                assert all(
+                    line.startswith("SEARCH t USING PRIMARY KEY (type_id=? AND ") for line in arms
+                ), (sql, plan)
+                assert all(
+                    line == "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" for line in searches
+                ), (sql, plan)
+                searches = arms
+            else:
+                index = "events_source_ts" if source else "events_ts"
+                prefix = f"SEARCH events USING INDEX {index} ("
+                assert all(line.startswith(prefix) for line in searches), (sql, plan)
             if after:
                 assert all(">(" in line or "<(" in line for line in searches), plan
             assert not any("TEMP B-TREE" in line for line in plan), plan
@@ -806,7 +821,7 @@ async def test_query_plans_use_indexes(storage):
             "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
         ]
         assert _plan(conn, latest_table.NEWEST_OF_TYPE, (1,)) == [
-            "SEARCH events USING COVERING INDEX events_type_ts (type_id=?)"
+            "SEARCH events_by_type USING PRIMARY KEY (type_id=?)"
         ]
         # Write-time bookkeeping touches only the batch's rows (`last_ids` is given the
         # raised ids by the writer and reads no events at all).

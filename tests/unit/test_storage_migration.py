@@ -1,6 +1,6 @@
 """Storage schema migrations: a store written by an earlier release is migrated on first
-start, all or nothing (version 1 -> stored SBS bytes; version 3 -> the folded per-type
-index); a newer store is still refused.
+start, all or nothing (version 1 -> stored SBS bytes; versions 3 and 4 -> the per-type
+index as a table of its own, ``events_by_type``); a newer store is still refused.
 
 `tests/fixtures/storage-v1.sqlite` was written by that release's own storage code
 (schema version 1: two server ids, three sessions each, JSON/binary/no payloads, with
@@ -28,7 +28,7 @@ from eventfleet_server.common.model import (
     QueryTimeseriesParams,
     Timestamp,
 )
-from eventfleet_server.storage import SchemaVersionError, Storage, StorageError, schema
+from eventfleet_server.storage import Retention, SchemaVersionError, Storage, StorageError, schema
 
 ASCENDING = QueryTimeseriesParams(order=Order.ASCENDING)
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "storage-v1.sqlite"
@@ -114,7 +114,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         latest = await s.query_sbs(QueryLatestParams())
         assert len(latest.events) == len(latest_before)
 
-        # It goes on as a version-4 store: new events, the same answers shape.
+        # It goes on as a current store: new events, the same answers shape.
         new = Event(EventId(1, 9, 100), ("a", "new"), Timestamp(1_800_000_000, 0), None, None)
         assert await s.write([new]) == [(49, new)]
         assert (await s.query_sbs(QueryLatestParams([("a", "new")]))).events == [
@@ -124,7 +124,7 @@ async def test_a_version_1_store_is_migrated_on_open_and_answers_as_before(v1_st
         await s.close()
 
     with closing(sqlite3.connect(v1_store)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
         assert conn.execute("SELECT count(*) FROM events WHERE length(sbs) = 0").fetchone() == (0,)
         assert conn.execute("SELECT count(*) FROM events WHERE bus IS NOT NULL").fetchone() == (0,)
     assert _latest_seqs(v1_store)[: len(latest_before)] == latest_before
@@ -180,12 +180,17 @@ async def test_a_newer_store_is_still_refused_before_anything_changes(tmp_path):
     assert path.read_bytes() == original
 
 
-# -- version 3 -> 4: the per-type index holds folded rows only (events.typed) ----------
+# -- versions 3 and 4 -> 5: the per-type index is a table of its own (type_index) ------
 
 # Written by the schema-3 release: the version-1 fixture migrated by it, then six events
 # of types ("a", "v3", "0") / ("a", "v3", "1") (sequence numbers 49-54).
 V3_FIXTURE = Path(__file__).parent.parent / "fixtures" / "storage-v3.sqlite"
 V3_TYPES = [("a", "v3", "0"), ("a", "v3", "1")]
+# Written by the schema-4 release: the version-3 fixture migrated by it, then six events
+# of types ("a", "v4", "0") / ("a", "v4", "1") (sequence numbers 55-60), of which 55-57
+# were folded into its partial index (``typed`` 1) and 58-60 were not (``typed`` 0).
+V4_FIXTURE = Path(__file__).parent.parent / "fixtures" / "storage-v4.sqlite"
+V4_TYPES = [("a", "v4", "0"), ("a", "v4", "1")]
 
 
 @pytest.fixture
@@ -193,56 +198,113 @@ def v3_store(tmp_path) -> Path:
     return _store_copy(tmp_path, V3_FIXTURE, 3)
 
 
-def _type_index_sql(path: Path) -> str:
+@pytest.fixture
+def v4_store(tmp_path) -> Path:
+    return _store_copy(tmp_path, V4_FIXTURE, 4)
+
+
+def _index_names(path: Path) -> set[str]:
     with closing(sqlite3.connect(path)) as conn:
-        return conn.execute(
-            "SELECT sql FROM sqlite_master WHERE name = 'events_type_ts'"
-        ).fetchone()[0]
+        return {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
+
+
+def _assert_migrated_to_v5(path: Path, events: int, top: int) -> None:
+    """Version 5 on disk: the old index gone, every event in ``events_by_type`` with its
+    key and seq, all folded up to `top`."""
+    names = _index_names(path)
+    assert "events_type_ts" not in names
+    assert {"events_by_type", "events_by_type_delete"} <= names
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
+        assert conn.execute("SELECT count(*) FROM events_by_type").fetchone() == (events,)
+        assert conn.execute(
+            "SELECT count(*) FROM events JOIN events_by_type t USING (seq) WHERE"
+            " (events.type_id, events.ts, events.server, events.session, events.instance)"
+            " = (t.type_id, t.ts, t.server, t.session, t.instance)"
+        ).fetchone() == (events,)
+        assert conn.execute(
+            "SELECT value FROM meta WHERE key = ?", (schema.TYPED_UPTO_KEY,)
+        ).fetchone() == (str(top),)
+
+
+async def _type_queries_answer_as_before(path: Path, types: list, last_seq: int) -> None:
+    before = _v1_events(path)  # the same columns in versions 3 and 4
+    typed = [e for e in before if e.type in types]
+    assert len(typed) == 6
+    s = await Storage.open(path)
+    try:
+        assert s.last_seq == last_seq
+        for t in types:
+            got = await s.query(QueryTimeseriesParams(event_types=[t], order=Order.ASCENDING))
+            assert got.events == [e for e in typed if e.type == t]
+        got = await s.query(QueryTimeseriesParams(event_types=types, order=Order.DESCENDING))
+        assert got.events == typed[::-1]
+        assert (await s.query(ASCENDING)).events == before
+        # New rows wait outside the index until a fold; a type query still sees them.
+        new = Event(EventId(1, 30, 400), types[1], Timestamp(1_990_000_000, 0), None, None)
+        await s.write([new])
+        got = await s.query(QueryTimeseriesParams(event_types=[types[1]], order=Order.ASCENDING))
+        assert got.events == [e for e in typed if e.type == types[1]] + [new]
+    finally:
+        await s.close()
+    _assert_migrated_to_v5(path, len(before) + 1, last_seq + 1)
 
 
 async def test_a_version_3_store_is_migrated_and_its_type_queries_answer_as_before(v3_store):
-    before = _v1_events(v3_store)  # the same columns in version 3
-    assert len(before) == 46
-    typed = [e for e in before if e.type in V3_TYPES]
-    assert len(typed) == 6
+    assert len(_v1_events(v3_store)) == 46
+    await _type_queries_answer_as_before(v3_store, V3_TYPES, 54)
 
-    s = await Storage.open(v3_store)
+
+async def test_a_version_4_store_is_migrated_with_its_unfolded_rows(v4_store):
+    with closing(sqlite3.connect(v4_store)) as conn:
+        # The fixture is what it says: some rows were not folded by the release.
+        assert conn.execute("SELECT seq FROM events WHERE typed = 0").fetchall() == [
+            (58,),
+            (59,),
+            (60,),
+        ]
+    assert len(_v1_events(v4_store)) == 52
+    await _type_queries_answer_as_before(v4_store, V4_TYPES, 60)
+
+
+async def test_retention_after_the_migration_takes_the_index_entries_along(v4_store):
+    # The per-type index table must not keep entries of deleted events: a type whose
+    # events are all gone answers nothing, and `latest` falls back to what is left.
+    s = await Storage.open(v4_store, retention=Retention(max_events=3))
     try:
-        assert s.last_seq == 54
-        got = await s.query(QueryTimeseriesParams(event_types=[V3_TYPES[0]], order=Order.ASCENDING))
-        assert got.events == [e for e in typed if e.type == V3_TYPES[0]]
-        assert (await s.query(ASCENDING)).events == before
-        # New rows wait outside the index until a fold; a type query still sees them.
-        new = Event(EventId(1, 10, 200), V3_TYPES[1], Timestamp(1_900_000_000, 0), None, None)
-        await s.write([new])
-        got = await s.query(QueryTimeseriesParams(event_types=[V3_TYPES[1]], order=Order.ASCENDING))
-        assert got.events == [e for e in typed if e.type == V3_TYPES[1]] + [new]
+        assert await s.enforce_retention() == 49
+        got = await s.query(QueryTimeseriesParams(event_types=V4_TYPES, order=Order.ASCENDING))
+        assert [e.id.instance for e in got.events] == [303, 304, 305]
+        assert (await s.query(QueryTimeseriesParams(event_types=V3_TYPES))).events == []
+        latest = await s.query(QueryLatestParams(V4_TYPES))
+        assert sorted(e.id.instance for e in latest.events) == [304, 305]
     finally:
         await s.close()
-
-    with closing(sqlite3.connect(v3_store)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 4
-        # Every row of the old store was in the old (full) index: typed, none rewritten.
-        assert conn.execute("SELECT count(*) FROM events WHERE typed = 0").fetchone() == (0,)
-        assert conn.execute(
-            "SELECT value FROM meta WHERE key = ?", (schema.TYPED_UPTO_KEY,)
-        ).fetchone() == ("55",)
-    assert "WHERE typed = 1" in _type_index_sql(v3_store)
+    with closing(sqlite3.connect(v4_store)) as conn:
+        assert conn.execute("SELECT seq FROM events_by_type ORDER BY seq").fetchall() == [
+            (58,),
+            (59,),
+            (60,),
+        ]
 
 
-async def test_a_failed_version_3_migration_leaves_the_store_untouched(v3_store, monkeypatch):
-    monkeypatch.setattr(
-        "eventfleet_server.storage.events.TYPE_INDEX_DDL", "CREATE INDEX broken ON nowhere (x)"
-    )
+@pytest.mark.parametrize("version", [3, 4])
+async def test_a_failed_migration_to_version_5_leaves_the_store_untouched(
+    tmp_path, monkeypatch, version
+):
+    path = _store_copy(tmp_path, V3_FIXTURE if version == 3 else V4_FIXTURE, version)
+    original = path.read_bytes()
+    monkeypatch.setattr("eventfleet_server.storage.type_index.FILL", "INSERT INTO nowhere SELECT 1")
     with pytest.raises(StorageError, match="migration failed"):
-        await Storage.open(v3_store)
-    with closing(sqlite3.connect(v3_store)) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
-        assert "typed" not in [row[1] for row in conn.execute("PRAGMA table_info(events)")]
-    assert "typed" not in _type_index_sql(v3_store)
+        await Storage.open(path)
+    with closing(sqlite3.connect(path)) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == version
+    names = _index_names(path)
+    assert "events_type_ts" in names and "events_by_type" not in names
+    assert path.read_bytes() == original
     monkeypatch.undo()
-    s = await Storage.open(v3_store)  # a later start migrates it
+    s = await Storage.open(path)  # a later start migrates it
     try:
-        assert len((await s.query(ASCENDING)).events) == 46
+        assert len((await s.query(ASCENDING)).events) == (46 if version == 3 else 52)
     finally:
         await s.close()

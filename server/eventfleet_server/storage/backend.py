@@ -70,6 +70,7 @@ from eventfleet_server.storage import (
     queries,
     schema,
     state,
+    type_index,
 )
 from eventfleet_server.storage.errors import (
     RESTORE_HINT,
@@ -218,7 +219,7 @@ class Storage:
         self._failed_write_bytes = 0
         self._checkpoint_task: asyncio.Task | None = None
         self._fold_task: asyncio.Task | None = None
-        # Events up to this sequence number are in the per-type index (`events.typed`).
+        # Events up to this sequence number are in the per-type index (`type_index`).
         self._typed_upto = 0
         self._fold_failing = False
         self._checkpointer: aiosqlite.Connection | None = None
@@ -408,10 +409,10 @@ class Storage:
             except sqlite3.Error as e:
                 log.warning("%s: WAL checkpoint failed (will retry): %s", self._path, e)
 
-    # -- the per-type index fold (events.typed) ---------------------------------------
+    # -- the per-type index fold (type_index) -----------------------------------------
 
     async def fold_types(self) -> None:
-        """Put every event committed so far into the per-type index (`events.FOLD`), in
+        """Put every event committed so far into the per-type index (`type_index.FOLD`), in
         transactions of at most `FOLD_CHUNK` rows on the writer's thread (the event loop
         goes on; writes wait for each chunk). A query that reads the index calls this
         first, so it never misses an event committed before it; a background pass does
@@ -433,7 +434,7 @@ class Storage:
         self._folded(upto)
 
     def _fold_in(self, tx: sqlite3.Connection, upto: int) -> None:
-        tx.execute(events.FOLD, (self._typed_upto, upto))
+        tx.execute(type_index.FOLD, (self._typed_upto, upto))
         state.set_meta(tx, [(schema.TYPED_UPTO_KEY, str(upto))])
 
     def _folded(self, upto: int) -> None:

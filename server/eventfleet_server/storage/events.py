@@ -22,14 +22,10 @@ records were stored (schema 2 already had the column, always NULL then): readers
 the record from the columns (`BUS_COLUMNS`, read only for such rows). The storage never
 builds or parses a record.
 
-``typed`` says whether the row is in the per-type index ``events_type_ts`` (a partial
-index on ``typed = 1``; schema version 4). Rows are inserted with ``typed = 0`` and
-*folded* into that index later, many commits at once (`FOLD`, `Storage.fold_types`):
-an index led by the type puts each commit's entries on one b-tree leaf per distinct
-type, i.e. one WAL frame (a page) per type per commit, while a fold of thousands of
-rows writes each type's leaf once. Every query that reads ``events_type_ts`` runs after
-a fold of everything committed before it, and says ``typed = 1`` so SQLite may use the
-partial index.
+The per-type index is a table of its own, ``events_by_type`` (`type_index`, schema
+version 5), filled by folds after the commit: an ``INSERT`` here writes ``events`` and
+its indexes below only. A store migrated from version 4 keeps that version's ``typed``
+column, no longer read or written (its DEFAULT fills new rows).
 """
 
 from __future__ import annotations
@@ -55,19 +51,7 @@ MIN_I64 = -(1 << 63)
 MAX_I64 = (1 << 63) - 1
 KIND_NONE, KIND_BINARY, KIND_JSON = 0, 1, 2
 
-# The per-type index (only folded rows, see `typed`) and the column's schema-4 migration.
-# ``typed`` rides along (a constant 1: no bytes in the record) so that a read of the
-# index alone still covers a query, which says ``typed = 1`` to be allowed to use it.
-TYPE_INDEX_DDL = (
-    "CREATE INDEX events_type_ts ON events (type_id, ts, server, session, instance, typed)"
-    " WHERE typed = 1"
-)
-# Rows written before version 4 are in the (then full) index already: DEFAULT 1 marks
-# them so without rewriting a row.
-ADD_TYPED = "ALTER TABLE events ADD COLUMN typed INTEGER NOT NULL DEFAULT 1"
-
-DDL = (
-    """
+DDL = """
 CREATE TABLE events (
     seq INTEGER PRIMARY KEY,
     server INTEGER NOT NULL,
@@ -80,8 +64,7 @@ CREATE TABLE events (
     ptype TEXT,
     payload ANY,
     sbs BLOB NOT NULL,
-    bus BLOB,
-    typed INTEGER NOT NULL DEFAULT 1
+    bus BLOB
 ) STRICT;
 
 -- identity: idempotent writes, sentinel lookup, server queries (instance order)
@@ -91,29 +74,21 @@ CREATE INDEX events_ts ON events (ts, server, session, instance, type_id);
 -- timeseries by source timestamp; events without one never appear in such queries
 CREATE INDEX events_source_ts ON events (source_ts, ts, server, session, instance, type_id)
     WHERE source_ts IS NOT NULL;
--- timeseries of a few types (merged per type) and the latest fallback after deletes;
--- rows enter it when folded (`typed`), not at insert
 """
-    + TYPE_INDEX_DDL
-    + ";\n"
-)
 
 # Columns read to rebuild an event, in the order `decode` takes them.
 COLS = "server, session, instance, type_id, ts, source_ts, kind, ptype, payload"
 
-# New rows wait outside the per-type index (``typed`` 0) until the next fold.
+# New rows wait outside the per-type index (`type_index`) until the next fold.
 INSERT = (
     "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
-    " payload, sbs, bus, typed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+    " payload, sbs, bus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 # `INSERT` of rows without the ``bus`` value (NULL): merge rows nobody made records for.
 INSERT_NO_BUS = (
     "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
-    " payload, sbs, typed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0)"
+    " payload, sbs) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
-# Puts the rows of a seq range into the per-type index (see `typed`): one pass in seq
-# order over the events table; the index entries go in per type within one transaction.
-FOLD = "UPDATE events SET typed = 1 WHERE seq > ? AND seq <= ? AND typed = 0"
 IS_HELD = "SELECT 1 FROM events WHERE server = ? AND instance = ?"
 
 # The sentinel of a timeseries query, found by its id through the unique index.

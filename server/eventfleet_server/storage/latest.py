@@ -54,9 +54,9 @@ TYPES_SBS = (
 
 # Repair after retention deleted events.
 STALE = "SELECT type_id FROM latest WHERE NOT EXISTS (SELECT 1 FROM events WHERE seq = latest.seq)"
+# Reads the per-type index (`type_index`): the caller folds every event into it first.
 NEWEST_OF_TYPE = (
-    "SELECT seq, ts, server, session, instance FROM events INDEXED BY events_type_ts"
-    " WHERE type_id = ? AND typed = 1"
+    "SELECT seq, ts, server, session, instance FROM events_by_type WHERE type_id = ?"
     " ORDER BY ts DESC, server DESC, session DESC, instance DESC LIMIT 1"
 )
 REPLACE = (

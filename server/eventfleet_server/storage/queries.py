@@ -19,7 +19,7 @@ from eventfleet_server.common.model import (
     Timestamp,
     timestamp_to_us,
 )
-from eventfleet_server.storage import events, latest
+from eventfleet_server.storage import events, latest, type_index
 from eventfleet_server.storage.event_types import TypeCache
 
 SBS = "sbs"
@@ -51,9 +51,9 @@ def page_size(max_results: int | None, cap: int) -> int:
 
 
 def may_read_type_index(params: object) -> bool:
-    """Whether `params` may be answered from ``events_type_ts`` (a timestamp-ordered
-    timeseries of a few types), which holds only folded rows: the storage folds every
-    committed event into it first (`events.typed`). Errs on the side of True."""
+    """Whether `params` may be answered from ``events_by_type`` (a timestamp-ordered
+    timeseries of a few types), which holds only folded events: the storage folds every
+    committed event into it first (`type_index`). Errs on the side of True."""
     return isinstance(params, QueryTimeseriesParams) and params.event_types is not None
 
 
@@ -65,7 +65,7 @@ def run(
     cols: str,
     type_index: bool = True,
 ) -> Rows:
-    """Answer `params`. `type_index`: False when ``events_type_ts`` may lack committed
+    """Answer `params`. `type_index`: False when ``events_by_type`` may lack committed
     events (a fold failed): type filters then read the timestamp index instead."""
     if isinstance(params, QueryTimeseriesParams):
         return timeseries(conn, cache, params, cap, cols, type_index)
@@ -191,9 +191,10 @@ def timeseries_sql(
     `source`: order by source timestamp (else timestamp). `source_filter`: bound the
     source timestamp while ordering by timestamp. `types`: None for no type filter,
     ``0`` for a ``type_id IN json_each(:types)`` filter on the ordering index, ``n > 0``
-    for a merge of n per-type range scans on ``events_type_ts`` (SQLite merges the
-    ordered arms lazily, so the cost is O(page·log n + n)). `after`: continue after
-    the sentinel key (``:k0``..``:k4``) with a row-value comparison on the index.
+    for a merge of n per-type range scans of ``events_by_type`` (`type_index`), each
+    joined to ``events`` by ``seq`` (SQLite merges the ordered arms lazily, so the cost
+    is O(page·log n + n)). `after`: continue after the sentinel key (``:k0``..``:k4``)
+    with a row-value comparison on the index.
     `cols`: what each row holds (`events.COLS`, or `SBS`: the stored encoding first).
 
     Parameters: ``:lo``/``:hi`` bound the timestamp, ``:slo``/``:shi`` the source
@@ -210,6 +211,15 @@ def timeseries_sql(
     # the same side would compete with the row-value range for the index.
     start_bound = "hi" if descending else "lo"
 
+    # A per-type arm reads the key from ``events_by_type`` (aliased ``t``, whose primary
+    # key gives the order) and the rest from ``events``; the other shapes read ``events``.
+    merge = bool(types)
+
+    def col(name: str) -> str:
+        if not merge:
+            return name
+        return f"t.{name}" if name in type_index.KEY else f"events.{name}"
+
     conds: list[str] = []
     if source:
         conds.append("source_ts IS NOT NULL")
@@ -220,21 +230,23 @@ def timeseries_sql(
     else:
         for name, op in (("lo", ">="), ("hi", "<=")):
             if not (after and name == start_bound):
-                conds.append(f"ts {op} :{name}")
+                conds.append(f"{col('ts')} {op} :{name}")
         if source_filter:
-            conds.append("source_ts >= :slo AND source_ts <= :shi")
+            sts = col("source_ts")
+            conds.append(f"{sts} >= :slo AND {sts} <= :shi")
     if after:
         params = ", ".join(f":k{i}" for i in range(len(key)))
-        conds.append(f"({', '.join(key)}) {cmp} ({params})")
+        conds.append(f"({', '.join(map(col, key))}) {cmp} ({params})")
 
-    if types:
+    if merge:
         # The sort keys ride along in every arm (the merge orders by them): with `SBS`
         # a row is ``(sbs, *key)`` and readers take its first value, as everywhere.
-        select = cols if cols != SBS else f"{SBS}, {', '.join(key)}"
+        names = [SBS, *key] if cols == SBS else cols.split(", ")
+        select = ", ".join(f"{col(name)} AS {name}" for name in names)
         arms = [
-            f"SELECT {select} FROM events INDEXED BY events_type_ts"
-            f" WHERE type_id = :t{i} AND typed = 1 AND {' AND '.join(conds)}"
-            for i in range(types)
+            f"SELECT {select} FROM events_by_type AS t CROSS JOIN events ON events.seq = t.seq"
+            f" WHERE t.type_id = :t{i} AND {' AND '.join(conds)}"
+            for i in range(types)  # type: ignore[arg-type]
         ]
         return f"{' UNION ALL '.join(arms)} ORDER BY {order} LIMIT :limit"
 

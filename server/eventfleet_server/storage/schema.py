@@ -34,6 +34,14 @@ Versions (``PRAGMA user_version``):
    rebuilds the index as a partial one, in one transaction. `TYPED_UPTO_KEY` (a meta
    key) records up to which sequence number rows are folded.
 
+5. The per-type index is a table of its own, ``events_by_type`` (`type_index`), filled
+   by the same folds: a fold inserts small entries instead of rewriting each event's
+   row to set ``typed`` (which wrote every table page a second time for large events).
+   The migration (from 1-4) creates and fills the table from ``events`` and drops
+   ``events_type_ts``, in one transaction; every event is then folded
+   (`TYPED_UPTO_KEY`). A version-4 store keeps its ``typed`` column, unused (dropping
+   a column rewrites every row).
+
 A store of a newer version is refused before anything in it changes (no downgrade).
 """
 
@@ -43,16 +51,24 @@ import logging
 import sqlite3
 import time
 
-from eventfleet_server.storage import event_keys, event_types, events, last_ids, latest, state
+from eventfleet_server.storage import (
+    event_keys,
+    event_types,
+    events,
+    last_ids,
+    latest,
+    state,
+    type_index,
+)
 
-SCHEMA_VERSION = 4
-MIGRATABLE = (1, 2, 3)  # versions `migrate` upgrades from
+SCHEMA_VERSION = 5
+MIGRATABLE = (1, 2, 3, 4)  # versions `migrate` upgrades from
 
 TYPED_UPTO_KEY = "typed_upto"
 """Meta key: every event with a sequence number up to this value is in the per-type
-index (`events.FOLD`); a fold writes it in its own transaction."""
+index (`type_index.FOLD`); a fold writes it in its own transaction."""
 
-DDL = "".join([state.DDL, event_types.DDL, events.DDL, latest.DDL, last_ids.DDL])
+DDL = "".join([state.DDL, event_types.DDL, events.DDL, type_index.DDL, latest.DDL, last_ids.DDL])
 EVENT_KEYS_DDL = event_keys.DDL
 
 log = logging.getLogger(__name__)
@@ -75,6 +91,7 @@ def create(conn: sqlite3.Connection) -> None:
     for statement in code.split(";"):
         if statement.strip():
             conn.execute(statement)
+    conn.execute(type_index.DELETE_TRIGGER_DDL)
 
 
 def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
@@ -86,23 +103,25 @@ def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
     if version == 1:
         _migrate_v1(conn, path)
     # 2 -> 3: the layout is the same; version 2's state row is exact, i.e. a mark with
-    # no events above it.
-    _migrate_v3(conn, path)
+    # no events above it. 3 -> 4 -> 5: only the per-type index changed.
+    _migrate_to_v5(conn, path)
     log.info("%s: storage schema version %d -> %d", path, version, SCHEMA_VERSION)
 
 
-def _migrate_v3(conn: sqlite3.Connection, path: object) -> None:
-    """Version 3 -> 4: ``events.typed`` and the per-type index rebuilt as a partial index;
-    every existing row is in it (``typed`` 1), and `TYPED_UPTO_KEY` says so."""
+def _migrate_to_v5(conn: sqlite3.Connection, path: object) -> None:
+    """Versions 1-4 -> 5: ``events_by_type`` created and filled with every event (all
+    folded: `TYPED_UPTO_KEY`), the index it replaces dropped."""
     started = time.monotonic()
-    conn.execute(events.ADD_TYPED)
-    conn.execute("DROP INDEX events_type_ts")
-    conn.execute(events.TYPE_INDEX_DDL)
+    conn.execute(type_index.TABLE_DDL)
+    conn.execute(type_index.DELETE_TRIGGER_DDL)
+    count = conn.execute(type_index.FILL).rowcount
+    conn.execute("DROP INDEX IF EXISTS events_type_ts")
     top = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
     state.set_meta(conn, [(TYPED_UPTO_KEY, str(top))])
     log.info(
-        "%s: per-type index rebuilt for schema version 4 (%.1f s)",
+        "%s: per-type index table built for schema version 5 (%d events, %.1f s)",
         path,
+        count,
         time.monotonic() - started,
     )
 
