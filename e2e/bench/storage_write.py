@@ -88,7 +88,7 @@ async def _run_once(
                 else:
                     await storage.write(events, encoded=encoded)
             cpu1, wall1 = time.process_time(), time.perf_counter()
-            fold = getattr(storage, "fold_types", None)  # none before schema version 4
+            fold = getattr(storage, "fold", None) or getattr(storage, "fold_types", None)
             if fold is not None:
                 await fold()  # deferred work, counted
             cpu2, wchar2 = time.process_time(), _written_bytes()

@@ -47,6 +47,9 @@ from eventfleet_server.storage import (
     events as events_table,
 )
 from eventfleet_server.storage import (
+    indexes as indexes_table,
+)
+from eventfleet_server.storage import (
     last_ids as last_ids_table,
 )
 from eventfleet_server.storage import (
@@ -614,20 +617,26 @@ async def test_latest_falls_back_after_retention(tmp_path):
         assert await s.query(QueryLatestParams([("a",)])) == QueryResult([], False)
 
 
-# -- the per-type index fold (type_index) ----------------------------------------------
+# -- the folds (indexes, latest) -----------------------------------------------------
 
 
 def _unfolded(path) -> int:
-    """Events without an entry in the per-type index table."""
+    """Events missing from a folded index table (the three agree, or this fails)."""
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        return conn.execute(
-            "SELECT count(*) FROM events WHERE seq NOT IN (SELECT seq FROM events_by_type)"
-        ).fetchone()[0]
+        counts = {
+            conn.execute(
+                f"SELECT count(*) FROM events WHERE seq NOT IN (SELECT seq FROM {table})"
+                + (" AND source_ts IS NOT NULL" if table == "events_by_source_ts" else "")
+            ).fetchone()[0]
+            for table in ("events_by_ts", "events_by_type")
+        }
+        assert len(counts) == 1, counts
+        return counts.pop()
 
 
 def _typed_upto(path):
     with contextlib.closing(sqlite3.connect(path)) as conn:
-        row = conn.execute("SELECT value FROM meta WHERE key = 'typed_upto'").fetchone()
+        row = conn.execute("SELECT value FROM meta WHERE key = 'folded_upto'").fetchone()
         return None if row is None else int(row[0])
 
 
@@ -643,16 +652,17 @@ async def test_a_type_query_right_after_a_write_sees_every_event(
     written = make_events(30, types=types)
     async with opened(path, synchronous=synchronous) as s:
         await s.write(written)
-        assert _unfolded(path) == 30  # inserted outside the per-type index
+        assert _unfolded(path) == 30  # inserted outside the folded indexes
         got = await s.query(
             QueryTimeseriesParams(event_types=[("b",)], order=Order.ASCENDING, max_results=100)
         )
         assert got.events == [e for e in written if e.type == ("b",)]
         assert _unfolded(path) == 0 and _typed_upto(path) == 30
-        # A wildcard or an untyped query does not fold (it reads another index).
+        # A server query does not fold (it reads the identity index, written at commit).
         more = make_events(5, types=types, start=31, t0=2_000)
         await s.write(more)
-        await s.query(QueryTimeseriesParams(max_results=100))
+        got = await s.query(QueryServerParams(1))
+        assert [e.id.instance for e in got.events] == list(range(1, 36))
         assert _unfolded(path) == 5
     # The fold's progress survives a restart; the next type query folds the rest.
     async with opened(path, synchronous=synchronous) as s:
@@ -663,13 +673,24 @@ async def test_a_type_query_right_after_a_write_sees_every_event(
         assert _typed_upto(path) == 35
 
 
-async def test_a_type_query_answers_in_full_when_the_fold_fails(tmp_path, monkeypatch, caplog):
-    # A store that takes no writes (a full disk) still answers reads, and completely.
+async def test_queries_answer_in_full_when_the_fold_fails(tmp_path, monkeypatch, caplog):
+    # A store that takes no writes (a full disk) still answers reads, and completely:
+    # every query shape that reads the folded tables adds the events not folded yet.
     monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
     path = tmp_path / "events.sqlite"
-    written = make_events(12, types=[("a",), ("b",)])
+    types = [("a",), ("b",)]
+    folded = make_events(8, types=types)
+    rest = [
+        Event(EventId(1, 1, 9), ("a",), Timestamp(3, 0), Timestamp(50, 0), None),
+        Event(EventId(1, 1, 10), ("c",), Timestamp(500, 0), Timestamp(1, 0), None),
+        Event(EventId(1, 1, 11), ("b",), Timestamp(400, 0), None, None),
+    ]
+    every = folded + rest
+    by_ts = sorted(every, key=lambda e: (e.timestamp, e.id.server, e.id.session, e.id.instance))
     async with opened(path) as s:
-        await s.write(written)
+        await s.write(folded)
+        await s.fold()  # the tables hold these ...
+        await s.write(rest)  # ... and not these
 
         def full() -> None:
             raise StorageFaultError(f"{path}: the file system is full (injected)")
@@ -677,9 +698,36 @@ async def test_a_type_query_answers_in_full_when_the_fold_fails(tmp_path, monkey
         monkeypatch.setattr(s, "_fold_chunk", full)
         for _ in range(2):
             got = await s.query(QueryTimeseriesParams(event_types=[("a",)], order=Order.ASCENDING))
-            assert got.events == [e for e in written if e.type == ("a",)]
-        assert _unfolded(path) == 12
-        warnings = [r for r in caplog.records if "per-type index fold failed" in r.message]
+            assert got.events == [e for e in by_ts if e.type == ("a",)]
+            got = await s.query(QueryTimeseriesParams(order=Order.DESCENDING))
+            assert got.events == by_ts[::-1]
+            page = await s.query(QueryTimeseriesParams(order=Order.ASCENDING, max_results=3))
+            assert page.events == by_ts[:3] and page.more_follows
+            after = await s.query(
+                QueryTimeseriesParams(order=Order.ASCENDING, last_event_id=by_ts[2].id)
+            )
+            assert after.events == by_ts[3:]
+            got = await s.query(
+                QueryTimeseriesParams(
+                    event_types=[("a",), ("c",)],
+                    order_by=OrderBy.SOURCE_TIMESTAMP,
+                    order=Order.ASCENDING,
+                )
+            )
+            assert [e.id.instance for e in got.events] == [10, 9]  # by source timestamp
+            latest = await s.query(QueryLatestParams())
+            assert {e.type: e.id.instance for e in latest.events} == {
+                ("a",): max(
+                    (e for e in every if e.type == ("a",)),
+                    key=lambda e: (e.timestamp, e.id.instance),
+                ).id.instance,
+                ("b",): 8,  # instance 11 is older
+                ("c",): 10,
+            }
+            assert (await s.query(QueryLatestParams([("c",)]))).events == [rest[1]]
+            assert [e.id.instance for _, e in await s.read_latest([("c",)])] == [10]
+        assert _unfolded(path) == 3
+        warnings = [r for r in caplog.records if "fold failed" in r.message]
         assert len(warnings) == 1 and "full (injected)" in warnings[0].message
 
 
@@ -709,7 +757,7 @@ async def test_a_fold_stops_at_what_was_committed_when_it_was_asked(tmp_path, mo
 
         writer = asyncio.create_task(keep_writing())
         try:
-            await s.fold_types()
+            await s.fold()
         finally:
             stop = True
             await writer
@@ -791,26 +839,35 @@ async def test_query_plans_use_indexes(storage):
                 after=after,
             )
             plan = _plan(conn, sql, params)
-            searches = [line for line in plan if "events" in line and "json_each" not in line]
-            assert searches, plan
+            # Each arm: a range of the folded table in its key order, then the row.
+            arms = [line for line in plan if line.startswith("SEARCH t ")]
+            assert len(arms) == (types or 1), (sql, plan)
+            assert all(line.startswith("SEARCH t USING PRIMARY KEY (") for line in arms), plan
             if types:
-                # Each arm: a range of the type's entries in key order, then its row.
-                arms = [line for line in plan if line.startswith("SEARCH t ")]
-                assert len(arms) == types, plan
-                assert all(
-                    line.startswith("SEARCH t USING PRIMARY KEY (type_id=? AND ") for line in arms
-                ), (sql, plan)
-                assert all(
-                    line == "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" for line in searches
-                ), (sql, plan)
-                searches = arms
+                assert all("(type_id=? AND " in line for line in arms), plan
             else:
-                index = "events_source_ts" if source else "events_ts"
-                prefix = f"SEARCH events USING INDEX {index} ("
-                assert all(line.startswith(prefix) for line in searches), (sql, plan)
+                first = "source_ts" if source else "ts"
+                assert all(f"({first}" in line for line in arms), plan  # a range of the key
+            rows = [line for line in plan if line.startswith("SEARCH events")]
+            assert rows and all(
+                line == "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" for line in rows
+            ), plan
             if after:
-                assert all(">(" in line or "<(" in line for line in searches), plan
+                assert all(">(" in line or "<(" in line for line in arms), plan
             assert not any("TEMP B-TREE" in line for line in plan), plan
+            assert not any(line.startswith(("SCAN t", "SCAN events")) for line in plan), plan
+            # With the events not folded yet (a fold failed): one arm more, a rowid range.
+            tail = storage_queries.timeseries_sql(
+                source=source,
+                descending=descending,
+                source_filter=source_filter,
+                types=types,
+                after=after,
+                tail=True,
+            )
+            plan = _plan(conn, tail, params | {"folded": 10})
+            assert "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)" in plan, plan
+            assert len([line for line in plan if line.startswith("SEARCH t ")]) == (types or 1)
         assert _plan(conn, events_table.SERVER, (1, 0, 5)) == [
             "SEARCH events USING INDEX events_id (server=? AND instance>?)"
         ]
@@ -823,23 +880,31 @@ async def test_query_plans_use_indexes(storage):
         assert _plan(conn, latest_table.NEWEST_OF_TYPE, (1,)) == [
             "SEARCH events_by_type USING PRIMARY KEY (type_id=?)"
         ]
-        # Write-time bookkeeping touches only the batch's rows (`last_ids` is given the
-        # raised ids by the writer and reads no events at all).
-        assert (
-            _plan(conn, latest_table.UPSERT, (1,))[0]
-            == "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)"
-        )
+        # Folds read only their range of rows (`last_ids` is given the raised ids by the
+        # writer and reads no events at all).
+        for statement in [*indexes_table.FOLD, latest_table.FOLD]:
+            assert (
+                _plan(conn, statement, (1, 2))[0]
+                == "SEARCH events USING INTEGER PRIMARY KEY (rowid>? AND rowid<?)"
+            ), statement
         assert not any("events" in line for line in _plan(conn, last_ids_table.UPSERT, (1, 2, 3)))
         # O(types): walk `latest`, fetch each event by its seq.
-        assert _plan(conn, latest_table.ALL, ()) == [
+        cols = latest_table.EVENTS_COLS
+        latest_args = {"types": "[1]", "folded": 10}
+        assert _plan(conn, latest_table.query_sql(cols, types=False, tail=False), latest_args) == [
             "SCAN latest",
             "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)",
         ]
-        plan = _plan(conn, latest_table.TYPES, ("[1]",))
+        plan = _plan(conn, latest_table.query_sql(cols, types=True, tail=False), latest_args)
         assert "SEARCH events USING INTEGER PRIMARY KEY (rowid=?)" in plan, plan
         assert not any("SCAN events" in line for line in plan), plan
+        # After a failed fold: `latest` and the rows above the folded ones, no scan.
+        plan = _plan(conn, latest_table.query_sql(cols, types=True, tail=True), latest_args)
+        assert "SEARCH events USING INTEGER PRIMARY KEY (rowid>?)" in plan, plan
+        assert not any("SCAN events" in line for line in plan), plan
         assert any(
-            "events_ts (ts<?)" in line for line in _plan(conn, events_table.DELETE_OLDER, (0, 5))
+            "events_by_ts USING PRIMARY KEY (ts<?)" in line
+            for line in _plan(conn, events_table.DELETE_OLDER, (0, 5))
         )
 
 

@@ -180,7 +180,7 @@ async def test_a_newer_store_is_still_refused_before_anything_changes(tmp_path):
     assert path.read_bytes() == original
 
 
-# -- versions 3 and 4 -> 5: the per-type index is a table of its own (type_index) ------
+# -- versions 3 and 4 -> 5: the folded index tables (indexes) ------------------------
 
 # Written by the schema-3 release: the version-1 fixture migrated by it, then six events
 # of types ("a", "v3", "0") / ("a", "v3", "1") (sequence numbers 49-54).
@@ -208,23 +208,39 @@ def _index_names(path: Path) -> set[str]:
         return {row[0] for row in conn.execute("SELECT name FROM sqlite_master")}
 
 
+FOLDED = ("events_by_ts", "events_by_source_ts", "events_by_type")
+
+
 def _assert_migrated_to_v5(path: Path, events: int, top: int) -> None:
-    """Version 5 on disk: the old index gone, every event in ``events_by_type`` with its
-    key and seq, all folded up to `top`."""
+    """Version 5 on disk: the old indexes gone, every event in the folded index tables
+    with its key and seq, all folded up to `top`."""
     names = _index_names(path)
-    assert "events_type_ts" not in names
-    assert {"events_by_type", "events_by_type_delete"} <= names
+    assert not names & {"events_ts", "events_source_ts", "events_type_ts"}
+    assert {*FOLDED, "events_folded_delete", "events_id"} <= names
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == schema.SCHEMA_VERSION == 5
-        assert conn.execute("SELECT count(*) FROM events_by_type").fetchone() == (events,)
+        for table in FOLDED:
+            has_source = " WHERE source_ts IS NOT NULL" if table == "events_by_source_ts" else ""
+            expected = conn.execute(f"SELECT count(*) FROM events{has_source}").fetchone()[0]
+            assert expected == (events if not has_source else expected)
+            assert conn.execute(f"SELECT count(*) FROM {table}").fetchone() == (expected,)
+            assert conn.execute(
+                f"SELECT count(*) FROM events JOIN {table} t USING (seq) WHERE"
+                " (events.type_id, events.ts, events.server, events.session, events.instance)"
+                " = (t.type_id, t.ts, t.server, t.session, t.instance)"
+            ).fetchone() == (expected,)
+        # `latest` agrees with the events it points at, one row per type.
+        assert (
+            conn.execute(
+                "SELECT count(*) FROM latest JOIN events USING (seq)"
+                " WHERE latest.type_id = events.type_id"
+            ).fetchone()
+            == conn.execute("SELECT count(DISTINCT type_id) FROM events").fetchone()
+        )
         assert conn.execute(
-            "SELECT count(*) FROM events JOIN events_by_type t USING (seq) WHERE"
-            " (events.type_id, events.ts, events.server, events.session, events.instance)"
-            " = (t.type_id, t.ts, t.server, t.session, t.instance)"
-        ).fetchone() == (events,)
-        assert conn.execute(
-            "SELECT value FROM meta WHERE key = ?", (schema.TYPED_UPTO_KEY,)
+            "SELECT value FROM meta WHERE key = ?", (schema.FOLDED_UPTO_KEY,)
         ).fetchone() == (str(top),)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'typed_upto'").fetchone() is None
 
 
 async def _type_queries_answer_as_before(path: Path, types: list, last_seq: int) -> None:
@@ -294,13 +310,14 @@ async def test_a_failed_migration_to_version_5_leaves_the_store_untouched(
 ):
     path = _store_copy(tmp_path, V3_FIXTURE if version == 3 else V4_FIXTURE, version)
     original = path.read_bytes()
-    monkeypatch.setattr("eventfleet_server.storage.type_index.FILL", "INSERT INTO nowhere SELECT 1")
+    monkeypatch.setattr("eventfleet_server.storage.indexes.FILL", ["INSERT INTO nowhere SELECT 1"])
     with pytest.raises(StorageError, match="migration failed"):
         await Storage.open(path)
     with closing(sqlite3.connect(path)) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == version
     names = _index_names(path)
-    assert "events_type_ts" in names and "events_by_type" not in names
+    assert "events_type_ts" in names and "events_ts" in names
+    assert not names & set(FOLDED)
     assert path.read_bytes() == original
     monkeypatch.undo()
     s = await Storage.open(path)  # a later start migrates it

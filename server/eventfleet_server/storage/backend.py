@@ -64,13 +64,13 @@ from eventfleet_server.storage import (
     event_types,
     events,
     faults,
+    indexes,
     last_ids,
     latest,
     merge_rows,
     queries,
     schema,
     state,
-    type_index,
 )
 from eventfleet_server.storage.errors import (
     RESTORE_HINT,
@@ -90,7 +90,7 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _RETENTION_CHUNK = 2_000
 _CHECKPOINT_INTERVAL = 0.5  # seconds between PASSIVE checkpoints when inline writes are on
 _WAL_SIZE_LIMIT = 64 << 20  # bytes a started-over WAL keeps (`journal_size_limit`)
-# The per-type index fold (`Storage.fold_types`): how often the background pass runs, and
+# The per-type index fold (`Storage.fold`): how often the background pass runs, and
 # the most rows one of its transactions takes (writes wait while it runs, on the writer's
 # thread: ~20-30 ms for a chunk this size).
 _FOLD_INTERVAL = 1.0
@@ -219,8 +219,8 @@ class Storage:
         self._failed_write_bytes = 0
         self._checkpoint_task: asyncio.Task | None = None
         self._fold_task: asyncio.Task | None = None
-        # Events up to this sequence number are in the per-type index (`type_index`).
-        self._typed_upto = 0
+        # Events up to this sequence number are in the folded indexes (`indexes`).
+        self._folded_upto = 0
         self._fold_failing = False
         self._checkpointer: aiosqlite.Connection | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
@@ -352,7 +352,7 @@ class Storage:
 
         self._cache.load(conn)
         self._last_seq, self._event_count, self._mark, self._meta = state.load(conn)
-        self._typed_upto = int(self._meta.get(schema.TYPED_UPTO_KEY, "0"))
+        self._folded_upto = int(self._meta.get(schema.FOLDED_UPTO_KEY, "0"))
         self._last_ids = last_ids.load(conn, self._mark)
         if self._last_seq != self._mark:
             # Events above the mark (a stop without a clean close): their ids go into
@@ -409,53 +409,72 @@ class Storage:
             except sqlite3.Error as e:
                 log.warning("%s: WAL checkpoint failed (will retry): %s", self._path, e)
 
-    # -- the per-type index fold (type_index) -----------------------------------------
+    # -- the folds (indexes, latest) --------------------------------------------------
 
-    async def fold_types(self) -> None:
-        """Put every event committed so far into the per-type index (`type_index.FOLD`), in
-        transactions of at most `FOLD_CHUNK` rows on the writer's thread (the event loop
-        goes on; writes wait for each chunk). A query that reads the index calls this
-        first, so it never misses an event committed before it; a background pass does
-        it every `_FOLD_INTERVAL` so that such a query seldom waits. Stops once what was
-        committed when it was called is folded: under a steady load it does not chase
-        the commits that arrive meanwhile."""
+    async def fold(self) -> None:
+        """Put every event committed so far into the folded indexes and the ``latest``
+        table (`indexes`, `latest.FOLD`), in transactions of at most `FOLD_CHUNK` rows
+        on the writer's thread (the event loop goes on; writes wait for each chunk). A
+        query that reads them calls this first (`fold_for_read`), so it never misses an
+        event committed before it; a background pass does it every `_FOLD_INTERVAL` so
+        that such a query seldom waits. Stops once what was committed when it was called
+        is folded: under a steady load it does not chase the commits that arrive
+        meanwhile."""
         target = self._last_seq
-        while self._typed_upto < target:
+        while self._folded_upto < target:
             self._check_open()
             async with self._write_lock:
                 await _run(self._writer, self._fold_chunk)
 
+    async def fold_for_read(self) -> int | None:
+        """Fold before a read of the folded tables: None once they hold every event
+        committed before the call; the sequence number they go up to when the fold
+        could not be written (a full disk): the reader then adds the events above it
+        from ``events`` itself (`queries`)."""
+        if self._last_seq <= self._folded_upto:
+            return None
+        try:
+            await self.fold()
+        except StorageError as e:
+            # A store that takes no writes still answers reads, completely.
+            self._fold_failed(e)
+            return self._folded_upto
+        return None
+
     def _fold_chunk(self) -> None:
-        upto = min(self._last_seq, self._typed_upto + FOLD_CHUNK)
-        if upto <= self._typed_upto:
+        upto = min(self._last_seq, self._folded_upto + FOLD_CHUNK)
+        if upto <= self._folded_upto:
             return
-        with self._transaction("per-type index fold") as tx:
+        with self._transaction("fold") as tx:
             self._fold_in(tx, upto)
         self._folded(upto)
 
     def _fold_in(self, tx: sqlite3.Connection, upto: int) -> None:
-        tx.execute(type_index.FOLD, (self._typed_upto, upto))
-        state.set_meta(tx, [(schema.TYPED_UPTO_KEY, str(upto))])
+        span = (self._folded_upto, upto)
+        for statement in indexes.FOLD:
+            tx.execute(statement, span)
+        tx.execute(latest.FOLD, span)
+        state.set_meta(tx, [(schema.FOLDED_UPTO_KEY, str(upto))])
 
     def _folded(self, upto: int) -> None:
         """The in-memory state after a fold up to `upto` committed."""
-        self._typed_upto = upto
-        self._meta[schema.TYPED_UPTO_KEY] = str(upto)
+        self._folded_upto = upto
+        self._meta[schema.FOLDED_UPTO_KEY] = str(upto)
 
     async def _fold_loop(self) -> None:
         while True:
             await asyncio.sleep(_FOLD_INTERVAL)
             try:
-                await self.fold_types()
+                await self.fold()
             except StorageError as e:
                 self._fold_failed(e)
             except Exception:
                 # Not a store fault: a bug. Logged with its traceback; the pass goes on.
-                log.exception("%s: per-type index fold failed", self._path)
+                log.exception("%s: fold failed", self._path)
             else:
                 if self._fold_failing:
                     self._fold_failing = False
-                    log.info("%s: per-type index folds work again", self._path)
+                    log.info("%s: folds work again", self._path)
 
     def _fold_failed(self, error: StorageError) -> None:
         # Once per failing period (a full disk fails every pass): the engine reports the
@@ -463,8 +482,8 @@ class Storage:
         if not self._fold_failing:
             self._fold_failing = True
             log.warning(
-                "%s: per-type index fold failed (retried every %g s; type queries use the "
-                "timestamp index meanwhile): %s",
+                "%s: fold failed (retried every %g s; queries read the events not folded "
+                "yet from the events table meanwhile): %s",
                 self._path,
                 _FOLD_INTERVAL,
                 error,
@@ -853,7 +872,6 @@ class Storage:
                     raise StorageError(diagnose(e)) from e
                 except (OverflowError, UnicodeError) as e:
                     raise StorageError(diagnose(e)) from e
-                latest.update(tx, rows[0][0])
                 # The servers whose highest id this batch raised, known from the caller's
                 # walk: no GROUP BY over the batch's rows (18 µs of a 140 µs batch-1
                 # commit).
@@ -1020,15 +1038,7 @@ class Storage:
         if not isinstance(params, QueryLatestParams | QueryTimeseriesParams | QueryServerParams):
             raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
-        type_index = True
-        if queries.may_read_type_index(params) and self._last_seq > self._typed_upto:
-            try:
-                await self.fold_types()
-            except StorageError as e:
-                # A store that takes no writes (a full disk) still answers reads: the
-                # type filter then runs on the timestamp index, slower but complete.
-                self._fold_failed(e)
-                type_index = False
+        folded = await self.fold_for_read() if queries.reads_folded(params) else None
         return await _run(
             self._reader,
             queries.run,
@@ -1037,7 +1047,7 @@ class Storage:
             params,
             cap,
             cols,
-            type_index,
+            folded,
         )
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
@@ -1158,15 +1168,20 @@ class Storage:
         `event_types`, with the local sequence number at which it was stored (the
         latest-per-type table, like a ``latest`` query). For Replication's row index."""
         self._check_open()
-        return await _run(self._reader, self._read_latest, event_types)
+        folded = await self.fold_for_read()
+        return await _run(self._reader, self._read_latest, event_types, folded)
 
-    def _read_latest(self, event_types: list[EventType]) -> list[tuple[int, Event]]:
+    def _read_latest(
+        self, event_types: list[EventType], folded: int | None
+    ) -> list[tuple[int, Event]]:
         expansion = self._cache.expand(event_types)
         if expansion is not None and not expansion[0]:
             return []
         if expansion is None:
             raise ValueError("read_latest needs event types that do not match every type")
-        rows = self._reader._conn.execute(latest.TYPES_SEQ, (expansion[1],)).fetchall()
+        sql = latest.query_sql(f"seq, {latest.EVENTS_COLS}", types=True, tail=folded is not None)
+        args = {"types": expansion[1], "folded": folded}
+        rows = self._reader._conn.execute(sql, args).fetchall()
         decoded = events.decode([row[1:] for row in rows], self._cache.types)
         return [(row[0], event) for row, event in zip(rows, decoded, strict=True)]
 
@@ -1213,14 +1228,15 @@ class Storage:
         return result
 
     def _delete(self, sql: str, args: tuple) -> int:
-        folded = False
         with self._transaction("retention") as tx:
+            # Folded first: a delete by age reads the timestamp index, the repair a
+            # type's next newest event in the per-type index (`indexes`), and the
+            # trigger takes the deleted events' entries along.
+            folded = self._last_seq > self._folded_upto
+            if folded:
+                self._fold_in(tx, self._last_seq)
             deleted = tx.execute(sql, args).rowcount
             if deleted:
-                # The repair looks a type's next newest event up in the per-type index.
-                folded = self._last_seq > self._typed_upto
-                if folded:
-                    self._fold_in(tx, self._last_seq)
                 latest.repair(tx)
                 # Nothing above the mark may be deleted (`state`): the mark moves to now.
                 self._write_mark(tx, self._last_seq, self._event_count - deleted)

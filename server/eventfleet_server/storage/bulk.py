@@ -10,7 +10,8 @@ list array of every known type, so no per-event type list is ever built in Pytho
 
 Pages are read on the storage's *reader* connection (one hop to its thread per page,
 like every query), in ascending natural order ``(timestamp, server, session,
-instance)`` with keyset paging on the ``events_ts`` index, so a page costs O(page) and
+instance)`` with keyset paging on the folded timestamp index ``events_by_ts`` (folded
+up to the export's start first: `Storage.fold_for_read`), so a page costs O(page) and
 the write path is never blocked. The next page is read while the current one is
 written to the client. Paging is not a snapshot: an event committed behind the current
 key (a late Syncer merge with an old timestamp) during the export is not in it — the
@@ -30,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 from collections.abc import AsyncIterator
 from typing import Any, NamedTuple
@@ -74,25 +76,48 @@ EXPORT_SCHEMA = pa.schema(
 
 _JSON, _BINARY, _NONE = (pa.scalar(k, pa.string()) for k in ("json", "binary", "none"))
 
+
 # `payload` holds TEXT for JSON and a BLOB for binary payloads; split into two columns
 # here so that each becomes one typed Arrow column. `ptype` is NULL unless binary, and
 # the kind is derived from which of the two is set (one Python value less per row).
-_COLS = (
-    "server, session, instance, type_id, ts, source_ts, ptype,"
-    " CASE kind WHEN 2 THEN payload END, CASE kind WHEN 1 THEN payload END"
-)
-# Keyset paging on events_ts, the index the Eventer timeseries query uses too. After
-# the first page the key bounds the start, so the lower bound is left out (a second
-# bound on the same side would compete with the row-value range for the index).
-FIRST_PAGE = (
-    f"SELECT {_COLS} FROM events INDEXED BY events_ts"
-    " WHERE ts >= ? AND ts < ? ORDER BY ts, server, session, instance LIMIT ?"
-)
-NEXT_PAGE = (
-    f"SELECT {_COLS} FROM events INDEXED BY events_ts"
-    " WHERE (ts, server, session, instance) > (?, ?, ?, ?) AND ts < ?"
-    " ORDER BY ts, server, session, instance LIMIT ?"
-)
+def _cols(q: str) -> str:
+    return (
+        f"{q}server AS server, {q}session AS session, {q}instance AS instance,"
+        f" {q}type_id AS type_id, {q}ts AS ts, events.source_ts, events.ptype,"
+        " CASE events.kind WHEN 2 THEN events.payload END AS pjson,"
+        " CASE events.kind WHEN 1 THEN events.payload END AS pbin"
+    )
+
+
+_ORDER = "ORDER BY ts, server, session, instance LIMIT :limit"
+
+
+@functools.cache
+def page_sql(*, first: bool, tail: bool) -> str:
+    """A page of the export: keyset paging on the folded timestamp index
+    (``events_by_ts``, the one the Eventer timeseries query reads), which the caller
+    folds first. After the first page the key (``:k0``..``:k3``) bounds the start, so the
+    lower bound is left out (a second bound on the same side would compete with the
+    row-value range for the index). `tail`: the events above ``:folded`` read from
+    ``events`` too (a fold failed)."""
+
+    def where(q: str) -> str:
+        start = (
+            f"{q}ts >= :start"
+            if first
+            else f"({q}ts, {q}server, {q}session, {q}instance) > (:k0, :k1, :k2, :k3)"
+        )
+        return f"{start} AND {q}ts < :end"
+
+    arm = (
+        f"SELECT {_cols('t.')} FROM events_by_ts AS t CROSS JOIN events ON events.seq = t.seq"
+        f" WHERE {where('t.')}"
+    )
+    if not tail:
+        return f"{arm} ORDER BY t.ts, t.server, t.session, t.instance LIMIT :limit"
+    rest = f"SELECT {_cols('events.')} FROM events WHERE seq > :folded AND {where('events.')}"
+    return f"{arm} UNION ALL {rest} {_ORDER}"
+
 
 DEFAULT_PAGE_ROWS = 20_000
 
@@ -170,6 +195,8 @@ class _Pager:
         self._sink = _Chunks()
         self._writer = pa.ipc.new_stream(pa.PythonFile(self._sink, mode="w"), EXPORT_SCHEMA)
         self.stats = ExportStats()
+        # None: the folded index holds every event; else how far it goes (`page_sql`).
+        self.folded: int | None = None
 
     def header(self) -> bytes:
         return self._sink.take()
@@ -185,12 +212,15 @@ class _Pager:
         gc_was_enabled = gc.isenabled()
         gc.disable()
         try:
+            args: dict[str, Any] = {"end": self._end, "limit": self._page_rows}
             if after is None:
-                rows = conn.execute(
-                    FIRST_PAGE, (self._start, self._end, self._page_rows)
-                ).fetchall()
+                args["start"] = self._start
             else:
-                rows = conn.execute(NEXT_PAGE, (*after, self._end, self._page_rows)).fetchall()
+                args.update(zip(("k0", "k1", "k2", "k3"), after, strict=True))
+            if self.folded is not None:
+                args["folded"] = self.folded
+            sql = page_sql(first=after is None, tail=self.folded is not None)
+            rows = conn.execute(sql, args).fetchall()
             if not rows:
                 return b"", None
             batch = self._batch(rows)
@@ -259,6 +289,7 @@ async def export_stream(
     """
     storage._check_open()
     pager = _Pager(storage, start_us, end_us, page_rows)
+    pager.folded = await storage.fold_for_read()
     if stats is not None:
         pager.stats = stats
     reader: Any = storage._reader

@@ -22,10 +22,11 @@ records were stored (schema 2 already had the column, always NULL then): readers
 the record from the columns (`BUS_COLUMNS`, read only for such rows). The storage never
 builds or parses a record.
 
-The per-type index is a table of its own, ``events_by_type`` (`type_index`, schema
-version 5), filled by folds after the commit: an ``INSERT`` here writes ``events`` and
-its indexes below only. A store migrated from version 4 keeps that version's ``typed``
-column, no longer read or written (its DEFAULT fills new rows).
+Since schema version 5 the table has one index, its identity (``events_id``): what
+queries order and filter by (timestamp, source timestamp, type) lives in tables of its
+own, folded in after the commit (`indexes`), so a commit writes the row and its identity
+only. A store migrated from version 4 keeps that version's ``typed`` column, no longer
+read or written (its DEFAULT fills new rows).
 """
 
 from __future__ import annotations
@@ -69,17 +70,12 @@ CREATE TABLE events (
 
 -- identity: idempotent writes, sentinel lookup, server queries (instance order)
 CREATE UNIQUE INDEX events_id ON events (server, instance);
--- timeseries by timestamp; type_id rides along so type filters need no row lookup
-CREATE INDEX events_ts ON events (ts, server, session, instance, type_id);
--- timeseries by source timestamp; events without one never appear in such queries
-CREATE INDEX events_source_ts ON events (source_ts, ts, server, session, instance, type_id)
-    WHERE source_ts IS NOT NULL;
 """
 
 # Columns read to rebuild an event, in the order `decode` takes them.
 COLS = "server, session, instance, type_id, ts, source_ts, kind, ptype, payload"
 
-# New rows wait outside the per-type index (`type_index`) until the next fold.
+# New rows wait outside the folded indexes (`indexes`) until the next fold.
 INSERT = (
     "INSERT INTO events (seq, server, session, instance, type_id, ts, source_ts, kind, ptype,"
     " payload, sbs, bus) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
@@ -123,10 +119,8 @@ BUS_COLUMNS = (
 )
 
 # Retention.
-DELETE_OLDER = (
-    "DELETE FROM events WHERE seq IN"
-    " (SELECT seq FROM events INDEXED BY events_ts WHERE ts < ? LIMIT ?)"
-)
+# Reads the folded timestamp index: the caller folds first (`indexes`).
+DELETE_OLDER = "DELETE FROM events WHERE seq IN (SELECT seq FROM events_by_ts WHERE ts < ? LIMIT ?)"
 DELETE_FIRST = "DELETE FROM events WHERE seq IN (SELECT seq FROM events ORDER BY seq LIMIT ?)"
 
 

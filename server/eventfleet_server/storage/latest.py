@@ -4,10 +4,16 @@ so the ``latest`` query and the write-time comparison never scan ``events``.
 A ``latest`` query is one pass over this table joined to ``events`` by ``seq`` (a
 rowid lookup), answering with the stored ``sbs`` of each event; an explicit list of
 types is one ``IN (json_each)`` pass over the primary key, whatever its length.
+
+The table is brought up to date by the folds (`FOLD`, with the folded indexes:
+`indexes`), not by each commit: a commit of one event used to write this table's page
+too. Its readers fold first; when a fold cannot be written, `query_sql` with ``tail``
+adds the events not folded yet.
 """
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 
 from eventfleet_server.storage import events
@@ -23,12 +29,12 @@ CREATE TABLE latest (
 ) STRICT;
 """
 
-# Rows are processed one after another, so several events of one type in a batch end
-# with the greatest of them. (`WHERE seq >= ?` also ends the SELECT so that SQLite does
-# not read ON CONFLICT as a join constraint.)
-UPSERT = """
+# The rows of a seq range (two parameters), processed one after another, so several
+# events of one type end with the greatest of them. (The WHERE also ends the SELECT so
+# that SQLite does not read ON CONFLICT as a join constraint.)
+FOLD = """
 INSERT INTO latest (type_id, seq, ts, server, session, instance)
-SELECT type_id, seq, ts, server, session, instance FROM events WHERE seq >= ?
+SELECT type_id, seq, ts, server, session, instance FROM events WHERE seq > ? AND seq <= ?
 ON CONFLICT (type_id) DO UPDATE SET
     seq = excluded.seq, ts = excluded.ts, server = excluded.server,
     session = excluded.session, instance = excluded.instance
@@ -36,25 +42,40 @@ WHERE (excluded.ts, excluded.server, excluded.session, excluded.instance)
     > (latest.ts, latest.server, latest.session, latest.instance)
 """
 
-_EVENTS_COLS = ", ".join(f"events.{c}" for c in events.COLS.split(", "))
-ALL = f"SELECT {_EVENTS_COLS} FROM latest JOIN events USING (seq)"
-TYPES = (
-    f"SELECT {_EVENTS_COLS} FROM latest JOIN events USING (seq)"
-    " WHERE latest.type_id IN (SELECT value FROM json_each(?))"
+EVENTS_COLS = ", ".join(f"events.{c}" for c in events.COLS.split(", "))
+"""`events.COLS`, qualified for a join."""
+
+# With the events not folded yet (``seq > :folded``): each type's greatest of its
+# `latest` row and those events.
+_WITH_TAIL = """
+WITH candidates AS (
+    SELECT type_id, seq, ts, server, session, instance FROM latest
+    UNION ALL
+    SELECT type_id, seq, ts, server, session, instance FROM events WHERE seq > :folded
+), ranked AS (
+    SELECT type_id, seq, row_number() OVER (
+        PARTITION BY type_id ORDER BY ts DESC, server DESC, session DESC, instance DESC
+    ) AS rank FROM candidates
 )
-TYPES_SEQ = (
-    f"SELECT seq, {_EVENTS_COLS} FROM latest JOIN events USING (seq)"
-    " WHERE latest.type_id IN (SELECT value FROM json_each(?))"
-)
-ALL_SBS = "SELECT events.sbs FROM latest JOIN events USING (seq)"
-TYPES_SBS = (
-    "SELECT events.sbs FROM latest JOIN events USING (seq)"
-    " WHERE latest.type_id IN (SELECT value FROM json_each(?))"
-)
+"""
+
+
+@functools.cache
+def query_sql(cols: str, *, types: bool, tail: bool) -> str:
+    """A ``latest`` query selecting `cols` (of ``events``, qualified), of the types in
+    the JSON array ``:types`` or of all; with `tail`, also of the events above
+    ``:folded`` (used when a fold could not be written)."""
+    if not tail:
+        sql = f"SELECT {cols} FROM latest JOIN events USING (seq)"
+        where = " WHERE latest.type_id IN (SELECT value FROM json_each(:types))"
+        return sql + (where if types else "")
+    sql = f"{_WITH_TAIL}SELECT {cols} FROM ranked JOIN events USING (seq) WHERE rank = 1"
+    return sql + (" AND ranked.type_id IN (SELECT value FROM json_each(:types))" if types else "")
+
 
 # Repair after retention deleted events.
 STALE = "SELECT type_id FROM latest WHERE NOT EXISTS (SELECT 1 FROM events WHERE seq = latest.seq)"
-# Reads the per-type index (`type_index`): the caller folds every event into it first.
+# Reads the folded per-type index (`indexes`): the caller folds first.
 NEWEST_OF_TYPE = (
     "SELECT seq, ts, server, session, instance FROM events_by_type WHERE type_id = ?"
     " ORDER BY ts DESC, server DESC, session DESC, instance DESC LIMIT 1"
@@ -64,11 +85,6 @@ REPLACE = (
     " VALUES (?, ?, ?, ?, ?, ?)"
 )
 DELETE = "DELETE FROM latest WHERE type_id = ?"
-
-
-def update(conn: sqlite3.Connection, first_seq: int) -> None:
-    """Fold the rows from `first_seq` on (the batch just inserted) into the table."""
-    conn.execute(UPSERT, (first_seq,))
 
 
 def repair(conn: sqlite3.Connection) -> None:

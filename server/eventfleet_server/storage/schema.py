@@ -34,13 +34,15 @@ Versions (``PRAGMA user_version``):
    rebuilds the index as a partial one, in one transaction. `TYPED_UPTO_KEY` (a meta
    key) records up to which sequence number rows are folded.
 
-5. The per-type index is a table of its own, ``events_by_type`` (`type_index`), filled
-   by the same folds: a fold inserts small entries instead of rewriting each event's
-   row to set ``typed`` (which wrote every table page a second time for large events).
-   The migration (from 1-4) creates and fills the table from ``events`` and drops
-   ``events_type_ts``, in one transaction; every event is then folded
-   (`TYPED_UPTO_KEY`). A version-4 store keeps its ``typed`` column, unused (dropping
-   a column rewrites every row).
+5. The folded indexes (`indexes`): ``events`` keeps only its identity index; the
+   timestamp, source-timestamp and per-type indexes are tables of their own
+   (``events_by_ts``, ``events_by_source_ts``, ``events_by_type``) and, with the
+   ``latest`` table, are brought up to date by folds after the commit instead of by
+   each commit (version 4 folded only the per-type index, by rewriting each row to
+   flag it). The migration (from 1-4) creates and fills the tables from ``events`` and
+   drops the indexes they replace, in one transaction; every event is then folded
+   (`FOLDED_UPTO_KEY`, which replaces version 4's ``typed_upto``). A version-4 store
+   keeps its ``typed`` column, unused (dropping a column rewrites every row).
 
 A store of a newer version is refused before anything in it changes (no downgrade).
 """
@@ -55,20 +57,22 @@ from eventfleet_server.storage import (
     event_keys,
     event_types,
     events,
+    indexes,
     last_ids,
     latest,
     state,
-    type_index,
 )
 
 SCHEMA_VERSION = 5
 MIGRATABLE = (1, 2, 3, 4)  # versions `migrate` upgrades from
 
-TYPED_UPTO_KEY = "typed_upto"
-"""Meta key: every event with a sequence number up to this value is in the per-type
-index (`type_index.FOLD`); a fold writes it in its own transaction."""
+FOLDED_UPTO_KEY = "folded_upto"
+"""Meta key: every event with a sequence number up to this value is in the folded
+indexes and the ``latest`` table (`indexes.FOLD`, `latest.FOLD`); a fold writes it in
+its own transaction."""
+_V4_TYPED_UPTO_KEY = "typed_upto"  # version 4's, for the per-type index alone
 
-DDL = "".join([state.DDL, event_types.DDL, events.DDL, type_index.DDL, latest.DDL, last_ids.DDL])
+DDL = "".join([state.DDL, event_types.DDL, events.DDL, latest.DDL, last_ids.DDL])
 EVENT_KEYS_DDL = event_keys.DDL
 
 log = logging.getLogger(__name__)
@@ -91,7 +95,14 @@ def create(conn: sqlite3.Connection) -> None:
     for statement in code.split(";"):
         if statement.strip():
             conn.execute(statement)
-    conn.execute(type_index.DELETE_TRIGGER_DDL)
+    create_folded(conn)
+
+
+def create_folded(conn: sqlite3.Connection) -> None:
+    """The folded index tables and their delete trigger (`indexes`)."""
+    for statement in indexes.TABLES_DDL:
+        conn.execute(statement)
+    conn.execute(indexes.DELETE_TRIGGER_DDL)
 
 
 def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
@@ -109,17 +120,20 @@ def migrate(conn: sqlite3.Connection, version: int, path: object) -> None:
 
 
 def _migrate_to_v5(conn: sqlite3.Connection, path: object) -> None:
-    """Versions 1-4 -> 5: ``events_by_type`` created and filled with every event (all
-    folded: `TYPED_UPTO_KEY`), the index it replaces dropped."""
+    """Versions 1-4 -> 5: the folded index tables created and filled with every event
+    (all folded: `FOLDED_UPTO_KEY`), the indexes they replace dropped."""
     started = time.monotonic()
-    conn.execute(type_index.TABLE_DDL)
-    conn.execute(type_index.DELETE_TRIGGER_DDL)
-    count = conn.execute(type_index.FILL).rowcount
-    conn.execute("DROP INDEX IF EXISTS events_type_ts")
+    create_folded(conn)
+    for statement in indexes.FILL:
+        conn.execute(statement)
+    for index in ("events_ts", "events_source_ts", "events_type_ts"):
+        conn.execute(f"DROP INDEX IF EXISTS {index}")
     top = conn.execute("SELECT coalesce(max(seq), 0) FROM events").fetchone()[0]
-    state.set_meta(conn, [(TYPED_UPTO_KEY, str(top))])
+    count = conn.execute("SELECT count(*) FROM events").fetchone()[0]
+    conn.execute("DELETE FROM meta WHERE key = ?", (_V4_TYPED_UPTO_KEY,))
+    state.set_meta(conn, [(FOLDED_UPTO_KEY, str(top))])
     log.info(
-        "%s: per-type index table built for schema version 5 (%d events, %.1f s)",
+        "%s: folded index tables built for schema version 5 (%d events, %.1f s)",
         path,
         count,
         time.monotonic() - started,
