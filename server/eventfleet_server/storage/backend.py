@@ -118,7 +118,7 @@ UNTRUSTED = (
     "after this I/O error the store is no longer trusted: written pages whose write-back "
     "failed may be held only in memory, and the file system under it may be damaged; "
     "no more writes until a restart: stop the replica, check the file system (fsck) and "
-    "start it again (docs/runbook.md, 'Storage faults')"
+    "start it again (docs/runbook.md, 'storage failing', I/O error)"
 )
 
 
