@@ -5,15 +5,18 @@ fails fails the test, never skips). Faults, each met through real Eventer regist
 * ENOSPC: a 2-3 MB tmpfs filled up; space returns by growing it or deleting a filler;
 * EIO: ext4 on a loop device whose sparse image lives on a small tmpfs (a thinly
   provisioned disk running out): the device fails writes, the store's fsync gets EIO;
-  the backing grows and the same file system works again;
+  the backing grows, yet what the kernel dropped meanwhile is not on the device;
 * read-only: the kernel turns ext4 read-only itself after an error (errors=remount-ro).
 
 Asserted for each: the log names the cause (ENOSPC / EIO / EROFS) and the store's path;
 /readyz answers 503 naming it, and stays so while the fault lasts (the replica's own
 probes fail); registrations are refused (failure answer, counted, logged with the
-cause); every event the client got a success for is readable. ENOSPC and EIO recover
-WITHOUT a restart: Ready again, new registrations taken. The emergency read-only cannot
-be undone while mounted: recovery is a stop, fsck, mount and start (docs/runbook.md).
+cause); every event the client got a success for is readable. ENOSPC recovers WITHOUT
+a restart: Ready again, new registrations taken. EIO does not: pages whose write-back
+failed are marked clean in memory but are not on the device (with the file system's own
+metadata), so once evicted they read back as zeros; the replica stops writing, stays not
+ready after the device works again, and recovery is a stop, fsck, mount and start, as
+for the emergency read-only, which cannot be undone while mounted (docs/runbook.md).
 
 Every mount and loop device is undone in a `finally` (the replica is stopped first: a
 busy file system cannot be unmounted).
@@ -194,6 +197,24 @@ async def assert_failing_then_recovers(
 ) -> None:
     """The common part: not ready naming `cause`, refusals, `recover()`, Ready again,
     new registrations taken, every acknowledged event readable."""
+    await assert_failing(replica, client, acked, cause, failed_line)
+    recover()
+    await wait_ready_again(replica)
+    assert cause_lines(replica, "storage works again")
+    later = await client.register([RegisterEvent(("after", "recovery"), None, BLOB)], True)
+    assert later is not None and len(later) == 1
+    held = await read_all(replica.eventer, {replica.server_id})
+    missing = set(acked) - set(held)
+    assert not missing, f"{len(missing)} acknowledged events lost, e.g. {sorted(missing)[:5]}"
+    for key, event in acked.items():
+        assert held[key] == tuple(event)
+    assert (later[0].id.server, later[0].id.instance) in held
+    assert "Traceback" not in replica.log(), replica.log()[-3000:]  # expected, named faults
+
+
+async def assert_failing(replica, client, acked, cause: str, failed_line: str) -> None:
+    """Not ready naming `cause` (also after more probes), registrations refused (counted,
+    logged with the cause), every acknowledged event readable."""
     store = str(replica.data_dir / "events.sqlite")
     lines = cause_lines(replica, failed_line)
     assert lines and cause in lines[0] and store in lines[0], replica.log()[-3000:]
@@ -212,18 +233,6 @@ async def assert_failing_then_recovers(
     # Still full: the replica's own probes keep failing, and it stays not ready (a tiny
     # probe commit fits into the WAL space the failed commit left: it must not count).
     await probes_keep_failing(replica, cause)
-    recover()
-    await wait_ready_again(replica)
-    assert cause_lines(replica, "storage works again")
-    later = await client.register([RegisterEvent(("after", "recovery"), None, BLOB)], True)
-    assert later is not None and len(later) == 1
-    held = await read_all(replica.eventer, {replica.server_id})
-    missing = set(acked) - set(held)
-    assert not missing, f"{len(missing)} acknowledged events lost, e.g. {sorted(missing)[:5]}"
-    for key, event in acked.items():
-        assert held[key] == tuple(event)
-    assert (later[0].id.server, later[0].id.instance) in held
-    assert "Traceback" not in replica.log(), replica.log()[-3000:]  # expected, named faults
 
 
 @contextlib.asynccontextmanager
@@ -277,21 +286,87 @@ async def test_enospc_recovers_when_a_filler_file_is_deleted(tmp_path):
             )
 
 
-async def test_eio_on_a_thin_disk_that_runs_out_and_recovery_when_it_grows(tmp_path):
+EIO = "I/O error (EIO)"
+UNTRUSTED = "no longer trusted"  # the replica's words for a store after an I/O error
+
+
+async def test_eio_on_a_thin_disk_is_not_ready_until_a_restart_after_fsck(tmp_path):
     """EIO: the block device under the store fails its writes (its backing store is
-    full). The store's fsync fails with an I/O error; once the backing grows, the same
-    device and file system work again and the replica recovers without a restart
-    (ext4 without a journal, errors=continue: a journal would be aborted by the
-    failed writes and the file system turned read-only for good, see below)."""
-    with loop_ext4(tmp_path, backing="8m", journal=False, errors="continue") as (mnt, _, back):
+    full). The store's fsync fails with an I/O error; the replica stops writing to it
+    and stays not ready even once the backing grows and the device works again (what the
+    kernel dropped meanwhile is not on the device: a tiny probe that passes proves
+    nothing). Recovery is a stop, fsck and start: every acknowledged event is there, or
+    the start is refused naming the damage (restore from a peer).
+    (ext4 without a journal, errors=continue: a journal would be aborted by the failed
+    writes and the file system turned read-only, see below.)"""
+    with loop_ext4(tmp_path, backing="8m", journal=False, errors="continue") as (mnt, dev, back):
         async with replica_on(tmp_path, mnt / "data") as (replica, client):
             acked = await fill_until_refused(client)
             assert acked
+            await assert_failing(replica, client, acked, EIO, "commit failed")
+            await assert_untrusted_after_the_device_recovers(replica, client, back)
+        repair(mnt, dev)
+        await assert_all_there_or_refused_after_a_restart(tmp_path, mnt, acked)
 
-            def grow():
-                run("mount", "-o", "remount,size=256m", str(back))
 
-            await assert_failing_then_recovers(replica, client, acked, "I/O error (EIO)", grow)
+async def assert_untrusted_after_the_device_recovers(replica, client, back) -> None:
+    """The backing grows: still not ready, registrations refused, the log says why
+    (restart, fsck) and never that the storage works again."""
+    lines = cause_lines(replica, UNTRUSTED)
+    assert lines and EIO in lines[0] and "fsck" in lines[0], replica.log()[-3000:]
+    run("mount", "-o", "remount,size=256m", str(back))
+    await probes_keep_failing(replica, UNTRUSTED)
+    assert await client.register([RegisterEvent(("refused",), None, None)], True) is None
+    assert not cause_lines(replica, "storage works again after")
+    assert "Traceback" not in replica.log(), replica.log()[-3000:]
+    # The reason says a restart is needed, not that the replica keeps retrying.
+    status, body = await readyz(replica)
+    assert status == 503 and "until a restart" in body["reason"], body
+    assert "retrying every" not in body["reason"], body
+
+
+async def assert_all_there_or_refused_after_a_restart(tmp_path, mnt, acked) -> None:
+    """The same data directory, after fsck: either Ready with every acknowledged event
+    as it was acknowledged and new registrations taken, or (the device lost data that
+    fsync had reported written: the kernel's "potential data loss") the start refused,
+    naming the damaged file and the restore from a peer. Never a damaged store served."""
+    replica = ReplicaProc(tmp_path, "r2", 1, free_block(1), extra={"data_dir": str(mnt / "data")})
+    replica.start()
+    try:
+        for _ in range(300):  # 60 s
+            if await replica_status(replica) is not None:
+                break
+            await asyncio.sleep(0.2)
+        else:
+            pytest.fail(f"r2 neither ready nor exited:\n{replica.log()[-3000:]}")
+        if replica.proc.poll() is not None:
+            lines = cause_lines(replica, "cannot start")
+            assert lines and "is damaged" in lines[0] and "from a peer" in lines[0], lines
+            return
+        client = await connect(*replica.eventer, "after", timeout=10)
+        try:
+            held = await read_all(replica.eventer, {replica.server_id})
+            missing = set(acked) - set(held)
+            assert not missing, (
+                f"{len(missing)} acknowledged events lost, e.g. {sorted(missing)[:5]}"
+            )
+            for key, event in acked.items():
+                assert held[key] == tuple(event)
+            assert await client.register([RegisterEvent(("after", "fsck"), None, BLOB)], True)
+        finally:
+            await client.close()
+    finally:
+        replica.stop()
+
+
+async def replica_status(replica: ReplicaProc) -> str | None:
+    """ "exited" once the process ended, "ready" once /readyz answers 200, else None."""
+    if replica.proc.poll() is not None:
+        return "exited"
+    with contextlib.suppress(aiohttp.ClientError, OSError):
+        if (await readyz(replica))[0] == 200:
+            return "ready"
+    return None
 
 
 async def test_read_only_after_a_file_system_error_and_recovery_by_a_restart(tmp_path):
@@ -432,3 +507,48 @@ async def test_a_peer_on_a_full_disk_is_not_ready_and_catches_up_when_space_retu
         finally:
             a.stop()
             b.stop()
+
+
+def drop_caches() -> None:
+    """Write back what can be, then evict the clean page cache: pages whose writeback
+    failed are clean but not on the device, so what is read next comes from the device
+    (what a busy node's memory pressure does at any time)."""
+    os.sync()
+    pathlib.Path("/proc/sys/vm/drop_caches").write_text("3")
+
+
+async def test_eio_with_the_page_cache_evicted_never_turns_ready_nor_reads_malformed(
+    tmp_path,
+):
+    """The EIO test with the page cache evicted while the device fails (what a busy
+    node's memory pressure does at any time): pages whose write-back failed then read
+    back from the device, as zeros. Before the fix a read met "database disk image is
+    malformed" at once (a traceback; the client's connection closed) and the replica
+    could call itself ready again. Now: never ready in place, registrations refused, a
+    read either answers every acknowledged event or fails naming the earlier I/O error,
+    and the log has no traceback."""
+    with loop_ext4(tmp_path, backing="8m", journal=False, errors="continue") as (mnt, _, back):
+        async with replica_on(tmp_path, mnt / "data") as (replica, client):
+            acked = await fill_until_refused(client)
+            assert acked
+            for _ in range(3):
+                drop_caches()
+                await read_all_or_untrusted(replica, acked)
+                await probes_keep_failing(replica, EIO, probes=1)
+            await assert_untrusted_after_the_device_recovers(replica, client, back)
+            drop_caches()
+            await read_all_or_untrusted(replica, acked)
+            status, body = await readyz(replica)
+            assert status == 503 and UNTRUSTED in body["reason"], body
+            assert "Traceback" not in replica.log(), replica.log()[-3000:]
+
+
+async def read_all_or_untrusted(replica, acked) -> None:
+    """Every acknowledged event, or a query refused with the cause in the log."""
+    try:
+        held = await read_all(replica.eventer, {replica.server_id})
+    except ConnectionError:
+        failed = cause_lines(replica, "failed: ")
+        assert failed and UNTRUSTED in failed[-1], replica.log()[-3000:]
+    else:
+        assert set(acked) <= set(held)

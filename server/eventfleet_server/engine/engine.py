@@ -633,6 +633,10 @@ class Engine:
         if self._commit_failure is None:
             return None
         latest = self._commit_failure_latest
+        untrusted = getattr(self._storage, "untrusted", None)
+        if untrusted is not None:
+            # No probe can pass (`Storage.untrusted`): say so instead of "retrying".
+            return f"storage failing ({self._commit_failures} failed commit(s)): {untrusted}"
         return (
             f"storage failing ({self._commit_failures} failed commit(s), retrying every "
             f"{self._probe_interval:g} s): {self._commit_failure}"

@@ -40,6 +40,7 @@ from eventfleet_server.eventer.wire import (
     splice_elements_sliced,
 )
 from eventfleet_server.listener import RejectReason
+from eventfleet_server.storage import StorageFaultError
 
 if TYPE_CHECKING:
     from eventfleet_server.eventer.server import EventerServer
@@ -396,6 +397,11 @@ class EventerSession:
                 return
             try:
                 result = await self._engine.query_sbs(params)
+            except StorageFaultError as e:
+                # A named fault under the store (an I/O error earlier): its cause suffices.
+                log.error("query %r by %r failed: %s", params, self.name, e)
+                self.conn.close(f"client {self.name!r}: query failed on the server")
+                return
             except Exception:
                 log.exception("query %r by %r failed", params, self.name)
                 self.conn.close(f"client {self.name!r}: query failed on the server")

@@ -114,6 +114,14 @@ MARK_EVERY_EVENTS = 50_000
 # with a few kilobytes freed does not flap between ready and failing.
 PROBE_MIN_BYTES = 1 << 20
 
+# Why a store is not trusted after an I/O error (`Storage.untrusted`), after the cause.
+UNTRUSTED = (
+    "after this I/O error the store is no longer trusted: written pages whose write-back "
+    "failed may be held only in memory, and the file system under it may be damaged; "
+    "no more writes until a restart: stop the replica, check the file system (fsck) and "
+    "start it again (docs/runbook.md, 'storage failing', I/O error)"
+)
+
 
 @dataclass(frozen=True)
 class Retention:
@@ -222,6 +230,7 @@ class Storage:
         # Events up to this sequence number are in the folded indexes (`indexes`).
         self._folded_upto = 0
         self._fold_failing = False
+        self._untrusted: str | None = None  # see `untrusted`
         self._checkpointer: aiosqlite.Connection | None = None
         # One writer at a time on the writer connection. Inline mode still hands batches
         # above INLINE_MAX_EVENTS to the writer thread; without this lock an inline
@@ -274,6 +283,9 @@ class Storage:
         """BEGIN IMMEDIATE on the writer connection; COMMIT when the block ends, ROLLBACK
         if it raises. A failed SQLite call (also the COMMIT) becomes `StorageError`
         ("<file>: <what> failed: ..."); other exceptions pass through unchanged."""
+        if self._untrusted is not None:
+            # Nothing more onto a device that lost writes (see `untrusted`).
+            raise StorageFaultError(self._untrusted)
         conn = self._writer._conn
         try:
             conn.execute("BEGIN IMMEDIATE")
@@ -285,9 +297,31 @@ class Storage:
             if isinstance(e, sqlite3.Error):
                 cause = faults.describe(self._path, e)
                 if cause is not None:
+                    self._distrust_on_eio(cause)
                     raise StorageFaultError(cause) from e
                 raise StorageError(f"{self._path}: {what} failed: {e}") from e
             raise
+
+    @property
+    def untrusted(self) -> str | None:
+        """Why the store takes no writes until a restart, or None while it is sound.
+
+        Set by the first I/O error (EIO) a write meets, for good. Linux marks pages whose
+        write-back failed clean although they are not on the device, and reports the
+        error to `fsync` once; on a device that loses writes (a thin volume whose pool ran
+        out) the file system's own metadata goes too. Once the kernel evicts such pages,
+        reads return zeros or stale data: acknowledged events gone and "database disk
+        image is malformed", after a later `fsync` had succeeded. So no write (commit,
+        fold, checkpoint, state mark) goes to the store any more, the engine's probe
+        keeps failing, and recovery is a restart after the file system is checked.
+        """
+        return self._untrusted
+
+    def _distrust_on_eio(self, cause: str) -> None:
+        if self._untrusted is not None or not cause.startswith(faults.EIO):
+            return
+        self._untrusted = f"{cause}; {UNTRUSTED}"
+        log.error("%s: %s", self._path, self._untrusted)
 
     # -- set-up ----------------------------------------------------------------------------
 
@@ -392,7 +426,7 @@ class Storage:
         """Checkpoint the WAL from a thread of its own while inline writes are on."""
         while True:
             await asyncio.sleep(_CHECKPOINT_INTERVAL)
-            if not self._commits_since_checkpoint:
+            if not self._commits_since_checkpoint or self._untrusted is not None:
                 continue
             self._commits_since_checkpoint = 0
             try:
@@ -679,6 +713,8 @@ class Storage:
         (at least `PROBE_MIN_BYTES`) next to the store, then one tiny committed write
         (a meta key). Raises `StorageError` naming the cause while either fails."""
         self._check_open()
+        if self._untrusted is not None:
+            raise StorageFaultError(self._untrusted)
         size = max(PROBE_MIN_BYTES, 2 * self._failed_write_bytes)
         problem = await asyncio.to_thread(faults.room_error, self._path, size)
         if problem is not None:
@@ -1039,16 +1075,22 @@ class Storage:
             raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
         folded = await self.fold_for_read() if queries.reads_folded(params) else None
-        return await _run(
-            self._reader,
-            queries.run,
-            self._reader._conn,
-            self._cache,
-            params,
-            cap,
-            cols,
-            folded,
-        )
+        try:
+            return await _run(
+                self._reader,
+                queries.run,
+                self._reader._conn,
+                self._cache,
+                params,
+                cap,
+                cols,
+                folded,
+            )
+        except sqlite3.DatabaseError as e:
+            if self._untrusted is None:
+                raise
+            # Expected after an I/O error: pages the kernel dropped read back wrong.
+            raise StorageFaultError(f"{self._path}: query failed ({e}): {self._untrusted}") from e
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         """Up to `limit` events of `server_id` with instance above ``after.instance``

@@ -17,8 +17,9 @@ import os
 import pathlib
 import sqlite3
 
-__all__ = ["PROBE_NAME", "describe", "room_error"]
+__all__ = ["EIO", "PROBE_NAME", "describe", "room_error"]
 
+EIO = "I/O error (EIO)"  # how `describe` begins an I/O error (`Storage` keys on it)
 PROBE_NAME = ".write-probe"  # in the data directory, removed at once
 _PROBE_BYTES = 8192  # two pages: about what the failed commit needed at least
 # Below this many free bytes SQLITE_FULL is the disk, not the max_db_bytes cap.
@@ -46,7 +47,7 @@ def describe(path: pathlib.Path, error: sqlite3.Error) -> str | None:
             return f"no space left on device (ENOSPC) for {where}: {what}"
         return f"the store reached its size cap (storage.max_db_bytes) at {where}: {what}"
     if name.startswith("SQLITE_IOERR"):
-        return f"I/O error (EIO) on {where}: {what}"
+        return f"{EIO} on {where}: {what}"
     return f"the store is read-only at {where}: {what}"
 
 
@@ -74,7 +75,7 @@ _NAMES = {
     errno.ENOSPC: "no space left on device (ENOSPC)",
     errno.EDQUOT: "disk quota exceeded (EDQUOT)",
     errno.EROFS: "file system is read-only (EROFS)",
-    errno.EIO: "I/O error (EIO)",
+    errno.EIO: EIO,
 }
 
 
