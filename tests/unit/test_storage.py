@@ -731,6 +731,35 @@ async def test_queries_answer_in_full_when_the_fold_fails(tmp_path, monkeypatch,
         assert len(warnings) == 1 and "full (injected)" in warnings[0].message
 
 
+async def test_the_arrow_export_is_complete_when_the_fold_fails(tmp_path, monkeypatch):
+    # The export pages the folded timestamp table: events not folded yet come from
+    # `events` itself, in the same order, across pages.
+    import pyarrow as pa
+    from eventfleet_server.storage import bulk
+
+    monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)
+    path = tmp_path / "events.sqlite"
+    folded = make_events(6)
+    rest = [
+        Event(EventId(1, 1, 7 + i), ("a",), Timestamp(t, 0), None, None)
+        for i, t in enumerate([500, 1_003, 9_000])
+    ]
+    async with opened(path) as s:
+        await s.write(folded)
+        await s.fold()
+        await s.write(rest)
+
+        def full() -> None:
+            raise StorageFaultError(f"{path}: the file system is full (injected)")
+
+        monkeypatch.setattr(s, "_fold_chunk", full)
+        chunks = [c async for c in bulk.export_stream(s, 0, 10_000_000_000, page_rows=2)]
+        table = pa.ipc.open_stream(b"".join(chunks)).read_all()
+    expected = sorted(folded + rest, key=lambda e: (e.timestamp, e.id.instance))
+    assert table.column("instance").to_pylist() == [e.id.instance for e in expected]
+    assert _unfolded(path) == 3
+
+
 async def test_a_fold_stops_at_what_was_committed_when_it_was_asked(tmp_path, monkeypatch):
     # Commits keep arriving between its chunks: a query's fold must not chase them.
     monkeypatch.setattr(storage_backend, "_FOLD_INTERVAL", 3600)

@@ -90,7 +90,7 @@ _SYNCHRONOUS = ("OFF", "NORMAL", "FULL", "EXTRA")
 _RETENTION_CHUNK = 2_000
 _CHECKPOINT_INTERVAL = 0.5  # seconds between PASSIVE checkpoints when inline writes are on
 _WAL_SIZE_LIMIT = 64 << 20  # bytes a started-over WAL keeps (`journal_size_limit`)
-# The per-type index fold (`Storage.fold`): how often the background pass runs, and
+# The fold (`Storage.fold`, `indexes`): how often the background pass runs, and
 # the most rows one of its transactions takes (writes wait while it runs, on the writer's
 # thread: ~20-30 ms for a chunk this size).
 _FOLD_INTERVAL = 1.0
