@@ -31,6 +31,10 @@ def test_bus_bench_smoke(tmp_path):
     expected = int(500 * 2.0)  # every published event, on A and on B
     assert r["latency"]["local_received"] == r["latency"]["cross_received"] == expected
     assert r["snapshot"]["events"] == r["snapshot"]["head"] >= 5_000
+    # What the load itself cost the shared cores is reported beside the servers' CPU.
+    fleet_throughput = r["runs"]["fleet"][-1]["throughput"]
+    assert 0 < fleet_throughput["clients_cpu_us_per_event"] < 1e6
+    assert 0 < r["snapshot"]["cpu_s"] < 60
 
 
 def test_bus_bench_refuses_a_plot_it_cannot_draw_before_measuring(tmp_path):

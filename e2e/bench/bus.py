@@ -129,6 +129,10 @@ def run_load(pub_to: Target, subs: dict[str, Target], n: int, rate: float, prefi
     out["publisher_seconds"] = round(sent["sent"] - start, 3)
     received = max(r["received"] for r in got.values())
     out["server_cpu_us_per_event"] = round((after.cpu_s - before.cpu_s) / max(received, 1) * 1e6, 1)
+    # The load's own share of the two shared cores (publisher and subscribers, start-up
+    # included): what it takes is not there for the servers.
+    clients_cpu = sent.get("cpu_s", 0) + sum(r.get("cpu_s", 0) for r in got.values())
+    out["clients_cpu_us_per_event"] = round(clients_cpu / max(received, 1) * 1e6, 1)
     return out
 
 
@@ -255,6 +259,8 @@ FIGURES = {
     "snapshot (s)": ("snapshot", "seconds"),
     "snapshot (events/s)": ("snapshot", "rate_per_s"),
     "snapshot server CPU (s)": ("snapshot", "server_cpu_s"),
+    "load clients' CPU per event, throughput (µs)": ("throughput", "clients_cpu_us_per_event"),
+    "snapshot client CPU (s)": ("snapshot", "cpu_s"),
 }
 
 
