@@ -140,6 +140,19 @@ def test_a_type_holding_the_timestamp_bytes_is_read_whole():
             assert rows == expected_rows(events)
 
 
+def test_repeated_source_timestamps_are_read_as_each_event_carries_them():
+    """`decode_rows` reuses the previous source timestamp when the next one's bytes start
+    with it: runs, a missing one between, a return to an older one, and one whose
+    encoding is a prefix of nothing else all read as the object path reads them."""
+    a, b = Timestamp(1_700_000_000, 5), Timestamp(1_700_000_000, 6)
+    c = Timestamp(1_700_000_001, 5)  # the same microseconds, another second
+    order = [a, a, None, a, b, b, a, c, c, None, None, b]
+    events = [ev(instance=i + 1)._replace(source_timestamp=sts) for i, sts in enumerate(order)]
+    rows = decode_rows(wire.encode_events(events), 1, {})
+    assert rows == expected_rows(events)
+    assert [r[6] for r in rows][:3] == [rows[0][6], rows[0][6], None]
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=200))
 def test_garbage_is_refused_or_read_as_the_c_decoder_reads_it(data):

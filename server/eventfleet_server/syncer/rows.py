@@ -69,6 +69,8 @@ def _walk(data: bytes, server_id: int, types: dict[bytes, tuple]) -> list[list]:
     find = data.find
     last_ts: bytes | None = None  # the previous event's timestamp, as encoded
     ts_us = 0
+    last_sts: bytes | None = None  # the last source timestamp decoded, as encoded
+    last_source_us = 0
     for i in range(count):
         start = pos
         if startswith(head, pos):
@@ -155,9 +157,20 @@ def _walk(data: bytes, server_id: int, types: dict[bytes, tuple]) -> list[list]:
         if b == 0x80:
             source_us = None
         elif b == 0x81:
-            s, pos = read_int(data, pos)
-            us, pos = read_int(data, pos)
-            source_us = _us(i, (server, session, instance), s, us)
+            # The previous source timestamp, as encoded, is tried first (as for the
+            # timestamp above: its two Integers are prefix-free, so bytes that start with
+            # it decode to it): producers stamp at millisecond resolution or coarser, so
+            # a burst repeats one, and two read_int calls per event were a tenth of a
+            # merge's CPU.
+            if last_sts is not None and startswith(last_sts, pos):
+                pos += len(last_sts)
+                source_us = last_source_us
+            else:
+                sts_start = pos
+                s, pos = read_int(data, pos)
+                us, pos = read_int(data, pos)
+                source_us = last_source_us = _us(i, (server, session, instance), s, us)
+                last_sts = data[sts_start:pos]
         else:
             raise ValueError(f"bad sourceTimestamp option at {pos - 1}")
 
