@@ -144,8 +144,34 @@ async def test_a_damaged_page_read_after_an_io_error_names_the_io_error(tmp_path
         assert not isinstance(raised.value, StorageFaultError)
         with failing(s, monkeypatch, faults.EIO), pytest.raises(StorageFaultError):
             await s.write(make_events(1, start=3))
-        with pytest.raises(StorageFaultError, match=r"malformed.*no longer trusted"):
+        with pytest.raises(StorageFaultError, match=r"query failed .*malformed.*no longer trusted"):
             await s.query(params)
+
+
+async def test_the_syncers_reads_after_an_io_error_name_the_io_error(tmp_path, monkeypatch):
+    """The reads a peer's catch-up and the Event BUS snapshot make are reworded the
+    same way as queries (each reader method, made to meet a damaged page)."""
+    path = tmp_path / "events.sqlite"
+    async with opened(path) as s:
+        await s.write(make_events(2))
+        with failing(s, monkeypatch, faults.EIO), pytest.raises(StorageFaultError):
+            await s.write(make_events(1, start=3))
+        reads = {
+            "_read_server": lambda: s.read_server(1, None, 10),
+            "_read_since_seq": lambda: s.read_since_seq(0, 10),
+            "_read_rows_since_seq": lambda: s.read_rows_since_seq(0, 10),
+            "_read_bus_since_seq": lambda: s.read_bus_since_seq(0, 10),
+        }
+        for name, read in reads.items():
+
+            def malformed(*args):
+                raise sqlite3.DatabaseError("database disk image is malformed")
+
+            with monkeypatch.context() as m:
+                m.setattr(s, name, malformed)
+                with pytest.raises(StorageFaultError, match=r"malformed.*no longer trusted"):
+                    await read()
+            assert await read() is not None  # the real read, unpatched: no damage here
 
 
 async def test_no_checkpoint_after_an_io_error(tmp_path, monkeypatch):

@@ -1011,7 +1011,7 @@ class Storage:
         ``(server, session, instance, timestamp_us, source_timestamp_us, payload_type,
         payload_data)`` as `read_rows_since_seq` gives them."""
         self._check_open()
-        return await _run(self._reader, self._read_bus_since_seq, seq, limit)
+        return await self._read(self._read_bus_since_seq, seq, limit)
 
     def _read_bus_since_seq(
         self, seq: int, limit: int
@@ -1075,28 +1075,27 @@ class Storage:
             raise TypeError(f"query params {params!r} are not a query")
         self._check_open()
         folded = await self.fold_for_read() if queries.reads_folded(params) else None
+        return await self._read(
+            queries.run, self._reader._conn, self._cache, params, cap, cols, folded, what="query"
+        )
+
+    async def _read(self, fn: Callable[..., _T], *args: Any, what: str = "") -> _T:
+        """`fn(*args)` on the reader's thread. After an I/O error (`untrusted`) a read
+        that meets a damaged page says so, naming that error, not only "malformed"."""
         try:
-            return await _run(
-                self._reader,
-                queries.run,
-                self._reader._conn,
-                self._cache,
-                params,
-                cap,
-                cols,
-                folded,
-            )
+            return await _run(self._reader, fn, *args)
         except sqlite3.DatabaseError as e:
             if self._untrusted is None:
                 raise
             # Expected after an I/O error: pages the kernel dropped read back wrong.
-            raise StorageFaultError(f"{self._path}: query failed ({e}): {self._untrusted}") from e
+            what = what or fn.__name__.lstrip("_")
+            raise StorageFaultError(f"{self._path}: {what} failed ({e}): {self._untrusted}") from e
 
     async def read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         """Up to `limit` events of `server_id` with instance above ``after.instance``
         (all if `after` is None), ascending (session, instance)."""
         self._check_open()
-        return await _run(self._reader, self._read_server, server_id, after, limit)
+        return await self._read(self._read_server, server_id, after, limit)
 
     def _read_server(self, server_id: int, after: EventId | None, limit: int) -> list[Event]:
         rows = self._reader._conn.execute(
@@ -1110,7 +1109,7 @@ class Storage:
         the highest instance, None if none is stored (retention may have deleted it:
         `last_ids` keeps the id, not the timestamp)."""
         self._check_open()
-        return await _run(self._reader, self._newest_of_server, server_id)
+        return await self._read(self._newest_of_server, server_id)
 
     def _newest_of_server(self, server_id: int) -> tuple[int, int, int] | None:
         row = self._reader._conn.execute(last_ids.NEWEST_OF_SERVER, (server_id,)).fetchone()
@@ -1123,7 +1122,7 @@ class Storage:
         `server_id` with instance above `after_instance`, ascending: the Syncer's
         history, sent as stored (`type_of` names a type id)."""
         self._check_open()
-        return await _run(self._reader, self._read_server_stream, server_id, after_instance, limit)
+        return await self._read(self._read_server_stream, server_id, after_instance, limit)
 
     def _read_server_stream(self, server_id: int, after: int, limit: int) -> list[tuple]:
         return self._reader._conn.execute(
@@ -1134,7 +1133,7 @@ class Storage:
         """Up to `limit` ``(seq, event)`` with local sequence number above `seq`,
         ascending. For the Event BUS and Replication."""
         self._check_open()
-        return await _run(self._reader, self._read_since_seq, seq, limit)
+        return await self._read(self._read_since_seq, seq, limit)
 
     def _read_since_seq(self, seq: int, limit: int) -> list[tuple[int, Event]]:
         rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
@@ -1150,7 +1149,7 @@ class Storage:
         (`payload_type` None, data str), binary (`payload_type` str, data bytes) or
         absent (both None)."""
         self._check_open()
-        return await _run(self._reader, self._read_rows_since_seq, seq, limit)
+        return await self._read(self._read_rows_since_seq, seq, limit)
 
     def _read_rows_since_seq(self, seq: int, limit: int) -> list[tuple]:
         rows = self._reader._conn.execute(events.SINCE_SEQ, (seq, max(limit, 0))).fetchall()
@@ -1186,7 +1185,7 @@ class Storage:
         self._check_open()
         if not keys:
             return {}
-        return await _run(self._reader, self._find_event_keys, json.dumps(list(keys)))
+        return await self._read(self._find_event_keys, json.dumps(list(keys)))
 
     def find_event_keys_now(self, keys: Sequence[str]) -> dict[str, int] | None:
         """`find_event_keys` answered at once on the loop's thread when the store can:
@@ -1211,7 +1210,7 @@ class Storage:
         latest-per-type table, like a ``latest`` query). For Replication's row index."""
         self._check_open()
         folded = await self.fold_for_read()
-        return await _run(self._reader, self._read_latest, event_types, folded)
+        return await self._read(self._read_latest, event_types, folded)
 
     def _read_latest(
         self, event_types: list[EventType], folded: int | None
