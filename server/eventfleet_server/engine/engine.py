@@ -633,7 +633,7 @@ class Engine:
         if self._commit_failure is None:
             return None
         latest = self._commit_failure_latest
-        untrusted = getattr(self._storage, "untrusted", None)
+        untrusted = self._storage.untrusted
         if untrusted is not None:
             # No probe can pass (`Storage.untrusted`): say so instead of "retrying".
             return f"storage failing ({self._commit_failures} failed commit(s)): {untrusted}"
