@@ -33,13 +33,18 @@ from __future__ import annotations
 BY_TS = ("ts", "server", "session", "instance", "type_id", "seq")
 BY_SOURCE_TS = ("source_ts", "ts", "server", "session", "instance", "type_id", "seq")
 BY_TYPE = ("type_id", "ts", "server", "session", "instance", "seq")
-_KEY_LENGTH = {"events_by_ts": 4, "events_by_source_ts": 5, "events_by_type": 5}
-COLUMNS = {"events_by_ts": BY_TS, "events_by_source_ts": BY_SOURCE_TS, "events_by_type": BY_TYPE}
+# Each table: (its columns, how many of them make its primary key), in one place.
+_TABLES = {
+    "events_by_ts": (BY_TS, 4),
+    "events_by_source_ts": (BY_SOURCE_TS, 5),
+    "events_by_type": (BY_TYPE, 5),
+}
+COLUMNS = {name: columns for name, (columns, _) in _TABLES.items()}
 
 
 def _table(name: str) -> str:
-    columns = COLUMNS[name]
-    key = columns[: _KEY_LENGTH[name]]
+    columns, key_length = _TABLES[name]
+    key = columns[:key_length]
     defs = ",\n".join(f"    {c} INTEGER NOT NULL" for c in columns)
     return (
         f"CREATE TABLE {name} (\n{defs},\n    PRIMARY KEY ({', '.join(key)})\n)"
