@@ -47,10 +47,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     log "installing podman buildah runc debootstrap uidmap from Debian"
     export DEBIAN_FRONTEND=noninteractive
     pkgs=(podman buildah runc debootstrap uidmap)
-    if ! nice -n 19 apt-get install -y -q "${pkgs[@]}" >"$root/.tools/apt-images.log" 2>&1; then
+    if ! nice -n 19 apt-get -o DPkg::Lock::Timeout=300 install -y -q "${pkgs[@]}" >"$root/.tools/apt-images.log" 2>&1; then
         log "apt-get install failed; updating the package lists and retrying"
-        apt-get update -q >>"$root/.tools/apt-images.log" 2>&1 || true
-        nice -n 19 apt-get install -y -q "${pkgs[@]}" >>"$root/.tools/apt-images.log" 2>&1 || {
+        apt-get -o DPkg::Lock::Timeout=300 update -q >>"$root/.tools/apt-images.log" 2>&1 || true
+        nice -n 19 apt-get -o DPkg::Lock::Timeout=300 install -y -q "${pkgs[@]}" >>"$root/.tools/apt-images.log" 2>&1 || {
             tail -20 "$root/.tools/apt-images.log" >&2
             log "FAILED: apt-get install ${pkgs[*]}"
             exit 1
