@@ -70,7 +70,10 @@ def container(name_prefix: str, *run_args: str):
     try:
         yield name
     finally:
-        podman("rm", "-f", "-t", "5", name, check=False)
+        # Clean-up only: a test that checks a graceful stop does its own `podman stop`
+        # first. Without -t 0, the operator test's idle `sleep` (PID 1, which ignores
+        # SIGTERM) would hold the removal for the whole timeout.
+        podman("rm", "-f", "-t", "0", name, check=False)
 
 
 def uid_of(name: str) -> str:
