@@ -144,7 +144,9 @@ def kubelet_config(workdir: pathlib.Path, ports: dict[str, int]) -> str:
             },
             "evictionPressureTransitionPeriod": "10s",
             "nodeStatusReportFrequency": "10s",
-            "syncFrequency": "10s",
+            # How soon a changed Secret or ConfigMap reaches the pods' volumes (token
+            # rotation, certificate renewal, peer lists): the tests wait for it each time.
+            "syncFrequency": "5s",
             "fileCheckFrequency": "10s",
         }
     )

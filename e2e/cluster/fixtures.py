@@ -25,6 +25,15 @@ from .layout import ROOT
 
 CHART = ROOT / "charts" / "eventfleet-operator"
 _names = itertools.count(1)
+# The chart's readiness probe timings, shorter (chart values a user may set too): with
+# the defaults (first probe after 5 s, then every 10 s) each start of the operator
+# (install, upgrade, scale back to 1) waited up to 10 s more for its pod to be Ready
+# than the operator took to serve /healthz. The defaults themselves are installed by
+# e2e/test_chart_cluster.py and e2e/test_docs_cluster.py.
+FAST_READINESS = (
+    "--set", "readinessProbe.initialDelaySeconds=1",
+    "--set", "readinessProbe.periodSeconds=2",
+)  # fmt: skip
 
 
 @pytest.hookimpl(trylast=True)
@@ -147,7 +156,7 @@ def operator_release(
         # RBAC) behind, which every later module's install would trip over.
         helm(
             real_cluster, home, "install", release, str(CHART), "--namespace", restricted_namespace,
-            "--wait", "--timeout", "180s", *operator_values,
+            "--wait", "--timeout", "180s", *FAST_READINESS, *operator_values,
         )  # fmt: skip
         yield release
     finally:

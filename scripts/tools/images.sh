@@ -47,10 +47,10 @@ if [ "${#missing[@]}" -gt 0 ]; then
     log "installing podman buildah runc debootstrap uidmap from Debian"
     export DEBIAN_FRONTEND=noninteractive
     pkgs=(podman buildah runc debootstrap uidmap)
-    if ! nice -n 19 apt-get install -y -q "${pkgs[@]}" >"$root/.tools/apt-images.log" 2>&1; then
+    if ! nice -n 19 apt-get -o DPkg::Lock::Timeout=300 install -y -q "${pkgs[@]}" >"$root/.tools/apt-images.log" 2>&1; then
         log "apt-get install failed; updating the package lists and retrying"
-        apt-get update -q >>"$root/.tools/apt-images.log" 2>&1 || true
-        nice -n 19 apt-get install -y -q "${pkgs[@]}" >>"$root/.tools/apt-images.log" 2>&1 || {
+        apt-get -o DPkg::Lock::Timeout=300 update -q >>"$root/.tools/apt-images.log" 2>&1 || true
+        nice -n 19 apt-get -o DPkg::Lock::Timeout=300 install -y -q "${pkgs[@]}" >>"$root/.tools/apt-images.log" 2>&1 || {
             tail -20 "$root/.tools/apt-images.log" >&2
             log "FAILED: apt-get install ${pkgs[*]}"
             exit 1
@@ -111,18 +111,21 @@ mirror="${EVENTFLEET_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 
 # debootstrap_image TAG INCLUDE-PACKAGES FIXUP-FUNCTION
 debootstrap_image() {
-    local tag="$1" include="$2" fixup="$3" dir t0
+    local tag="$1" include="$2" fixup="$3" dir dlog slot t0
     if image_exists "$tag"; then
         log "base $tag present"
         return
     fi
     t0=$(date +%s)
-    dir="$ctr/rootfs.tmp"
+    # Per base: the two bases are built at the same time (below).
+    slot="$(echo "$tag" | sha256sum | cut -c1-8)"
+    dir="$ctr/rootfs-$slot.tmp"
+    dlog="$ctr/debootstrap-$slot.log"
     rm -rf "$dir"
     log "debootstrap bookworm ($include) ..."
     nice -n 19 debootstrap --variant=minbase --include="$include" bookworm "$dir" "$mirror" \
-        >"$ctr/debootstrap.log" 2>&1 || {
-        tail -20 "$ctr/debootstrap.log" >&2
+        >"$dlog" 2>&1 || {
+        tail -20 "$dlog" >&2
         log "FAILED: debootstrap --variant=minbase --include=$include bookworm $dir $mirror"
         exit 1
     }
@@ -144,7 +147,6 @@ python_fixup() {
 base_recipe="bookworm minbase python3,python3-venv,python3-pip,ca-certificates v1"
 base_key="$(echo "$base_recipe" | sha256sum | cut -c1-12)"
 python_image="localhost/eventfleet-base/python:3.11-bookworm-$base_key"
-debootstrap_image "$python_image" python3,python3-venv,python3-pip,ca-certificates python_fixup
 
 # --- 4. The project's images --------------------------------------------------------
 context_key() {
@@ -187,7 +189,6 @@ build_image() {
         # nothing of them ends up in an image.
         local mounts=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
         [ -f /etc/pip.conf ] && mounts+=(-v /etc/pip.conf:/etc/pip.conf:ro)
-        printf 'native-tls = true\n' >"$ctr/uv.toml"
         mounts+=(-v "$ctr/uv.toml:/etc/uv/uv.toml:ro")
         (cd "$root" && nice -n 19 "$buildah" bud --format docker --network host --layers=false \
             "${mounts[@]}" "${args[@]}" \
@@ -315,11 +316,36 @@ build_spark() {
 version="$(sed -n 's/^version = "\(.*\)"$/\1/p' "$root/pyproject.toml" | head -1)"
 want=("$@")
 [ ${#want[@]} -gt 0 ] || want=(server operator spark)
+python_lane=()
+spark_lane=""
 for name in "${want[@]}"; do
     case "$name" in
-    server | operator) build_image "$name" PYTHON_IMAGE "$python_image" ;;
-    spark) build_spark ;;
+    server | operator) python_lane+=("$name") ;;
+    spark) spark_lane=1 ;;
     *) log "unknown image $name"; exit 2 ;;
     esac
 done
+printf 'native-tls = true\n' >"$ctr/uv.toml"
+build_python_lane() {
+    [ ${#python_lane[@]} -gt 0 ] || return 0
+    debootstrap_image "$python_image" python3,python3-venv,python3-pip,ca-certificates python_fixup
+    local name
+    for name in "${python_lane[@]}"; do build_image "$name" PYTHON_IMAGE "$python_image"; done
+}
+# Two lanes at the same time: the Python base then the server and operator images, and
+# the Spark base then the Spark image. Each is mostly one process waiting on downloads,
+# dpkg or a single-threaded build step, so on 2 cores the two together take about as long
+# as the longer one (the Spark lane) instead of their sum.
+lanes=()
+trap 'for p in "${lanes[@]}"; do kill "$p" 2>/dev/null || true; done' EXIT
+(build_python_lane) &
+lanes+=($!)
+if [ -n "$spark_lane" ]; then
+    (build_spark) &
+    lanes+=($!)
+fi
+failed=0
+for p in "${lanes[@]}"; do wait "$p" || failed=1; done
+lanes=()
+[ "$failed" = 0 ] || { log "FAILED (see above)"; exit 1; }
 log "done in $(elapsed)"
