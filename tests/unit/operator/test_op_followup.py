@@ -64,3 +64,16 @@ def test_one_follow_up_timer_filtered_by_followup_needed_at_most_every_resync():
     idle = conditions(Ready=READY, Progressing=DONE)
     assert timer.when(status=idle, spec={}, body={"status": idle}) is False
     assert timers(2)["follow-up"].interval == 2  # never slower than the resync
+
+
+def test_a_deleted_fleets_timers_are_checked_for_exit_every_second():
+    """Deleting an EventServer while its follow-up or resync timer runs a pass waits for
+    that pass; Kopf re-checks a stopping timer every `cancellation_polling` seconds, 60 by
+    default, which made `kubectl delete` take a minute (seen on the real cluster). The
+    operator's settings check at least as often as its fastest timer runs."""
+    defaults = kopf.OperatorSettings()
+    assert defaults.background.cancellation_polling == 60  # what the operator overrides
+    settings = kopf.OperatorSettings()
+    handlers.configure_settings(settings, OperatorConfig(namespaces=("ns",)))
+    assert settings.background.cancellation_polling == handlers.TIMER_EXIT_POLL_SECONDS
+    assert handlers.TIMER_EXIT_POLL_SECONDS <= handlers.FOLLOW_UP_SECONDS
