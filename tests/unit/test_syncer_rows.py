@@ -14,7 +14,7 @@ from eventfleet_server.common.model import (
     split_sessions,
 )
 from eventfleet_server.common.sbsint import encode_int
-from eventfleet_server.storage import Storage, StorageError, merge_rows
+from eventfleet_server.storage import Storage, StorageError, merge_rows, multirow
 from eventfleet_server.storage import events as events_table
 from eventfleet_server.storage.merge_rows import sessions
 from eventfleet_server.syncer import wire
@@ -211,7 +211,7 @@ def rows_of(events: list[Event]) -> list[list]:
 
 
 # Inline; on the writer thread in whole multi-row INSERTs; and with a remainder.
-@pytest.mark.parametrize("count", [10, 2000, merge_rows.INSERT_ROWS * 2 + 7])
+@pytest.mark.parametrize("count", [10, 2000, multirow.INSERT_ROWS * 2 + 7])
 async def test_written_rows_read_back_as_the_events(storage, count):
     events = varied(count, session=3)
     rows = rows_of(events)
@@ -261,45 +261,17 @@ async def test_a_failed_write_stores_nothing_and_gives_the_rows_back(storage):
 
 
 async def test_a_row_refused_inside_a_multi_row_insert_stores_nothing(storage):
-    """A row SQLite refuses in the middle of a multi-row INSERT (`merge_rows.insert`)
+    """A row SQLite refuses in the middle of a multi-row INSERT (`multirow.insert`)
     fails the whole merge: nothing of it is stored, the rows go back as given."""
-    rows = rows_of(varied(merge_rows.INSERT_ROWS * 2 + 3, session=3))
-    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = "not bytes"  # STRICT BLOB column
+    rows = rows_of(varied(multirow.INSERT_ROWS * 2 + 3, session=3))
+    rows[multirow.INSERT_ROWS + 5][merge_rows.SBS] = "not bytes"  # STRICT BLOB column
     given_rows = [list(r) for r in rows]
     with pytest.raises(StorageError, match="cannot store TEXT value in BLOB column"):
         await storage.write_rows(rows)
     assert rows == given_rows
     assert (await storage.stats()).events == 0 and 1 not in storage.last_ids
-    rows[merge_rows.INSERT_ROWS + 5][merge_rows.SBS] = b"fixed"
+    rows[multirow.INSERT_ROWS + 5][merge_rows.SBS] = b"fixed"
     assert len(await storage.write_rows(rows)) == len(rows)
-
-
-@pytest.mark.parametrize("count", [3, merge_rows.INSERT_ROWS, merge_rows.INSERT_ROWS * 3 + 1])
-@pytest.mark.parametrize("max_params", [None, 31, 5])  # default; 10 rows; executemany
-def test_insert_stores_what_executemany_stores(count, max_params):
-    """`merge_rows.insert` against ``executemany`` on two SQLite tables of the same
-    layout: the same rows in the same order. Rows of the wrong width are never flattened
-    into a multi-row statement (their values would shift into other rows' columns):
-    they go to ``executemany``, whose error names them."""
-    import sqlite3
-
-    conn = sqlite3.connect(":memory:", isolation_level=None)
-    if max_params is not None:
-        conn.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, max_params)
-    for table in ("a", "b"):
-        conn.execute(f"CREATE TABLE {table} (seq INTEGER PRIMARY KEY, x ANY, y ANY) STRICT")
-    rows = [[i + 1, f"x{i}", bytes([i % 256]) * (i % 7)] for i in range(count)]
-    merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", rows)
-    conn.executemany("INSERT INTO b (seq, x, y) VALUES (?, ?, ?)", rows)
-    assert conn.execute("SELECT * FROM a").fetchall() == conn.execute("SELECT * FROM b").fetchall()
-    assert len(conn.execute("SELECT * FROM a").fetchall()) == count
-
-    conn.execute("DELETE FROM a")
-    short = [list(r) for r in rows]
-    short[-1] = short[-1][:2]
-    with pytest.raises(sqlite3.ProgrammingError, match="bindings"):
-        merge_rows.insert(conn, "INSERT INTO a (seq, x, y) VALUES (?, ?, ?)", short)
-    assert conn.execute("SELECT count(*) FROM a").fetchone() == (count - 1,)
 
 
 def test_sessions_are_consecutive_runs():

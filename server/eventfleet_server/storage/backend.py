@@ -68,6 +68,7 @@ from eventfleet_server.storage import (
     last_ids,
     latest,
     merge_rows,
+    multirow,
     queries,
     schema,
     state,
@@ -242,8 +243,10 @@ class Storage:
         try:
             # check_same_thread=False: inline writes use this connection from the loop's
             # thread; the writer thread runs set-up, close and the large batches.
+            # 128 statements: the writer's own few dozen, and `multirow.STATEMENTS` for
+            # each of the three statements it inserts rows with.
             self._writer = await aiosqlite.connect(
-                path, isolation_level=None, cached_statements=64, check_same_thread=False
+                path, isolation_level=None, cached_statements=128, check_same_thread=False
             )
             try:
                 await _run(self._writer, self._init_writer, sync)
@@ -853,7 +856,6 @@ class Storage:
                 top_sessions,
                 [],
                 lambda e: f"merge of {len(out)} events failed: {e}",
-                merge_rows.insert,
             )
         except BaseException:
             # The rows go back as given (a retry writes them again), then the new ids go.
@@ -877,29 +879,27 @@ class Storage:
         top_sessions: dict[int, int],
         meta_items: list[tuple[str, str]],
         diagnose: Callable[[Exception], str],
-        insert: Callable[[sqlite3.Connection, str, Sequence[Sequence]], None] | None = None,
     ) -> tuple[list[tuple[int, int, int]], bool]:
         """The one transaction of every event write: the new types, the rows (`sql`:
         `events.INSERT` or `events.INSERT_NO_BUS`; sequence numbers ascending), the
         latest-per-type table and the meta keys; the state mark and `last_ids` when one
         is due (`MARK_EVERY_COMMITS`, with meta keys). Returns the `last_ids` rows this
         batch raised (servers whose top `top_sessions` names, ``tops`` holding the
-        instance) and whether the mark was written. `insert` inserts the rows instead of
-        ``executemany`` (`merge_rows.insert` for a merge).
+        instance) and whether the mark was written.
 
         Raises `StorageFaultError` when the file system refused (full, read-only, I/O
         error), else `StorageError` with `diagnose(error)` for a refused row; nothing is
         stored then. In-memory state is the caller's to change (`_committed`) after
-        this returns."""
+        this returns.
+
+        The rows go in as multi-row statements (`multirow.insert`), so the writer thread
+        does not wait for the GIL once per row while the loop runs Python."""
         lids: list[tuple[int, int, int]] = []
         with self._transaction(what) as tx:
             self._cache.insert(tx, new_types)
             if rows:
                 try:
-                    if insert is None:
-                        tx.executemany(sql, rows)
-                    else:
-                        insert(tx, sql, rows)
+                    multirow.insert(tx, sql, rows)
                 except sqlite3.Error as e:
                     # The file system (full, read-only, I/O error) before the rows.
                     cause = faults.describe(self._path, e)
@@ -1176,7 +1176,7 @@ class Storage:
     def _add_event_keys(self, items: list[tuple[str, int]], upto_seq: int) -> None:
         value = json.dumps(max(upto_seq, self.event_keys_seq))
         with self._transaction("event keys write") as tx:
-            tx.executemany(event_keys.INSERT, items)
+            multirow.insert(tx, event_keys.INSERT, items)
             state.set_meta(tx, [(event_keys.META_KEY, value)])
         self._meta[event_keys.META_KEY] = value
 

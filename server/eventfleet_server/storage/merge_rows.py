@@ -20,10 +20,7 @@ UTF-8.
 
 from __future__ import annotations
 
-import functools
-import itertools
 import operator
-import sqlite3
 from collections.abc import Callable, Iterator, Sequence
 from typing import overload
 
@@ -44,43 +41,6 @@ SEQ, SERVER, SESSION, INSTANCE, TYPE, TS, SOURCE_TS, KIND, PTYPE, PAYLOAD, SBS =
 BUS = 11  # appended by `Storage.write_rows` when there are records
 _server_of = operator.itemgetter(SERVER)
 _type_of = operator.itemgetter(TYPE)
-
-
-INSERT_ROWS = 2000
-"""Rows per multi-row ``INSERT`` statement of `insert` (fewer if SQLite's limit of
-bound parameters, 32,766 by default, allows fewer)."""
-
-
-def insert(conn: sqlite3.Connection, sql: str, rows: Sequence[list]) -> None:
-    """Insert `rows` with `sql` (`events.INSERT` or `events.INSERT_NO_BUS`, each row
-    exactly its parameters) as ``executemany`` would, `INSERT_ROWS` rows per statement.
-
-    Why: ``executemany`` binds and steps one row at a time and takes the GIL back after
-    every row's step, so while the event loop decodes the next messages (a catch-up)
-    the writer thread waits for the GIL once per row (up to the interpreter's switch
-    interval each time, see `eventloop`). One multi-row ``INSERT`` is one step with the
-    GIL released for all its rows, and costs SQLite and the binding less (6.0 -> 4.7
-    µs of CPU per row, 200,000 rows in 20,000-row transactions). Rows of another width
-    than `sql`'s take ``executemany``, which names the error.
-    """
-    width = sql.count("?")
-    per = min(INSERT_ROWS, conn.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // width)
-    full = len(rows) - len(rows) % per if per > 1 else 0
-    if full and all(len(r) == width for r in rows):
-        many = _multi(sql, per)
-        flat = list(itertools.chain.from_iterable(rows[:full]))
-        step = per * width
-        for start in range(0, len(flat), step):
-            conn.execute(many, flat[start : start + step])
-        rows = rows[full:]
-    if rows:
-        conn.executemany(sql, rows)
-
-
-@functools.cache
-def _multi(sql: str, count: int) -> str:
-    head, values = sql.split(" VALUES ")
-    return f"{head} VALUES {','.join([values] * count)}"
 
 
 def to_events(rows: list[list], types: list[EventType | None]) -> list[Event]:
