@@ -249,6 +249,74 @@ async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path
         await storage.close()
 
 
+async def test_payloads_nested_too_deep_lose_no_broadcast_snapshot_or_merge(tmp_path):
+    """Nesting that Python's JSON parser cannot follow (RecursionError) where events
+    enter the BUS: a PUB's msgpack data (RecursionError out of the mapping stopped the
+    collector), and a peer's events merged by the Syncer, which checks no JSON (the
+    records of the whole merge were dropped, the broadcast of all of it was lost, and
+    every snapshot over it failed). Eventer registrations refuse such JSON themselves."""
+    deep = "[" * 5000 + "]" * 5000
+    storage = await Storage.open(tmp_path / "e.sqlite", synchronous="NORMAL")
+    tasks = Tasks("test")
+    engine = Engine(storage, 1, tasks=tasks)
+    await engine.start()
+    engine.set_operational()
+    adapter = EngineAdapter(engine, dedup_memory=100, tasks=tasks)
+    recorder = Recorder()
+    adapter.attach(recorder)
+    await adapter.start()
+    try:
+        uuids = [str(uuidlib.uuid4()) for _ in range(4)]
+        nested = b"\x91" * 1000 + b"\x01"
+        pubs = [
+            wire.parse_pub([b"/a/deep", b"", b"plc", b"", uuids[0].encode(), nested]),
+            wire.parse_pub([b"/a/ok", b"", b"plc", b"", uuids[1].encode(), msgpack.packb(1)]),
+        ]
+        assert (await adapter.publish(pubs)).refused == []
+        await engine.flush()
+        assert [item[3:] for _, item in recorder.sent] == [
+            (uuids[0].encode(), nested),
+            (uuids[1].encode(), msgpack.packb(1)),
+        ]
+
+        # A peer's envelope whose data is too deep to parse, and a plain payload as deep,
+        # between two good envelopes.
+        peer = [
+            Event(
+                EventId(2, 1, i + 1),
+                ("p", str(i)),
+                Timestamp(1_700_000_000, 3),
+                None,
+                payload,
+            )
+            for i, payload in enumerate(
+                [
+                    mapping.to_payload(uuids[2], "peer", msgpack.packb([1])),
+                    EventPayloadJson(
+                        f'{{"$bus":{{"uuid":"{uuids[3]}","producer":"p"}},"data":{deep}}}'
+                    ),
+                    EventPayloadJson(deep),
+                    mapping.to_payload(str(uuidlib.uuid4()), "peer", msgpack.packb([3])),
+                ]
+            )
+        ]
+        merged = await engine.merge_rows(decode_rows(syncer_wire.encode_events(peer), 2, {}))
+        assert len(merged) == 4
+        assert [seq for seq, _ in recorder.sent] == [1, 2, 3, 4, 5, 6]
+        assert recorder.sent[2][1][3] == uuids[2].encode()
+        # Not envelopes: each goes out as its text, under its derived UUID.
+        assert msgpack.unpackb(recorder.sent[3][1][4]).endswith(f"{deep}}}")
+        assert msgpack.unpackb(recorder.sent[4][1][4]) == deep
+
+        last, snapshot = await adapter.read(0, 100, ())
+        assert last == 6 and snapshot == recorder.sent
+    finally:
+        await adapter.stop()
+        await tasks.close()
+        await engine.stop()
+        await storage.close()
+
+
 V2_FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "storage-v2.sqlite"
 
 

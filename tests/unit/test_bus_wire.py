@@ -344,6 +344,52 @@ def test_values_json_cannot_hold_become_a_binary_envelope_verbatim(data):
     assert (record.uuid, record.producer, record.data) == (UUID, "prod", data)
 
 
+def _nested(depth: int) -> bytes:
+    """msgpack of ``[[...[1]...]]``: `depth` arrays around an integer."""
+    return b"\x91" * depth + b"\x01"
+
+
+@pytest.mark.parametrize("depth", [mapping.MAX_JSON_DEPTH, mapping.MAX_JSON_DEPTH + 1, 1000])
+def test_data_nested_deeper_than_json_goes_in_the_binary_envelope_verbatim(depth):
+    """Up to `MAX_JSON_DEPTH` levels the data is JSON; deeper it is kept verbatim in the
+    binary envelope, which every reader reads back. (At 1,000 levels the JSON encoder
+    raised RecursionError out of `to_payload`, which stopped the BUS collector.)"""
+    data = _nested(depth)
+    payload = mapping.to_payload(UUID, "prod", data)
+    deep = depth > mapping.MAX_JSON_DEPTH
+    assert isinstance(payload, EventPayloadBinary if deep else EventPayloadJson)
+    assert mapping.envelope_uuid(payload) == UUID
+    record = mapping.to_record(event(payload))
+    assert (record.uuid, record.producer, record.from_bus) == (UUID, "prod", True)
+    # Verbatim when binary; re-encoded by msgpack when JSON (the same bytes here).
+    assert record.data == data
+
+
+# JSON payloads too deep for Python's parser, as any Eventer client may register them
+# (the server stores JSON payloads as sent, without parsing them).
+_DEEP = "[" * 5000 + "]" * 5000
+TOO_DEEP = [
+    _DEEP,
+    f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":{_DEEP}}}',
+    f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data": {_DEEP}}}',
+    '{"$bus":' + _DEEP + "}",
+]
+
+
+@pytest.mark.parametrize("text", TOO_DEEP, ids=["plain", "envelope", "spaced", "meta"])
+def test_payloads_too_deep_to_parse_are_not_envelopes_and_go_out_as_their_text(text):
+    """Every reader of stored payloads answers for them instead of raising
+    RecursionError (the broadcast of a commit holding one, the records of a merge
+    holding one and every snapshot over it were lost). Such a payload is not an
+    envelope; its data is its text, as for a payload that is not JSON at all."""
+    payload = EventPayloadJson(text)
+    assert mapping.envelope_uuid(payload) is None
+    assert mapping.envelope_of_stored(True, None, text) is None
+    record = mapping.to_record(event(payload))
+    assert (record.from_bus, msgpack.unpackb(record.data)) == (False, text)
+    assert mapping.record_of(2, 5, 77, None, text) == record
+
+
 def test_empty_data_frame_is_nil():
     payload = mapping.to_payload(UUID, "p", b"")
     assert json.loads(payload.data)["data"] is None
@@ -421,6 +467,11 @@ def test_json_envelope_text_is_json_dumps_and_parses_back(producer, value):
         '{"$bus":{"uuid":"0123456789012345678901234567890123\\"","producer":"p"},"data":1}',
         '{"$bus":{"uuid":"short","producer":"p"},"data":1}',
         f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":NaN}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data": [1] }}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":[1] }}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":}}',
+        f'{{"$bus":{{"uuid":"{UUID}","producer":"p"}},"data":1}}}}',
+        *TOO_DEEP,
     ],
 )
 def test_envelope_fast_path_answers_as_the_general_parser(text):

@@ -75,7 +75,14 @@ def producer_of(server_id: int) -> str:
     return f"eventfleet/{server_id}"
 
 
-def _json_safe(value: Any) -> bool:
+MAX_JSON_DEPTH = 128
+"""Arrays and maps nested deeper than this go into the binary envelope, not JSON: every
+replica must read an envelope back (the Syncer's peers, the snapshot), and Python's
+parser stops near 1,000 levels minus the caller's stack (other parsers sooner: 128 is
+serde_json's limit)."""
+
+
+def _json_safe(value: Any, depth: int = 0) -> bool:
     # JSON holds: nil, bool, int, finite float, str, arrays, maps with string keys.
     # Exact type checks: msgpack decodes to exactly these types (and bytes, ExtType).
     t = type(value)
@@ -83,14 +90,17 @@ def _json_safe(value: Any) -> bool:
         return True
     if t is float:
         return math.isfinite(value)
+    if depth >= MAX_JSON_DEPTH:
+        return False
+    depth += 1
     if t is dict:
         for k, v in value.items():
-            if type(k) is not str or not _json_safe(v):
+            if type(k) is not str or not _json_safe(v, depth):
                 return False
         return True
     if t is list or t is tuple:
         for v in value:
-            if not _json_safe(v):
+            if not _json_safe(v, depth):
                 return False
         return True
     return False
@@ -163,11 +173,16 @@ def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
         raise
     except UnicodeDecodeError as e:  # a str that is not UTF-8
         raise MappingError(f"data is not valid msgpack: {e}") from e
-    if _json_safe(value):
-        return EventPayloadJson(
-            f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
-            f'"data":{_ENCODE_VALUE(value)}}}'
-        )
+    try:
+        if _json_safe(value):
+            return EventPayloadJson(
+                f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
+                f'"data":{_ENCODE_VALUE(value)}}}'
+            )
+    except RecursionError:
+        # Not expected (`MAX_JSON_DEPTH` bounds the nesting), but never let it out: a
+        # RecursionError here once stopped the collector. The binary envelope holds it.
+        pass
     envelope = msgpack.packb(
         {"uuid": uuid, "producer": producer, "data": data or _NIL}, use_bin_type=True
     )
@@ -219,11 +234,28 @@ def _fast_uuid(text: str) -> str | None:
         or not text.endswith("}")
     ):
         return None
-    try:
-        json.loads(text[end + len(_FAST_DATA) : -1])  # one JSON value: a two-key envelope
-    except ValueError:
+    if _one_value(text, end + len(_FAST_DATA)) is _NOT_ONE_VALUE:  # a two-key envelope
         return None
     return uuid
+
+
+# json's own scanner, called at an index: one JSON value without `json.loads`'s wrapper
+# (a slice, two whitespace matches); 3.3 -> 0.9 µs for the BUS benchmark's data, on every
+# envelope a replica merges from its peers.
+_SCAN = (json.scanner.c_make_scanner or json.scanner.py_make_scanner)(json.JSONDecoder())
+_NOT_ONE_VALUE = object()
+
+
+def _one_value(text: str, start: int) -> Any:
+    """The JSON value that fills ``text[start:-1]`` exactly, or `_NOT_ONE_VALUE` (not
+    JSON, more than one value, whitespace around it, or nested too deeply to parse: the
+    general parser decides those). Where it answers, ``json.loads(text[start:-1])``
+    gives the same value."""
+    try:
+        value, end = _SCAN(text, start)
+    except (ValueError, StopIteration, RecursionError):
+        return _NOT_ONE_VALUE
+    return value if end == len(text) - 1 else _NOT_ONE_VALUE
 
 
 def _envelope(payload: Payload) -> tuple[str, str, bytes] | None:
@@ -255,7 +287,7 @@ def _envelope_json(text: str) -> tuple[str, str, bytes] | None:
         if not isinstance(uuid, str) or not isinstance(producer, str):
             return None
         return uuid, producer, _PACK(obj["data"])
-    except (ValueError, TypeError, KeyError, OverflowError):
+    except (ValueError, TypeError, KeyError, OverflowError, RecursionError):
         return None
 
 
@@ -281,8 +313,10 @@ def _envelope_fast(text: str) -> tuple[str, str, bytes] | None:
         return None
     if not text.startswith(_FAST_DATA, end):
         return None
+    value = _one_value(text, end + len(_FAST_DATA))
+    if value is _NOT_ONE_VALUE:
+        return None
     try:
-        value = json.loads(text[end + len(_FAST_DATA) : -1])
         return uuid, producer, _PACK(value)
     except (ValueError, TypeError, OverflowError):
         return None
@@ -319,8 +353,9 @@ def record_of(
                 return Record(producer, uuid, value, True)
         try:
             value = _PACK(json.loads(data))
-        except (ValueError, TypeError, OverflowError):
-            # Stored as sent; not valid JSON (or an integer msgpack cannot hold): the text.
+        except (ValueError, TypeError, OverflowError, RecursionError):
+            # Stored as sent; not valid JSON (or an integer msgpack cannot hold, or nested
+            # too deeply to parse): the text.
             value = _PACK(data)
     else:
         if ptype == BINARY_TYPE:

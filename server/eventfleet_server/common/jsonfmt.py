@@ -54,8 +54,8 @@ def event_to_json(e: Event) -> dict:
     if isinstance(p, EventPayloadJson):
         try:
             out["payload"] = {"json": json.loads(p.data)}
-        except ValueError:
-            out["payload"] = {"json_text": p.data}  # stored as sent, even if not valid JSON
+        except (ValueError, RecursionError):  # stored as sent: not JSON, or too deep to parse
+            out["payload"] = {"json_text": p.data}
     elif isinstance(p, EventPayloadBinary):
         out["payload"] = {"binary": {"type": p.type, "base64": base64.b64encode(p.data).decode()}}
     return out

@@ -185,6 +185,6 @@ def _json_object(payload) -> dict | None:
         return None
     try:
         value = json.loads(payload.data)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
         return None
     return value if isinstance(value, dict) else None

@@ -108,7 +108,7 @@ class Table:
         if type(payload) is EventPayloadJson:
             try:
                 value = json.loads(payload.data)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
                 value = ...
             if value is None:
                 return None
