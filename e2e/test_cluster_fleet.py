@@ -123,6 +123,10 @@ def fleet(ckubectl: ClusterKubectl, operator_release: str, restricted_namespace:
             "spec": {
                 "replicas": REPLICAS,
                 "protocols": {"bus": {"enabled": True}},
+                # The CRD's minimum, not its 60 s default: the kubelet gives the hung
+                # replica's SIGSTOPped process (test_a_hung_replica_...) the whole grace
+                # period after the SIGTERM of its liveness kill before it sends SIGKILL.
+                "terminationGracePeriodSeconds": 10,
                 "networkPolicy": {
                     "http": {"from": [{"podSelector": {"matchLabels": HTTP_ALLOWED}}]}
                 },

@@ -270,7 +270,7 @@ def operator_resync(
 # while tokens travel) can move TokensLoaded and the rotation's steps.
 NO_RESYNC = 3600
 # One step reaches every replica within the kubelet's refresh of the Secret volume
-# (syncFrequency 5 s here, e2e/cluster/configs.py) plus the replica's poll of the file
+# (syncFrequency 2 s here, e2e/cluster/configs.py) plus the replica's poll of the file
 # (token_reload_interval, 10 s); the margin is for a loaded 2-core machine. Far below
 # NO_RESYNC: a step that waited for a resync fails here.
 STEP_TIMEOUT = 120

@@ -146,7 +146,11 @@ def kubelet_config(workdir: pathlib.Path, ports: dict[str, int]) -> str:
             "nodeStatusReportFrequency": "10s",
             # How soon a changed Secret or ConfigMap reaches the pods' volumes (token
             # rotation, certificate renewal, peer lists): the tests wait for it each time.
-            "syncFrequency": "5s",
+            # The kubelet refreshes a pod's Secret volumes when it syncs the pod, every
+            # syncFrequency (plus up to half of it in jitter): 2 s, not 5, saves ~2 s per
+            # change (test_a_peer_token_rotation_... waits for eight); the kubelet used
+            # 3.7 s of CPU in that 150 s run.
+            "syncFrequency": "2s",
             "fileCheckFrequency": "10s",
         }
     )

@@ -11,8 +11,9 @@ the credentials Secret.
 
 ``spec.backup.schedule`` is evaluated on the fleet's resync timer, level-based: the last
 scheduled object's creation time (or the fleet's) is where the next slot is searched
-from, and the object of a slot has a deterministic name (``<fleet>-<YYYYMMDDHHMM>``), so
-a restarted operator neither repeats nor skips a slot. Completed scheduled backups
+from, and the object of a slot has a deterministic name (``<fleet>-<YYYYMMDDHHMM>``, with
+the seconds for an ``@every`` interval under a minute), so a restarted operator neither
+repeats nor skips a slot. Completed scheduled backups
 beyond ``spec.backup.retention`` are pruned oldest first: the replica deletes the
 object (``DELETE /backup?name=``), then the operator deletes the EventServerBackup.
 Failed scheduled ones beyond the same count are deleted too (they have no object).
@@ -143,7 +144,14 @@ def due_slot(
     return None
 
 
-def scheduled_name(fleet: str, slot: datetime.datetime) -> str:
+def scheduled_name(fleet: str, slot: datetime.datetime, schedule: str = "") -> str:
+    """``<fleet>-<YYYYMMDDHHMM>``; with the seconds (``...HHMMSS``) for an ``@every``
+    interval under a minute, whose slots share minutes: under the minute's name alone
+    every slot after the first of a minute was the existing object (409, skipped), so
+    ``@every 10s`` made one backup a minute."""
+    interval = every_seconds(schedule)
+    if interval is not None and interval < 60:
+        return f"{fleet}-{slot:%Y%m%d%H%M%S}"
     return f"{fleet}-{slot:%Y%m%d%H%M}"
 
 

@@ -133,7 +133,7 @@ async def tick(
         since = last_scheduled(backups) or parse_time(created) or now
         slot = due_slot(spec.backup.schedule, since, now)
         if slot is not None:
-            name = scheduled_name(spec.name, slot)
+            name = scheduled_name(spec.name, slot, spec.backup.schedule)
             try:
                 await ctx.kube.create(manifest(spec.name, spec.namespace, name, scheduled=True))
                 emit(EventType.NORMAL, "BackupScheduled", f"created EventServerBackup {name}")

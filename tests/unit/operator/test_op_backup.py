@@ -157,6 +157,17 @@ def test_manifest_is_a_valid_eventserverbackup_not_owned_by_the_fleet():
     assert backups.scheduled_name("demo", t("2026-11-21 03:00")) == "demo-202611210300"
 
 
+def test_scheduled_names_carry_the_seconds_only_for_an_interval_under_a_minute():
+    slot = datetime.datetime(2026, 11, 21, 3, 0, 20, tzinfo=datetime.UTC)
+    for schedule in ("", "0 3 * * *", "@daily", "@every 6h", "@every 1m", "@every 90s"):
+        assert backups.scheduled_name("demo", slot, schedule) == "demo-202611210300", schedule
+    # Two slots of `@every 10s` in one minute: two names (one name made the second the
+    # first's object, skipped, and the schedule one backup a minute).
+    later = slot + datetime.timedelta(seconds=10)
+    names = {backups.scheduled_name("demo", s, "@every 10s") for s in (slot, later)}
+    assert names == {"demo-20261121030020", "demo-20261121030030"}
+
+
 def test_backup_crd_is_valid():
     kubernetes_validate.validate(BACKUP_CRD, "1.33.0", strict=True)
     assert (
