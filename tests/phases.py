@@ -2,9 +2,11 @@
 
 The real cluster's binaries (the control plane and the node: etcd, kube-apiserver,
 kubelet, CoreDNS, kube-router ...) take most of the set-up time to compile, and only the
-tests on the cluster need them. So ``scripts/test`` compiles them in the background while
-every other test runs (phase ``local``), then waits for the build and runs the tests on
-the cluster (phase ``cluster``): the compile overlaps the tests instead of preceding them.
+tests on the cluster need them; and those tests mostly wait for Kubernetes, leaving the
+CPU to others. So ``scripts/test`` compiles the binaries in the background during the
+set-up, runs every test off the cluster (phase ``local``), and as soon as the binaries
+are built starts the tests on the cluster (phase ``cluster``) in a second pytest session
+beside it, niced so that the first keeps the CPU it asks for.
 
 ``EVENTFLEET_TEST_PHASE=local`` keeps the tests that do not use the ``real_cluster``
 fixture, ``cluster`` keeps the ones that do; unset (a developer running pytest by hand),
