@@ -150,12 +150,10 @@ def _stored_records(path) -> dict[int, bytes | None]:
         return dict(conn.execute("SELECT seq, bus FROM events"))
 
 
-async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path):
-    # Own PUBs: the frames made when the PUB was parsed are stored in the events' own
-    # INSERT and broadcast after the commit; a peer's envelopes merged by the Syncer get
-    # theirs once, at their commit. The snapshot sends the stored records: the same
-    # frames as the BROADCASTs, and as the events' columns give (`to_item`).
-    path = tmp_path / "e.sqlite"
+@contextlib.asynccontextmanager
+async def attached(path: pathlib.Path):
+    """An operational engine on a fresh store at `path` with an adapter attached to a
+    subscribed `Recorder`: ``(engine, adapter, recorder)``; all stopped after."""
     storage = await Storage.open(path, synchronous="NORMAL")
     tasks = Tasks("test")
     engine = Engine(storage, 1, tasks=tasks)
@@ -166,6 +164,21 @@ async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path
     adapter.attach(recorder)
     await adapter.start()
     try:
+        yield engine, adapter, recorder
+    finally:
+        await adapter.stop()
+        await tasks.close()
+        await engine.stop()
+        await storage.close()
+
+
+async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path):
+    # Own PUBs: the frames made when the PUB was parsed are stored in the events' own
+    # INSERT and broadcast after the commit; a peer's envelopes merged by the Syncer get
+    # theirs once, at their commit. The snapshot sends the stored records: the same
+    # frames as the BROADCASTs, and as the events' columns give (`to_item`).
+    path = tmp_path / "e.sqlite"
+    async with attached(path) as (engine, adapter, recorder):
         uuids = [str(uuidlib.uuid4()) for _ in range(4)]
         pubs = [
             wire.parse_pub(
@@ -242,11 +255,6 @@ async def test_broadcast_and_snapshot_serve_the_record_stored_at_commit(tmp_path
         await engine.merge_rows(decode_rows(syncer_wire.encode_events([late]), 2, {}))
         assert _stored_records(path)[7] is None
         assert (await adapter.read(6, 100, ())) == (7, [(7, to_item(late))])
-    finally:
-        await adapter.stop()
-        await tasks.close()
-        await engine.stop()
-        await storage.close()
 
 
 async def test_payloads_nested_too_deep_lose_no_broadcast_snapshot_or_merge(tmp_path):
@@ -256,16 +264,7 @@ async def test_payloads_nested_too_deep_lose_no_broadcast_snapshot_or_merge(tmp_
     records of the whole merge were dropped, the broadcast of all of it was lost, and
     every snapshot over it failed). Eventer registrations refuse such JSON themselves."""
     deep = "[" * 5000 + "]" * 5000
-    storage = await Storage.open(tmp_path / "e.sqlite", synchronous="NORMAL")
-    tasks = Tasks("test")
-    engine = Engine(storage, 1, tasks=tasks)
-    await engine.start()
-    engine.set_operational()
-    adapter = EngineAdapter(engine, dedup_memory=100, tasks=tasks)
-    recorder = Recorder()
-    adapter.attach(recorder)
-    await adapter.start()
-    try:
+    async with attached(tmp_path / "e.sqlite") as (engine, adapter, recorder):
         uuids = [str(uuidlib.uuid4()) for _ in range(4)]
         nested = b"\x91" * 1000 + b"\x01"
         pubs = [
@@ -310,11 +309,6 @@ async def test_payloads_nested_too_deep_lose_no_broadcast_snapshot_or_merge(tmp_
 
         last, snapshot = await adapter.read(0, 100, ())
         assert last == 6 and snapshot == recorder.sent
-    finally:
-        await adapter.stop()
-        await tasks.close()
-        await engine.stop()
-        await storage.close()
 
 
 V2_FIXTURE = pathlib.Path(__file__).parent.parent / "fixtures" / "storage-v2.sqlite"
