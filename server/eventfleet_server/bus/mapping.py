@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 
 import msgpack
 
+from eventfleet_server.common import jsontext
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -173,16 +174,11 @@ def to_payload(uuid: str, producer: str, data: bytes) -> Payload:
         raise
     except UnicodeDecodeError as e:  # a str that is not UTF-8
         raise MappingError(f"data is not valid msgpack: {e}") from e
-    try:
-        if _json_safe(value):
-            return EventPayloadJson(
-                f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
-                f'"data":{_ENCODE_VALUE(value)}}}'
-            )
-    except RecursionError:
-        # Not expected (`MAX_JSON_DEPTH` bounds the nesting), but never let it out: a
-        # RecursionError here once stopped the collector. The binary envelope holds it.
-        pass
+    if _json_safe(value):  # bounded by MAX_JSON_DEPTH: no RecursionError here
+        return EventPayloadJson(
+            f'{{"$bus":{{"uuid":{_ENCODE(uuid)},"producer":{_producer_json(producer)}}},'
+            f'"data":{_ENCODE_VALUE(value)}}}'
+        )
     envelope = msgpack.packb(
         {"uuid": uuid, "producer": producer, "data": data or _NIL}, use_bin_type=True
     )
@@ -351,11 +347,12 @@ def record_of(
             if found is not None:
                 uuid, producer, value = found
                 return Record(producer, uuid, value, True)
+        parsed = jsontext.parse(data)
         try:
-            value = _PACK(json.loads(data))
-        except (ValueError, TypeError, OverflowError, RecursionError):
-            # Stored as sent; not valid JSON (or an integer msgpack cannot hold, or nested
-            # too deeply to parse): the text.
+            value = _PACK(data if parsed is jsontext.NOT_JSON else parsed)
+        except (ValueError, TypeError, OverflowError):
+            # Stored as sent; not JSON (or nested too deeply to parse), or an integer
+            # msgpack cannot hold: the text.
             value = _PACK(data)
     else:
         if ptype == BINARY_TYPE:

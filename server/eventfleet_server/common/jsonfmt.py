@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import datetime
-import json
 
+from eventfleet_server.common import jsontext
 from eventfleet_server.common.model import (
     Event,
     EventId,
@@ -52,10 +52,11 @@ def event_to_json(e: Event) -> dict:
     }
     p = e.payload
     if isinstance(p, EventPayloadJson):
-        try:
-            out["payload"] = {"json": json.loads(p.data)}
-        except (ValueError, RecursionError):  # stored as sent: not JSON, or too deep to parse
-            out["payload"] = {"json_text": p.data}
+        value = jsontext.parse(p.data)
+        if value is jsontext.NOT_JSON:
+            out["payload"] = {"json_text": p.data}  # stored as sent
+        else:
+            out["payload"] = {"json": value}
     elif isinstance(p, EventPayloadBinary):
         out["payload"] = {"binary": {"type": p.type, "base64": base64.b64encode(p.data).decode()}}
     return out

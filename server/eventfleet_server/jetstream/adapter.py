@@ -15,6 +15,7 @@ import json
 import logging
 from collections.abc import Callable
 
+from eventfleet_server.common import jsontext
 from eventfleet_server.common.model import (
     Event,
     EventPayloadJson,
@@ -183,8 +184,5 @@ class EngineBackend:
 def _json_object(payload) -> dict | None:
     if not isinstance(payload, EventPayloadJson):
         return None
-    try:
-        value = json.loads(payload.data)
-    except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
-        return None
+    value = jsontext.parse(payload.data)
     return value if isinstance(value, dict) else None

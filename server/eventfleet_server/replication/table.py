@@ -23,6 +23,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
+from eventfleet_server.common import jsontext
 from eventfleet_server.common.model import Event, EventPayloadJson, EventType, natural_key
 
 log = logging.getLogger(__name__)
@@ -106,10 +107,7 @@ class Table:
         if payload is None:
             return None
         if type(payload) is EventPayloadJson:
-            try:
-                value = json.loads(payload.data)
-            except (ValueError, RecursionError):  # not JSON, or nested too deeply to parse
-                value = ...
+            value = jsontext.parse(payload.data)
             if value is None:
                 return None
             if isinstance(value, dict):
