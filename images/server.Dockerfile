@@ -10,16 +10,27 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
+# A C compiler for the project's one C extension (the Event BUS collector's reader,
+# server/eventfleet_server/bus/_drain.c), and Python's headers where the base lacks them
+# (python:3.11-slim has them; Debian's python3 needs python3-dev). This stage only: the
+# runtime stage gets the built venv. Every dependency ships a manylinux wheel.
+RUN apt-get update -q \
+ && apt-get install -y -q --no-install-recommends gcc libc6-dev \
+ && { python -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+      || apt-get install -y -q --no-install-recommends python3-dev; } \
+ && rm -rf /var/lib/apt/lists/*
 # A venv without pip: the runtime stage gets the application and its dependencies and
-# not the tool that installed them. All dependencies ship manylinux wheels, so no
-# compiler is needed here either.
+# not the tool that installed them.
 RUN python -m venv --without-pip /opt/eventfleet/venv
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
-RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]"
+RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]" \
+ # The extension is optional in pyproject.toml (a machine without a compiler still
+ # installs); this image never ships without it.
+ && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._drain"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet server" \

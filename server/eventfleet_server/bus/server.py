@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 import zmq.backend
 
-from eventfleet_server.bus import wire
+from eventfleet_server.bus import drain, wire
 from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.curve import BusCurve
 from eventfleet_server.common.aiotasks import Tasks
@@ -575,8 +575,8 @@ class BusServer:
         assert sync is not None
         limit = self._config.max_message_size
         max_batch = self._config.max_batch
-        recv = sync.recv
-        nonblocking = int(zmq.NOBLOCK)
+        read_queued = drain.Reader(sync)
+        log.info("event bus collector reads queued PUBs with %s", read_queued.describe)
         read = 0
         turn_started = time.monotonic()
         while True:
@@ -594,19 +594,8 @@ class BusServer:
                 read = 0
                 turn_started = time.monotonic()
             messages = [await sock.recv_multipart()]
-            # Take what is already queued: one engine session per batch. By hand, not
-            # recv_multipart: a frame object's `more` is cheaper than asking the socket
-            # for RCVMORE (an option lookup per frame); 6 vs 8 µs of CPU per PUB.
-            while len(messages) < max_batch:
-                try:
-                    frame = recv(nonblocking, copy=False)
-                except zmq.Again:
-                    break
-                frames = [frame.bytes]
-                while frame.more:
-                    frame = recv(0, copy=False)
-                    frames.append(frame.bytes)
-                messages.append(frames)
+            # Take what is already queued: one engine session per batch.
+            messages += read_queued(max_batch - 1)
             pubs: list[wire.Publish] = []
             peers: list[bytes] = []
             for frames in messages:

@@ -1,0 +1,120 @@
+"""The collector's batch reader (`bus/drain.py`): the C extension and the pyzmq fallback
+read the same messages, whole and in order, and stop at the limit or an empty queue."""
+
+from __future__ import annotations
+
+import itertools
+import time
+
+import pytest
+import zmq
+from eventfleet_server.bus import drain
+
+from tests import parts
+
+MESSAGES = [
+    [b"/a/b", b"", b"bench", b"2026-11-29T14:10:35.123Z", b"u" * 36, b"\x92\x01\xcb"],
+    [b"only one frame"],
+    [b""],
+    [b"", b"/with/delimiter", b"1", b"p", b"", b"u" * 36, b"\x00\xff" * 10],
+    [bytes(range(256)) * 4096],  # 1 MiB, every byte value
+    [b"%d" % i for i in range(100)],  # many frames
+    [b"", b"", b""],
+]
+
+
+@pytest.fixture
+def pair():
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.rcvhwm = 0
+    router.bind("inproc://drain-test")
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.sndhwm = 0
+    dealer.identity = b"dealer-1"
+    dealer.connect("inproc://drain-test")
+    try:
+        yield router, dealer
+    finally:
+        router.close(linger=0)
+        dealer.close(linger=0)
+        ctx.term()
+
+
+def _send_all(dealer: zmq.Socket, messages: list[list[bytes]]) -> None:
+    for message in messages:
+        dealer.send_multipart(message)
+
+
+def _read_until(reader: drain.Reader, count: int, limit: int) -> list[list[bytes]]:
+    """Read `count` messages in calls of at most `limit` (inproc delivers at once, but
+    stay bounded in time anyway)."""
+    out: list[list[bytes]] = []
+    deadline = time.monotonic() + 5
+    while len(out) < count and time.monotonic() < deadline:
+        got = reader(limit)
+        assert len(got) <= limit
+        out += got
+    return out
+
+
+def _readers(router: zmq.Socket) -> list[drain.Reader]:
+    return [drain.Reader(router), drain.Reader(router, use_c=False)]
+
+
+def test_the_c_reader_is_built_and_bound(pair):
+    router, _ = pair
+    reader = drain.Reader(router)
+    if reader.kind != "c":
+        parts.missing(
+            "cc",
+            f"the Event BUS collector reads with {reader.describe}",
+            "install a C compiler and reinstall: ./scripts/bootstrap",
+        )
+        pytest.skip(reader.describe)
+    assert "libzmq" in reader.describe
+
+
+@pytest.mark.parametrize("use_c", [True, False], ids=["c", "pyzmq"])
+@pytest.mark.parametrize("limit", [1, 3, 1000])
+def test_reads_every_message_whole_and_in_order(pair, use_c, limit):
+    router, dealer = pair
+    reader = drain.Reader(router, use_c=use_c)
+    expected = [[b"dealer-1", *m] for m in MESSAGES] * 3
+    _send_all(dealer, MESSAGES * 3)
+    assert _read_until(reader, len(expected), limit) == expected
+    assert reader(limit) == []  # and nothing more
+
+
+def test_both_readers_agree_when_interleaved(pair):
+    """Alternating readers on one queue: neither leaves a message half-read."""
+    router, dealer = pair
+    readers = itertools.cycle(_readers(router))
+    expected = [[b"dealer-1", *m] for m in MESSAGES] * 5
+    _send_all(dealer, MESSAGES * 5)
+    got: list[list[bytes]] = []
+    deadline = time.monotonic() + 5
+    while len(got) < len(expected) and time.monotonic() < deadline:
+        got += next(readers)(2)
+    assert got == expected
+
+
+def test_empty_queue_is_an_empty_list(pair):
+    router, _ = pair
+    for reader in _readers(router):
+        assert reader(100) == []
+        assert reader(0) == []
+
+
+@pytest.mark.parametrize("use_c", [True, False], ids=["c", "pyzmq"])
+def test_a_socket_that_cannot_receive_raises_zmq_error(use_c):
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        reader = drain.Reader(pub, use_c=use_c)
+        with pytest.raises(zmq.ZMQError) as raised:
+            reader(10)
+        assert raised.value.errno == zmq.ENOTSUP
+    finally:
+        pub.close(linger=0)
+        ctx.term()
