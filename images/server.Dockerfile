@@ -23,12 +23,12 @@ RUN apt-get update -q \
 # not the tool that installed them.
 RUN python -m venv --without-pip /opt/eventfleet/venv
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
 RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]" \
- # The extension is optional in pyproject.toml (a machine without a compiler still
+ # The extension is optional in setup.py (a machine without a compiler still
  # installs); this image never ships without it.
  && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._drain"
 

@@ -158,8 +158,8 @@ context_key() {
         # leave the result alone, which would rebuild everything for nothing).
         echo "build-recipe 1"
         cat "$root/images/$name.Dockerfile" "$root/images/$name.Dockerfile.dockerignore"
-        (cd "$root" && find pyproject.toml README.md server operator spark -type f \
-            -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*' \
+        (cd "$root" && find pyproject.toml setup.py README.md server operator spark -type f \
+            -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*' -not -name '*.so' \
             -print0 | sort -z | xargs -0 sha256sum)
         shift
         for base in "$@"; do "$podman" image inspect --format '{{.Id}}' "$base"; done
