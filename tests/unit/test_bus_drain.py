@@ -66,12 +66,11 @@ def test_the_c_reader_is_built_and_bound(pair):
     router, _ = pair
     reader = drain.Reader(router)
     if reader.kind != "c":
-        parts.missing(
+        parts.skip_missing(
             "cc",
             f"the Event BUS collector reads with {reader.describe}",
             "install a C compiler and reinstall: ./scripts/bootstrap",
         )
-        pytest.skip(reader.describe)
     assert "libzmq" in reader.describe
 
 
