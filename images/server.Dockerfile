@@ -10,8 +10,8 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A C compiler for the project's one C extension (the Event BUS collector's reader,
-# server/eventfleet_server/bus/_drain.c), and Python's headers where the base lacks them
+# A C compiler for the project's one C extension (the Event BUS's frame loops,
+# server/eventfleet_server/bus/_zmqio.c), and Python's headers where the base lacks them
 # (python:3.11-slim has them; Debian's python3 needs python3-dev). This stage only: the
 # runtime stage gets the built venv. Every dependency ships a manylinux wheel.
 RUN apt-get update -q \
@@ -30,7 +30,7 @@ COPY spark/ spark/
 RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]" \
  # The extension is optional in setup.py (a machine without a compiler still
  # installs); this image never ships without it.
- && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._drain"
+ && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._zmqio"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet server" \

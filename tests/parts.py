@@ -31,8 +31,8 @@ PARTS = {
     "hat-event": "the hat-event reference (the `test` extra: ./scripts/bootstrap ...,test)",
     "spark": "pyspark and pyarrow (the `spark` extra: ./scripts/bootstrap ...,spark)",
     "uvloop": "uvloop (the `server` extra, on CPython/Linux)",
-    "cc": "a C compiler (gcc): the install builds the Event BUS collector's C reader "
-    "(server/eventfleet_server/bus/_drain.c); without it the BUS falls back to pyzmq",
+    "cc": "a C compiler (gcc): the install builds the Event BUS's C frame loops "
+    "(server/eventfleet_server/bus/_zmqio.c); without it the BUS falls back to pyzmq",
     "mounts": "root, mount/losetup (util-linux), mkfs.ext4/e2fsck (e2fsprogs): the real "
     "storage-fault tests mount tmpfs and loop ext4 file systems",
 }

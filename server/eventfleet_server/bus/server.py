@@ -29,7 +29,7 @@ import zmq
 import zmq.asyncio
 import zmq.backend
 
-from eventfleet_server.bus import drain, wire
+from eventfleet_server.bus import wire, zmqio
 from eventfleet_server.bus.config import BusConfig
 from eventfleet_server.bus.curve import BusCurve
 from eventfleet_server.common.aiotasks import Tasks
@@ -145,6 +145,7 @@ class BusServer:
         self._ctx: zmq.asyncio.Context | None = None
         self._sockets: dict[str, zmq.asyncio.Socket] = {}
         self._pub_sync: zmq.Socket | None = None
+        self._broadcaster: zmqio.Broadcaster | None = None
         self._collector_sync: zmq.Socket | None = None
         self._snapshot_sync: zmq.Socket | None = None
         self._snap_queue: asyncio.Queue[tuple[bytes, wire.SyncStart]] | None = None
@@ -190,6 +191,9 @@ class BusServer:
         # publisher is used only from here (sends and its subscription reads); the
         # collector only receives (and its loop re-checks events itself).
         self._pub_sync = zmq.Socket.shadow(publisher.underlying)
+        self._broadcaster = zmqio.Broadcaster(
+            self._pub_sync, rfc=self._encoding is wire.IntegerEncoding.RFC
+        )
         self._collector_sync = zmq.Socket.shadow(collector.underlying)
         # The snapshot socket's sends in bulk; see `_send_snapshot_batch` for how its
         # asyncio reader is kept awake.
@@ -206,13 +210,14 @@ class BusServer:
         self._tasks.spawn("collector", self._collector_loop())
         log.info(
             "event bus listening on %s: snapshot %s, publisher %s, collector %s "
-            "(integers: %s, auth: %s)",
+            "(integers: %s, auth: %s, frames: %s)",
             self._host,
             self.ports["snapshot"],
             self.ports["publisher"],
             self.ports["collector"],
             self._encoding.value,
             self._auth,
+            self._broadcaster.describe,
         )
 
     @property
@@ -279,6 +284,7 @@ class BusServer:
     def _close_sockets(self) -> None:
         self._disable_monitors()
         self._pub_sync = self._collector_sync = self._snapshot_sync = None
+        self._broadcaster = None
         for sock in self._sockets.values():
             sock.close(linger=0)
         self._sockets.clear()
@@ -361,28 +367,10 @@ class BusServer:
         here. The publisher never blocks: a subscriber whose queue is at the high-water
         mark loses the message, and sees a gap in the sequence.
         """
-        sock = self._pub_sync
-        if sock is None:
+        send = self._broadcaster
+        if send is None:
             return
-        send = _send_frame
-        more = int(zmq.SNDMORE | zmq.NOBLOCK)  # plain ints: no flag arithmetic per frame
-        last = int(zmq.NOBLOCK)
-        if self._encoding is wire.IntegerEncoding.RFC:
-            for seq, (topic, producer, timestamp, uuid, data) in items:
-                send(sock, topic, more)
-                send(sock, seq.to_bytes(8, "big"), more)
-                send(sock, producer, more)
-                send(sock, timestamp, more)
-                send(sock, uuid, more)
-                send(sock, data, last)
-        else:
-            for seq, (topic, producer, timestamp, uuid, data) in items:
-                send(sock, topic, more)
-                send(sock, b"%d" % seq, more)
-                send(sock, producer, more)
-                send(sock, timestamp, more)
-                send(sock, uuid, more)
-                send(sock, data, last)
+        send(items)
         self.counters.broadcast += len(items)
 
     def _oversized(self, what: str, body: Sequence[bytes], limit: int, identity: bytes) -> bool:
@@ -575,8 +563,7 @@ class BusServer:
         assert sync is not None
         limit = self._config.max_message_size
         max_batch = self._config.max_batch
-        read_queued = drain.Reader(sync)
-        log.info("event bus collector reads queued PUBs with %s", read_queued.describe)
+        read_queued = zmqio.Reader(sync)
         read = 0
         turn_started = time.monotonic()
         while True:
