@@ -151,7 +151,11 @@ zmqio_drain(PyObject *Py_UNUSED(self), PyObject *args)
         /* The rest of a multipart message is queued with its first frame (ZeroMQ
          * delivers messages whole), so these reads do not wait. */
         while (more) {
-            frame = recv_frame(sock, 0, &more, &err);
+            /* A signal can only interrupt a wait, and these reads do not wait; retried
+             * all the same, as pyzmq does, rather than losing the rest of a message. */
+            do {
+                frame = recv_frame(sock, 0, &more, &err);
+            } while (frame == NULL && err == EINTR);
             if (frame == NULL)
                 goto fail;
             appended = PyList_Append(message, frame);
