@@ -25,11 +25,14 @@ from types import ModuleType
 import zmq
 
 Messages = list[list[bytes]]
-Item = tuple[int, tuple[bytes, bytes, bytes, bytes, bytes]]
+Frames = tuple[bytes, bytes, bytes, bytes, bytes]
+"""A BROADCAST's frames but the sequence: ``(topic, producer, timestamp, uuid, data)``."""
+Item = tuple[int, Frames]
 
 # The backend's send, called with the socket: the sugar layer's `Socket.send` adds
-# routing-id/group handling we never use, ~40% of the cost of a small frame.
-_send_frame = zmq.backend.Socket.send
+# routing-id/group handling we never use, ~40% of the cost of a small frame. Also the
+# server's snapshot loop's (the one per-event loop still frame by frame).
+send_frame = zmq.backend.Socket.send
 
 
 @functools.cache
@@ -149,7 +152,7 @@ class Broadcaster:
 
     def _send_pyzmq(self, items: Sequence[Item]) -> None:
         sock = self._sock
-        send = _send_frame
+        send = send_frame
         more = int(zmq.SNDMORE | zmq.NOBLOCK)  # plain ints: no flag arithmetic per frame
         last = int(zmq.NOBLOCK)
         rfc = self._rfc
