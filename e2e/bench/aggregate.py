@@ -42,6 +42,10 @@ image's class-data-sharing archive (the operator's driver settings,
 (a PID-1 wrapper that reaps every process: container creation is not counted).
 ``--image-only`` runs only those (and the baseline they are checked against).
 
+``--read-in driver,executors`` runs every cold job (8, and those in the image) once with
+each reader, alternating: the job's ``--read-in``, whose ``auto`` (the default) reads in
+the driver under a local master, which is what every run here has.
+
 The Parquet written through ``/export`` must be byte-identical to the Eventer path's.
 ``--skip-eventer-spark`` leaves out 3-6 (the Eventer Spark phases) for a shorter run.
 
@@ -358,9 +362,14 @@ def run(args) -> dict:
         http_cli[http_cli.index(str(output))] = str(output_http)
         for i in range(args.cold_repeat):
             run = f", run {i + 1}" if args.cold_repeat > 1 else ""
-            cold_runs.append(
-                (f"Spark job, cold, --http: /export (JVM start included){run}", http_cli)
-            )
+            for read_in in args.read_in:
+                cold_runs.append(
+                    (
+                        f"Spark job, cold, --http: /export{_read_in_label(read_in)}"
+                        f" (JVM start included){run}",
+                        [*http_cli, "--read-in", read_in],
+                    )
+                )
         if args.class_archive:
             # The first run with an empty directory writes the archive (a training run);
             # the runs after it map it. Every one is a fresh process and a fresh JVM.
@@ -400,6 +409,7 @@ def run(args) -> dict:
                 end_us=span.end,
                 window_seconds=(span.end - span.start) // timeplan.US,
                 partitions=args.partitions,
+                read_in=args.read_in[0],
             )
             from eventfleet_spark.source import EventerDataSource
 
@@ -508,7 +518,7 @@ def image_cold_runs(args, server, n, http, endpoint, span, iso, workdir) -> list
         arguments += ["--partitions", str(args.partitions)]
     threads = int(args.master.removeprefix("local[").removesuffix("]"))
 
-    def command(conf: dict) -> list[str]:
+    def command(conf: dict, read_in: str) -> list[str]:
         template = {
             "type": "Python",
             "mode": "cluster",
@@ -516,14 +526,20 @@ def image_cold_runs(args, server, n, http, endpoint, span, iso, workdir) -> list
             "driver": {"memory": "1g"},
             "executor": {"instances": 1, "cores": threads},
             "sparkConf": conf,
-            "arguments": arguments,
+            "arguments": [*arguments, "--read-in", read_in],
         }
         return submit_command(template)
 
-    variants = [
-        ("in the image, no class archive", command({})),
-        ("in the image, class archive mapped", command(builders.driver_class_archive_conf({}))),
-    ]
+    variants = []
+    for read_in in args.read_in:
+        label = _read_in_label(read_in)
+        variants += [
+            (f"in the image, no class archive{label}", command({}, read_in)),
+            (
+                f"in the image, class archive mapped{label}",
+                command(builders.driver_class_archive_conf({}), read_in),
+            ),
+        ]
     phases = []
     for i in range(args.cold_repeat):
         for label, argv in variants:
@@ -552,6 +568,20 @@ def image_cold_runs(args, server, n, http, endpoint, span, iso, workdir) -> list
             )
             phases.append(p)
     return phases
+
+
+def _read_in_label(read_in: str) -> str:
+    return "" if read_in == "auto" else f", read in the {read_in}"
+
+
+def _read_in_list(text: str) -> list[str]:
+    from eventfleet_spark.options import READ_IN
+
+    values = text.split(",")
+    bad = [v for v in values if v not in READ_IN]
+    if bad or not values:
+        raise argparse.ArgumentTypeError(f"{text!r}: each of {', '.join(READ_IN)}")
+    return values
 
 
 def _result(args, n, seed_s, startup, warmup, phases, checks, load_start) -> dict:
@@ -715,6 +745,14 @@ def main(argv=None) -> int:
         action="store_true",
         help="also run the cold job with --class-archive: one run writing the JVM class"
         " archive, then --cold-repeat runs mapping it",
+    )
+    p.add_argument(
+        "--read-in",
+        type=_read_in_list,
+        default=["auto"],
+        metavar="WHO[,WHO...]",
+        help="the job's --read-in (auto, driver, executors); several: each cold run is"
+        " repeated with each, alternating, and the warm runs use the first (default auto)",
     )
     p.add_argument(
         "--image",

@@ -11,6 +11,7 @@ Modules (each usable on its own):
 ``payloads``        how a payload counts (class, numbers, skipped fields)
 ``reference``       the aggregation rules in plain Python (test oracle, baseline)
 ``partial``         partial aggregation inside the reading worker (the default path)
+``driver_read``     the same read and fold in the driver process (``--read-in driver``)
 ``aggregation``     the aggregation as a Spark plan
 ``parquet_output``  window-replacing Parquet writes
 ``writeback``       idempotent registration of aggregates as events

@@ -233,11 +233,8 @@ def run(
 
 
 def _run_windows(opts, spark, now_us, out, progress) -> list[WindowSummary]:
-    from eventfleet_spark.source import EventerDataSource
-
     # INT96 (Spark's default) is a legacy encoding; micros read everywhere.
     spark.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-    spark.dataSource.register(EventerDataSource)
     if now_us is None:
         now_us = time.time_ns() // 1000
     progress = progress if progress is not None else RunProgress()
@@ -252,6 +249,44 @@ def _run_windows(opts, spark, now_us, out, progress) -> list[WindowSummary]:
     return summaries
 
 
+def source_options(
+    opts: JobOptions, span: timeplan.Span, partitions: int, partials: bool = False
+) -> dict[str, str]:
+    """The ``eventfleet`` source's options for one window (bucket-aligned slices, own
+    prefix excluded): event rows with the ``json_numbers`` columns, or with `partials` the
+    reader's partial aggregates. One set for both readers (executors and driver)."""
+    options = {
+        "eventer": opts.eventer,
+        "start": _iso(span.start),
+        "end": _iso(span.end),
+        "partitions": str(partitions),
+        "align_seconds": str(opts.bucket_seconds),
+        "page_size": str(opts.page_size),
+        "client_name": opts.client_name,
+        "exclude": json.dumps([list(exclusion_prefix(opts.prefix))]),
+        "json_numbers": "true",
+    }
+    if partials:
+        options["aggregate_bucket_seconds"] = str(opts.bucket_seconds)
+        if opts.prefix_depth is not None:
+            options["aggregate_prefix_depth"] = str(opts.prefix_depth)
+    if opts.http:
+        options["http"] = opts.http
+    if opts.types is not None:
+        options["types"] = job_options.types_option(opts.types)
+    if opts.token:  # from --token-file; else each reading process reads $EVENTFLEET_TOKEN
+        options["token"] = opts.token
+    if opts.tls_ca:  # a path, the same on the driver and every executor
+        options["tls_ca"] = opts.tls_ca
+        if opts.tls_server_name:
+            options["tls_server_name"] = opts.tls_server_name
+    return options
+
+
+def _partitions(spark, opts: JobOptions) -> int:
+    return opts.partitions or 2 * spark.sparkContext.defaultParallelism
+
+
 def read_events(
     spark,
     opts: JobOptions,
@@ -259,40 +294,30 @@ def read_events(
     partitions: int | None = None,
     partials: bool = False,
 ):
-    """The source DataFrame of one window (bucket-aligned slices, own prefix excluded):
-    event rows with the ``json_numbers`` columns, or with `partials` the reader's partial
-    aggregates."""
-    from eventfleet_spark.source import FORMAT
+    """The source DataFrame of one window, read by the executors (`source_options`)."""
+    from eventfleet_spark.source import FORMAT, EventerDataSource
 
+    # Registered here, not per run: a window the driver reads never needs the source.
+    spark.dataSource.register(EventerDataSource)
     if partitions is None:
-        partitions = opts.partitions or 2 * spark.sparkContext.defaultParallelism
-    reader = (
-        spark.read.format(FORMAT)
-        .option("eventer", opts.eventer)
-        .option("start", _iso(span.start))
-        .option("end", _iso(span.end))
-        .option("partitions", str(partitions))
-        .option("align_seconds", str(opts.bucket_seconds))
-        .option("page_size", str(opts.page_size))
-        .option("client_name", opts.client_name)
-        .option("exclude", json.dumps([list(exclusion_prefix(opts.prefix))]))
-        .option("json_numbers", "true")
-    )
-    if partials:
-        reader = reader.option("aggregate_bucket_seconds", str(opts.bucket_seconds))
-        if opts.prefix_depth is not None:
-            reader = reader.option("aggregate_prefix_depth", str(opts.prefix_depth))
-    if opts.http:
-        reader = reader.option("http", opts.http)
-    if opts.types is not None:
-        reader = reader.option("types", job_options.types_option(opts.types))
-    if opts.token:  # from --token-file; else the executors read $EVENTFLEET_TOKEN
-        reader = reader.option("token", opts.token)
-    if opts.tls_ca:  # a path, the same on the driver and every executor
-        reader = reader.option("tls_ca", opts.tls_ca)
-        if opts.tls_server_name:
-            reader = reader.option("tls_server_name", opts.tls_server_name)
-    return reader.load()
+        partitions = _partitions(spark, opts)
+    options = source_options(opts, span, partitions, partials)
+    return spark.read.format(FORMAT).options(**options).load()
+
+
+def reads_in_driver(spark, opts: JobOptions) -> bool:
+    """Whether the driver reads the window itself (`driver_read`), not the executors.
+
+    ``auto``: when the master is ``local[...]`` -- the executors are threads of this
+    machine and add no CPU, while the source's executor path adds fixed start-up costs
+    (docs/aggregation.md, "Where the window is read"). Under a cluster master (the
+    operator's ``k8s://``) the executors read, spread over their nodes.
+    """
+    if opts.partial_aggregation == "spark":
+        return False  # Spark aggregates event rows: they must come from the source
+    if opts.read_in != "auto":
+        return opts.read_in == "driver"
+    return spark.sparkContext.master.startswith("local")
 
 
 def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
@@ -302,15 +327,25 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
 
     t0 = time.perf_counter()
     spark.sparkContext.setJobDescription(f"eventfleet aggregate {_iso(span.start)}")
-    if opts.partial_aggregation == "reader":
-        agg = aggregation.combine(read_events(spark, opts, span, partials=True))
+    if reads_in_driver(spark, opts):
+        from eventfleet_spark import driver_read
+
+        partials = driver_read.read_partials(
+            source_options(opts, span, _partitions(spark, opts), partials=True)
+        )
+        aggregates = driver_read.combine(partials, opts.bucket_seconds)
+        frame = parquet_output.aggregates_frame(spark, aggregates, opts.bucket_seconds)
     else:
-        events = read_events(spark, opts, span)
-        agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
-    # Checkpointed so that Parquet and the write-back see one result and the window
-    # is read from the fleet exactly once.
-    agg = agg.localCheckpoint(eager=True)
-    aggregates = [aggregation.to_aggregate(r, opts.bucket_seconds) for r in agg.collect()]
+        if opts.partial_aggregation == "reader":
+            agg = aggregation.combine(read_events(spark, opts, span, partials=True))
+        else:
+            events = read_events(spark, opts, span)
+            agg = aggregation.aggregate(events, opts.bucket_seconds, opts.prefix_depth)
+        # Checkpointed so that Parquet and the write-back see one result and the window
+        # is read from the fleet exactly once.
+        agg = agg.localCheckpoint(eager=True)
+        aggregates = [aggregation.to_aggregate(r, opts.bucket_seconds) for r in agg.collect()]
+        frame = aggregation.parquet_frame(agg, opts.bucket_seconds)
     t1 = time.perf_counter()
 
     new_dates: dict[str, int] = {}
@@ -319,7 +354,7 @@ def run_window(spark, opts: JobOptions, span: timeplan.Span) -> WindowSummary:
         new_dates[date] = new_dates.get(date, 0) + 1
     parquet = parquet_output.write_window(
         spark,
-        aggregation.parquet_frame(agg, opts.bucket_seconds),
+        frame,
         new_dates,
         opts.output,
         opts.bucket_seconds,

@@ -22,6 +22,7 @@ from eventfleet_spark.tls import TLS_CA_ENV, ClientTls
 DEFAULT_PREFIX = ("eventfleet", "aggregate", "{bucket}")
 DEFAULT_WINDOW_SECONDS = 3600
 PARTIAL_AGGREGATION = ("reader", "spark")
+READ_IN = ("auto", "driver", "executors")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +45,9 @@ class JobOptions:
     partitions: int | None = None
     page_size: int = 10_000
     partial_aggregation: str = "reader"
+    # Who reads the window: the driver process itself or Spark's executors (through the
+    # source); auto picks by master (job.reads_in_driver).
+    read_in: str = "auto"
     client_name: str = "eventfleet-aggregate"
     # From --token-file; without it every process (driver and executors) reads
     # $EVENTFLEET_TOKEN itself, so the token never enters the Spark plan.
@@ -76,6 +80,13 @@ class JobOptions:
             raise ValueError(
                 f"partial aggregation {self.partial_aggregation!r} is not one of"
                 f" {', '.join(PARTIAL_AGGREGATION)}"
+            )
+        if self.read_in not in READ_IN:
+            raise ValueError(f"read in {self.read_in!r} is not one of {', '.join(READ_IN)}")
+        if self.read_in == "driver" and self.partial_aggregation == "spark":
+            raise ValueError(
+                "read in driver needs partial aggregation reader: with spark, the"
+                " executors must read event rows"
             )
         if not self.output:
             raise ValueError("output path is empty")
@@ -183,6 +194,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="where events are first aggregated: in the reading Python workers (default,"
         " faster) or by Spark from event rows",
     )
+    p.add_argument(
+        "--read-in",
+        choices=READ_IN,
+        default="auto",
+        help="who reads the window: the driver process itself (no Python workers: the"
+        " fastest start on one machine), Spark's executors (spread over the cluster), or"
+        " auto (default): the driver under a local[...] master, else the executors",
+    )
     p.add_argument("--name", default="eventfleet-aggregate", help="Eventer client name")
     p.add_argument(
         "--token-file",
@@ -241,6 +260,7 @@ def from_args(args: argparse.Namespace) -> JobOptions:
         partitions=args.partitions,
         page_size=args.page_size,
         partial_aggregation=args.partial_aggregation,
+        read_in=args.read_in,
         client_name=args.name,
         token=token,
         json_summary=args.json,

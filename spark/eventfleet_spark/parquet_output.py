@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from collections.abc import Sequence
 
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from eventfleet_spark import timeplan
+from eventfleet_spark.record import COUNT_COLUMNS, Aggregate
 
 PARQUET_COLUMNS = (
     ("type", "ARRAY<STRING>"),
@@ -81,6 +84,54 @@ def empty_frame(spark: SparkSession) -> DataFrame:
     return spark.range(0).selectExpr(
         *[f"CAST(NULL AS {kind}) AS {name}" for name, kind in PARQUET_COLUMNS]
     )
+
+
+_TS = pa.timestamp("us", tz="UTC")
+_STATS = ("count", "min", "max", "sum", "mean")
+_ARROW_SCHEMA = pa.schema(
+    [
+        ("type", pa.list_(pa.string())),
+        ("type_key", pa.string()),
+        ("bucket_start", _TS),
+        ("bucket_end", _TS),
+        ("count", pa.int64()),
+        ("first_timestamp", _TS),
+        ("last_timestamp", _TS),
+        *[(name, pa.int64()) for name in COUNT_COLUMNS if name != "count"],
+        (
+            "fields",
+            pa.map_(
+                pa.string(),
+                pa.struct([(s, pa.int64() if s == "count" else pa.float64()) for s in _STATS]),
+            ),
+        ),
+        ("date", pa.string()),
+    ]
+)
+
+
+def aggregates_frame(
+    spark: SparkSession, aggregates: Sequence[Aggregate], bucket_seconds: int
+) -> DataFrame:
+    """`aggregation.parquet_frame`'s rows built from aggregates the driver holds (no
+    Spark stage computes them: one Arrow table handed to the JVM)."""
+    bucket_us = bucket_seconds * timeplan.US
+    rows = [
+        {
+            "type": list(a.type),
+            "type_key": "/".join(a.type),
+            "bucket_start": a.bucket_start_us,
+            "bucket_end": a.bucket_start_us + bucket_us,
+            "first_timestamp": a.first_us,
+            "last_timestamp": a.last_us,
+            **{name: getattr(a, name) for name in COUNT_COLUMNS},
+            "fields": [(k, dataclasses.asdict(v)) for k, v in a.fields.items()],
+            "date": date_of(a.bucket_start_us),
+        }
+        for a in aggregates
+    ]
+    table = pa.Table.from_pylist(rows, schema=_ARROW_SCHEMA)
+    return spark.createDataFrame(table, schema=PARQUET_SCHEMA_DDL)
 
 
 def write_window(

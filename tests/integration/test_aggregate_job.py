@@ -97,6 +97,11 @@ def _payload(rng: random.Random):
         return EventPayloadJson(json.dumps(round(rng.uniform(0, 10), 3)))
     if r < 0.7:
         return EventPayloadJson(json.dumps({"neg": -0.0, "big": 12345678901234567890, "x": 0.1}))
+    if r < 0.75:
+        # Field names whose orders differ: UTF-8 bytes (the Parquet map's key order) put
+        # U+FFFF before U+1F600; UTF-16 code units would put it after.
+        names = ("Z", "a", "é", "日本", "\uffff", "\U0001f600")
+        return EventPayloadJson(json.dumps({n: rng.uniform(-1, 1) for n in names}))
     return rng.choice(BAD_PAYLOADS)
 
 
@@ -438,6 +443,30 @@ def test_spark_side_aggregation_gives_identical_parquet(first_run, spark, fleet,
     assert file_digests(tmp_path) == file_digests(output)
 
 
+def test_driver_and_executors_write_identical_parquet(first_run, spark, fleet, seeded, tmp_path):
+    """Under a local master the job reads in the driver (`first_run`); read by the
+    executors through the source instead, the window gives the same bytes."""
+    output, (summary,), _ = first_run
+    assert job.reads_in_driver(spark, options(fleet, output))
+    (again,), _ = run_job(spark, options(fleet, tmp_path, read_in="executors", write_back=False))
+    assert again.events == summary.events
+    assert file_digests(tmp_path) == file_digests(output)
+
+
+def test_driver_read_says_each_slice(spark, fleet, seeded, tmp_path, capfd):
+    """The driver's read prints one line per slice: where from, how many events; they
+    add up to the window's events."""
+    opts = options(fleet, tmp_path, http=fleet.http, write_back=False, read_in="driver")
+    (summary,), _ = run_job(spark, opts)
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if " read slice " in ln]
+    assert [ln.split(" read slice ")[1].split(" ")[0] for ln in lines] == ["1/3", "2/3", "3/3"]
+    counts = [int(ln.split(": ")[2].split(" events")[0].replace(",", "")) for ln in lines]
+    assert sum(counts) == summary.events > 0
+    http = fleet.http.split(",")
+    for i, ln in enumerate(lines):
+        assert f"from http://{http[i % len(http)]}/export:" in ln, ln
+
+
 @pytest.mark.parametrize("where", ["reader", "spark"])
 def test_prefix_depth_groups_by_type_prefix(spark, fleet, seeded, tmp_path, where):
     opts = options(fleet, tmp_path, prefix_depth=1, write_back=False, partial_aggregation=where)
@@ -504,45 +533,63 @@ def test_arrow_source_rows_equal_eventer_rows(spark, fleet, seeded):
     assert {r.type[0] for r in filtered} == {"plant", "alarm"}
 
 
-@pytest.mark.parametrize("where", ["reader", "spark"])
-def test_arrow_path_writes_byte_identical_parquet(first_run, spark, fleet, seeded, tmp_path, where):
+@pytest.mark.parametrize(
+    ("where", "read_in"), [("reader", "driver"), ("reader", "executors"), ("spark", "auto")]
+)
+def test_arrow_path_writes_byte_identical_parquet(
+    first_run, spark, fleet, seeded, tmp_path, where, read_in
+):
     """The job through /export writes the same Parquet bytes as the job over Eventer
-    (`first_run`), with either aggregation path."""
+    (`first_run`), with either aggregation path and either reader."""
     output, _, _ = first_run
-    opts = options(fleet, tmp_path, http=fleet.http, write_back=False, partial_aggregation=where)
+    opts = options(
+        fleet, tmp_path, http=fleet.http, write_back=False, partial_aggregation=where,
+        read_in=read_in,
+    )  # fmt: skip
     (summary,), _ = run_job(spark, opts)
     assert summary.events == sum(a.count for a in expected(seeded, START, END).values())
     assert read_parquet(tmp_path) == expected(seeded, START, END)
     assert file_digests(tmp_path) == file_digests(output)
 
 
-def test_replica_without_export_is_read_over_eventer(first_run, spark, fleet, tmp_path):
+@pytest.mark.parametrize("read_in", ["driver", "executors"])
+def test_replica_without_export_is_read_over_eventer(first_run, spark, fleet, tmp_path, read_in):
     """An older replica (no /export: its HTTP answers 404) is read over Eventer for the
     slices that would have gone to it; the result does not change."""
     output, _, _ = first_run
     replica = fleet.replicas[1]
     replica.http.unmount_export()
     try:
-        run_job(spark, options(fleet, tmp_path, http=fleet.http, write_back=False))
+        opts = options(fleet, tmp_path, http=fleet.http, write_back=False, read_in=read_in)
+        run_job(spark, opts)
     finally:
         replica.http.unmount_export = replica.http.mount("/export", replica.http.export)
     assert file_digests(tmp_path) == file_digests(output)
 
 
-def test_token_reaches_executors_and_write_back(spark, tmp_path):
-    """The token (--token-file) reaches the executors as a source option and the
-    write-back client: a wrong one is refused, and the job says so."""
+@pytest.mark.parametrize("read_in", ["executors", "driver"])
+def test_token_reaches_readers_and_write_back(spark, tmp_path, read_in):
+    """The token (--token-file) reaches the readers (a source option on the executors,
+    the driver's own reader) and the write-back client: a wrong one is refused, and the
+    job says so."""
+    from eventfleet_spark.eventer_io import EventerReadError
+    from eventfleet_spark.export_io import ExportReadError
     from pyspark.errors import PySparkException
 
+    # On the executors the reader's error reaches the driver wrapped by Spark.
+    eventer_error = PySparkException if read_in == "executors" else EventerReadError
+    export_error = PySparkException if read_in == "executors" else ExportReadError
     secured = Fleet(tmp_path / "fleet", size=1, token="s3cr3t")
     try:
         events = make_events(LATE_START, LATE_END, per_server=20, seed=5, servers=(31,))
         secured.merge(events)
-        opts = options(secured, tmp_path / "out", start_us=LATE_START, end_us=LATE_END)
-        with pytest.raises(PySparkException, match="refused the connection: invalid client token"):
+        opts = options(
+            secured, tmp_path / "out", start_us=LATE_START, end_us=LATE_END, read_in=read_in
+        )
+        with pytest.raises(eventer_error, match="refused the connection: invalid client token"):
             run_job(spark, dataclasses.replace(opts, token="wrong"))
         # The Arrow path presents the same token as a bearer token.
-        with pytest.raises(PySparkException, match=r"401 .*invalid client token"):
+        with pytest.raises(export_error, match=r"401 .*invalid client token"):
             run_job(spark, dataclasses.replace(opts, token="wrong", http=secured.http))
         (summary,), _ = run_job(spark, dataclasses.replace(opts, token="s3cr3t"))
         want = expected(events, LATE_START, LATE_END)

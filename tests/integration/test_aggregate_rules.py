@@ -452,3 +452,106 @@ def test_reader_partial_aggregates_equal_the_reference():
 def test_partial_aggregation_choice_is_checked():
     with pytest.raises(ValueError, match="partial aggregation 'gpu' is not one of reader, spark"):
         options.JobOptions(eventer="h:1", bucket_seconds=1, output="o", partial_aggregation="gpu")
+
+
+def test_read_in_choice_is_checked():
+    with pytest.raises(ValueError, match="read in 'gpu' is not one of auto, driver, executors"):
+        options.JobOptions(eventer="h:1", bucket_seconds=1, output="o", read_in="gpu")
+    # Spark's own partial aggregation needs event rows from the source's executors.
+    with pytest.raises(ValueError, match="read in driver needs partial aggregation reader"):
+        options.JobOptions(
+            eventer="h:1", bucket_seconds=1, output="o", read_in="driver",
+            partial_aggregation="spark",
+        )  # fmt: skip
+
+
+class _Session:
+    """What `job.reads_in_driver` looks at: the session's master."""
+
+    def __init__(self, master: str):
+        self.sparkContext = argparse.Namespace(master=master)
+
+
+@pytest.mark.parametrize(
+    ("master", "read_in", "partial", "driver"),
+    [
+        ("local[2]", "auto", "reader", True),
+        ("local[*]", "auto", "reader", True),
+        ("k8s://https://10.0.0.1:443", "auto", "reader", False),
+        ("spark://m:7077", "auto", "reader", False),
+        ("k8s://https://10.0.0.1:443", "driver", "reader", True),
+        ("local[2]", "executors", "reader", False),
+        ("local[2]", "auto", "spark", False),
+    ],
+)
+def test_who_reads_the_window(master, read_in, partial, driver):
+    from eventfleet_spark.job import reads_in_driver
+
+    opts = options.JobOptions(
+        eventer="h:1", bucket_seconds=1, output="o", read_in=read_in, partial_aggregation=partial
+    )
+    assert reads_in_driver(_Session(master), opts) is driver
+
+
+def _partial_table(rows: list[dict]):
+    from eventfleet_spark.partial import PARTIAL_ARROW_SCHEMA
+
+    pa = parts.require_module("spark", "pyarrow")
+    empty = {f.name: None for f in PARTIAL_ARROW_SCHEMA}
+    return pa.Table.from_pylist([{**empty, **r} for r in rows], schema=PARTIAL_ARROW_SCHEMA)
+
+
+def _header(t, bucket, n):
+    """A header row (field NULL) as the fold writes it: every class counted, maybe 0."""
+    classes = {f"{name}_payloads": 0 for name in payloads.PAYLOAD_CLASSES}
+    row = {"type": t, "bucket_us": bucket, "n": n, "first_us": bucket, "last_us": bucket + 5}
+    return {**row, **classes, "skipped_fields": 0}
+
+
+def test_driver_combine_regroups_partial_rows():
+    """The driver's merge of partial rows (one header and its field rows per key) gives
+    the aggregates `aggregation.combine` defines: counts from the header, a field's mean
+    its sum over its count, fields in UTF-8 order, keys sorted."""
+    driver_read = parts.require_module("spark", "eventfleet_spark.driver_read")
+    table = _partial_table(
+        [
+            {**_header(["b"], 2_000_000, 3), "numeric_payloads": 2, "empty_payloads": 1},
+            {"type": ["b"], "bucket_us": 2_000_000, "field": "\U0001f600", "n": 1,
+             "vmin": 1.0, "vmax": 1.0, "vsum": 1.0},
+            {"type": ["b"], "bucket_us": 2_000_000, "field": "\uffff", "n": 2,
+             "vmin": 0.5, "vmax": 2.0, "vsum": 2.5},
+            {**_header(["a", "x"], 0, 1), "skipped_fields": 4, "binary_payloads": 1},
+        ]
+    )  # fmt: skip
+    first, second = driver_read.combine(table, 2)
+    assert first == Aggregate(("a", "x"), 0, 2, 1, 0, 5, binary_payloads=1, skipped_fields=4)
+    assert second.key == (("b",), 2_000_000) and second.count == 3
+    assert (second.numeric_payloads, second.empty_payloads, second.skipped_fields) == (2, 1, 0)
+    assert list(second.fields) == ["\uffff", "\U0001f600"]
+    assert second.fields["\uffff"] == FieldStats(2, 0.5, 2.0, 2.5, 1.25)
+
+
+@pytest.mark.parametrize(
+    ("rows", "message"),
+    [
+        (
+            [_header(["a"], 0, 1), _header(["a"], 0, 2)],
+            r"partial header of \(\('a',\), 0\) read twice",
+        ),
+        (
+            [_header(["a"], 0, 1)]
+            + 2 * [{"type": ["a"], "bucket_us": 0, "field": "v", "n": 1, "vsum": 1.0}],
+            "partial field 'v' of .* read twice",
+        ),
+        (
+            [{"type": ["a"], "bucket_us": 0, "field": "v", "n": 1, "vsum": 1.0}],
+            "without a header row",
+        ),
+    ],
+)
+def test_driver_combine_refuses_rows_that_are_not_final(rows, message):
+    """A key read twice (slices not bucket-aligned, a read out of order) would make Spark's
+    merge add two partial sums; the driver's merge stops instead."""
+    driver_read = parts.require_module("spark", "eventfleet_spark.driver_read")
+    with pytest.raises(ValueError, match=message):
+        driver_read.combine(_partial_table(rows), 1)
