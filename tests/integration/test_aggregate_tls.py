@@ -48,6 +48,10 @@ from tests.integration.test_tls import make_ca, make_cert  # noqa: E402
 
 START, END = us("2024-04-01T10:00:00Z"), us("2024-04-01T10:03:00Z")
 TOKEN = "t0ken"
+JOB_WINDOWS = {
+    "executors": (us("2024-04-02T10:00:00Z"), us("2024-04-02T10:03:00Z"), (43, 44)),
+    "driver": (us("2024-04-03T10:00:00Z"), us("2024-04-03T10:03:00Z"), (45, 46)),
+}
 BASE_ARGV = ["--eventer", "h:1", "--bucket", "60", "--output", "o"]
 
 
@@ -184,17 +188,28 @@ def test_write_back_verifies_the_replica_certificate(fleet, pki):
 # -- the job with real Spark --------------------------------------------------------------
 
 
-def test_job_reads_and_writes_back_over_tls(spark, fleet, pki, tmp_path):  # noqa: F811
-    """--tls-ca reaches the executors (Eventer and /export reads) and the write-back."""
+@pytest.mark.parametrize("read_in", ["executors", "driver"])
+def test_job_reads_and_writes_back_over_tls(spark, fleet, pki, tmp_path, read_in):  # noqa: F811
+    """--tls-ca reaches the readers (Eventer and /export reads, on the executors or in
+    the driver) and the write-back."""
+    from eventfleet_spark.eventer_io import EventerReadError
     from pyspark.errors import PySparkException
 
-    f, events = fleet
-    opts = options(f, tmp_path / "eventer", start_us=START, end_us=END, token=TOKEN)
-    with pytest.raises(PySparkException, match="give its CA: job --tls-ca"):
+    # On the executors the reader's error reaches the driver wrapped by Spark.
+    error = PySparkException if read_in == "executors" else EventerReadError
+    f, _ = fleet
+    # Each reader its own window and server ids: its first run registers every aggregate.
+    start, end, servers = JOB_WINDOWS[read_in]
+    events = make_events(start, end, per_server=30, seed=15, servers=servers)
+    f.merge(events)
+    opts = options(
+        f, tmp_path / "eventer", start_us=start, end_us=end, token=TOKEN, read_in=read_in
+    )
+    with pytest.raises(error, match="give its CA: job --tls-ca"):
         run_job(spark, opts)
-    with pytest.raises(PySparkException, match=re.escape(f"not accepted (CA file {pki['rogue']})")):
+    with pytest.raises(error, match=re.escape(f"not accepted (CA file {pki['rogue']})")):
         run_job(spark, dataclasses.replace(opts, tls_ca=pki["rogue"]))
-    want = expected(events, START, END)
+    want = expected(events, start, end)
     (summary,), _ = run_job(spark, dataclasses.replace(opts, tls_ca=pki["ca"]))
     assert summary.events == sum(a.count for a in want.values())
     assert summary.write_back.registered == summary.aggregates == len(want)
