@@ -579,7 +579,7 @@ def _read_in_list(text: str) -> list[str]:
 
     values = text.split(",")
     bad = [v for v in values if v not in READ_IN]
-    if bad or not values:
+    if bad:
         raise argparse.ArgumentTypeError(f"{text!r}: each of {', '.join(READ_IN)}")
     return values
 

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from eventfleet_spark.partial import PARTIAL_ARROW_SCHEMA
 from eventfleet_spark.payloads import PAYLOAD_CLASSES
@@ -70,12 +71,7 @@ def read_partials(
 
 def _events(batches: list[pa.RecordBatch]) -> int:
     """Events folded into `batches`: the counts of their header rows (field NULL)."""
-    total = 0
-    for b in batches:
-        for field, n in zip(b.column("field").to_pylist(), b.column("n").to_pylist(), strict=True):
-            if field is None:
-                total += n
-    return total
+    return sum(pc.sum(pc.filter(b["n"], pc.is_null(b["field"]))).as_py() or 0 for b in batches)
 
 
 def _source(partition: SlicePartition) -> str:

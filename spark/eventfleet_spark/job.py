@@ -297,7 +297,7 @@ def read_events(
     """The source DataFrame of one window, read by the executors (`source_options`)."""
     from eventfleet_spark.source import FORMAT, EventerDataSource
 
-    # Registered here, not per run: a window the driver reads never needs the source.
+    # Registered only where it is read (idempotent): a driver-read run never loads it.
     spark.dataSource.register(EventerDataSource)
     if partitions is None:
         partitions = _partitions(spark, opts)

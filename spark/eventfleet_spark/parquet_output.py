@@ -87,7 +87,6 @@ def empty_frame(spark: SparkSession) -> DataFrame:
 
 
 _TS = pa.timestamp("us", tz="UTC")
-_STATS = ("count", "min", "max", "sum", "mean")
 _ARROW_SCHEMA = pa.schema(
     [
         ("type", pa.list_(pa.string())),
@@ -102,7 +101,10 @@ _ARROW_SCHEMA = pa.schema(
             "fields",
             pa.map_(
                 pa.string(),
-                pa.struct([(s, pa.int64() if s == "count" else pa.float64()) for s in _STATS]),
+                pa.struct(
+                    [("count", pa.int64())]
+                    + [(s, pa.float64()) for s in ("min", "max", "sum", "mean")]
+                ),
             ),
         ),
         ("date", pa.string()),
@@ -125,7 +127,11 @@ def aggregates_frame(
             "first_timestamp": a.first_us,
             "last_timestamp": a.last_us,
             **{name: getattr(a, name) for name in COUNT_COLUMNS},
-            "fields": [(k, dataclasses.asdict(v)) for k, v in a.fields.items()],
+            # A dict per field by hand: dataclasses.asdict deep-copies, ~0.1 ms each.
+            "fields": [
+                (k, {"count": v.count, "min": v.min, "max": v.max, "sum": v.sum, "mean": v.mean})
+                for k, v in a.fields.items()
+            ],
             "date": date_of(a.bucket_start_us),
         }
         for a in aggregates
