@@ -22,6 +22,9 @@ _READ_BUFFER = 1 << 20
 # Above this many payload bytes the frame is built and parsed around the payload (no
 # whole-message copy through the C codec, which would hold the GIL for all of it).
 _LARGE = 64 * 1024
+_HEAD_ROOM = 4096
+"""A large frame's first chunk shorter than this is joined to the next before its
+header is read: every header we or hat-event write fits (ids, flags, a type name)."""
 
 
 class FrameError(Exception):
@@ -166,10 +169,14 @@ class Connection(asyncio.Protocol):
         Joining the chunks, slicing the frame out of the join and the payload out of the
         frame were three copies of up to `max_msg_size` bytes in one loop callback (a
         16 MiB request held the loop ~40 ms: /healthz waited). Here the header is read
-        from the first chunk and only the payload is joined. False (nothing consumed)
-        when the header is not wholly in the first chunk: then the general path runs.
+        from the first chunk and only the payload is joined. A frame that began at the
+        end of a read has its header split: the small first chunk is joined to the next
+        ones first (up to `_HEAD_ROOM` bytes, a small copy). False (nothing consumed)
+        when the header is still not wholly in the first chunk: then the general path runs.
         """
         chunks = self._chunks
+        while len(chunks[0]) < _HEAD_ROOM and len(chunks) > 1:
+            chunks[0:2] = [chunks[0] + chunks[1]]
         first = chunks[0]
         n = first[0]  # checked by `_parse` before it kept the partial frame
         head = 1 + n
