@@ -390,10 +390,19 @@ async def test_a_sliced_requests_answer_is_what_was_stored(replica, monkeypatch,
     pieces. The answer and what a query then reads are the same events, byte for byte
     through the real client. When another registration takes those ids meanwhile
     (`interleaved`), the bytes are spliced again for the ids the request did get."""
+    from eventfleet_server.engine import engine as engine_module
     from eventfleet_server.eventer import session as session_module
     from eventfleet_server.eventer import wire
 
     calls = {"prepared": 0, "spliced_at_once": 0}
+    made_by_engine: list[int] = []  # sizes of the registrations the engine made anew
+    make = engine_module.registered_events
+
+    def making(events, *args):
+        made_by_engine.append(len(events))
+        return make(events, *args)
+
+    monkeypatch.setattr(engine_module, "registered_events", making)
     sliced = session_module.splice_elements_sliced
     at_once = session_module.event_elements
 
@@ -429,6 +438,9 @@ async def test_a_sliced_requests_answer_is_what_was_stored(replica, monkeypatch,
     # Spliced at once: the small request before it, and the big one only when the
     # prepared ids were taken.
     assert calls["spliced_at_once"] == (2 if interleaved else 1)
+    # Its events were made a slice at a time too, and made anew only when the ids were
+    # taken (`Engine.register`'s `prepared`).
+    assert (count in made_by_engine) == interleaved
     assert len(answer) == count
     assert sorted(stored.events, key=lambda e: e.id) == answer
     assert [e.type for e in answer] == [e.type for e in big]

@@ -13,7 +13,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 EventType = tuple[str, ...]
@@ -126,6 +126,30 @@ def timestamp_from_us(value: int) -> Timestamp:
 
 def now() -> Timestamp:
     return timestamp_from_us(time.time_ns() // 1000)
+
+
+def registered_events(
+    events: Sequence[RegisterEvent], first: EventId, ts: Timestamp
+) -> list[Event]:
+    """The `Event` each of `events` becomes when registered as one session from id
+    `first` on, all at time `ts` (consecutive instances)."""
+    server, session, instance = first
+    # tuple.__new__: a NamedTuple's generated __new__ is a Python call per object, two
+    # per event here (~0.4 µs each at batch 100).
+    new = tuple.__new__
+    return [
+        new(
+            Event,
+            (
+                new(EventId, (server, session, instance + i)),
+                e.type,
+                ts,
+                e.source_timestamp,
+                e.payload,
+            ),
+        )
+        for i, e in enumerate(events)
+    ]
 
 
 def natural_key(event: Event) -> tuple[int, int, int, int]:

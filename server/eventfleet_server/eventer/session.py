@@ -37,6 +37,7 @@ from eventfleet_server.eventer.wire import (
     event_elements,
     register_res,
     register_res_parts,
+    registered_events_sliced,
     splice_elements_sliced,
 )
 from eventfleet_server.listener import RejectReason
@@ -253,8 +254,10 @@ class EventerSession:
         # registration is about to get (spliced at once, as for small requests, if
         # another registration took those meanwhile).
         first, ts_us = self._engine.next_registration()
-        prepared = await splice_elements_sliced(msg.data, spans, first, timestamp_from_us(ts_us))
-        fut = self._submit(msg, events, spans, (first, ts_us, prepared))
+        ts = timestamp_from_us(ts_us)
+        prepared = await splice_elements_sliced(msg.data, spans, first, ts)
+        created = await registered_events_sliced(events, first, ts)
+        fut = self._submit(msg, events, spans, (first, ts_us, prepared), created)
         if fut is not None and msg.last and len(events) > CHUNK_EVENTS:
             # No answer to wait for: still, the next request waits for this commit, so
             # a client cannot queue uncommitted batches faster than the disk takes them.
@@ -277,10 +280,11 @@ class EventerSession:
         events: list,
         spans: list[tuple[int, int, int]],
         prepared: tuple[EventId, int, list[bytes] | None] | None = None,
+        created: list[Event] | None = None,
     ) -> asyncio.Future | None:
         """Hand decoded events to the engine; the answer leaves after their commit.
         `prepared`: the first id and time (µs) `Engine.next_registration` gave and the
-        stored bytes spliced for them."""
+        stored bytes spliced for them; `created`: the events made for them."""
         if self.conn.is_closed:
             return None
         wants_response = not msg.last
@@ -327,6 +331,7 @@ class EventerSession:
                 encode=encode,
                 done=done,
                 timestamp_us=None if prepared is None else prepared[1],
+                prepared=created,
             )
         except EngineError as e:
             self._register_failed(

@@ -39,6 +39,7 @@ from eventfleet_server.common.model import (
     RegisterEvent,
     Timestamp,
     check_register_event,
+    registered_events,
 )
 from eventfleet_server.common.sbsguard import SbsBoundsError, check_bounds
 from eventfleet_server.common.sbsint import SbsIntError, encode_int, read_int
@@ -438,6 +439,25 @@ async def splice_elements_sliced(
         if part is None:
             return None
         out.extend(part)
+    return out
+
+
+async def registered_events_sliced(
+    events: list[RegisterEvent], first: EventId, ts: Timestamp
+) -> list[Event]:
+    """`registered_events` a slice of `CHUNK_EVENTS` at a time, yielding to the loop
+    between slices (for `Engine.register`'s `prepared`): making a maximal request's
+    10,000 events at once held the loop 10-40 ms, a young-generation collection
+    included."""
+    out: list[Event] = []
+    for lo in range(0, len(events), CHUNK_EVENTS):
+        if lo:
+            await asyncio.sleep(0)
+        out.extend(
+            registered_events(
+                events[lo : lo + CHUNK_EVENTS], first._replace(instance=first.instance + lo), ts
+            )
+        )
     return out
 
 
