@@ -24,7 +24,8 @@ Integer index and the chosen value (None: nothing).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -422,6 +423,25 @@ def splice_elements(
     return out
 
 
+async def _by_slices(
+    make: Callable[[list, EventId, Timestamp], list | None],
+    items: list,
+    first: EventId,
+    ts: Timestamp,
+) -> list | None:
+    """``make(items, first, ts)`` a slice of `CHUNK_EVENTS` at a time, each slice with its
+    own first id, yielding to the loop between slices; None if a slice gives None."""
+    out: list = []
+    for lo in range(0, len(items), CHUNK_EVENTS):
+        if lo:
+            await asyncio.sleep(0)
+        part = make(items[lo : lo + CHUNK_EVENTS], first._replace(instance=first.instance + lo), ts)
+        if part is None:
+            return None
+        out.extend(part)
+    return out
+
+
 async def splice_elements_sliced(
     request: bytes, spans: list[tuple[int, int, int]], first: EventId, ts: Timestamp
 ) -> list[bytes] | None:
@@ -429,17 +449,7 @@ async def splice_elements_sliced(
     between slices: a maximal request's (10,000 events, 16 MiB) never holds the loop for
     long. For a registration whose ids and timestamp are known before it is made
     (`Engine.next_registration`)."""
-    out: list[bytes] = []
-    for lo in range(0, len(spans), CHUNK_EVENTS):
-        if lo:
-            await asyncio.sleep(0)
-        part = splice_elements(
-            request, spans[lo : lo + CHUNK_EVENTS], first._replace(instance=first.instance + lo), ts
-        )
-        if part is None:
-            return None
-        out.extend(part)
-    return out
+    return await _by_slices(functools.partial(splice_elements, request), spans, first, ts)
 
 
 async def registered_events_sliced(
@@ -449,16 +459,7 @@ async def registered_events_sliced(
     between slices (for `Engine.register`'s `prepared`): making a maximal request's
     10,000 events at once held the loop 10-40 ms, a young-generation collection
     included."""
-    out: list[Event] = []
-    for lo in range(0, len(events), CHUNK_EVENTS):
-        if lo:
-            await asyncio.sleep(0)
-        out.extend(
-            registered_events(
-                events[lo : lo + CHUNK_EVENTS], first._replace(instance=first.instance + lo), ts
-            )
-        )
-    return out
+    return await _by_slices(registered_events, events, first, ts)  # type: ignore[return-value]
 
 
 def register_res(elements: list[bytes]) -> bytes:
