@@ -1,12 +1,18 @@
-"""The project's one C extension; everything else about the package is in pyproject.toml.
+"""The project's two C extensions; everything else about the package is in pyproject.toml.
 
 Here and not in pyproject.toml's ``[tool.setuptools] ext-modules``, which setuptools still
 calls experimental (and says so on every install).
 
-``bus/_zmqio.c`` holds the Event BUS's per-event ZeroMQ loops (docs/decisions.md, "One C
-extension"). Optional: a machine without a C compiler still installs, and the BUS
-falls back to pyzmq (the replica logs which it uses;
-tests/unit/test_bus_zmqio.py fails when it was not built). The server image compiles it
+Both are hot loops of the replica (docs/decisions.md, "Two small C extensions"):
+
+- ``bus/_zmqio.c``: the Event BUS's per-event ZeroMQ loops; without it the BUS falls
+  back to pyzmq (the replica logs which it uses; tests/unit/test_bus_zmqio.py fails when
+  it was not built).
+- ``syncer/_rows.c``: the Syncer's walk of a received MsgEvents into merge rows; without
+  it ``syncer/rows.py`` walks in Python, with the same result
+  (tests/unit/test_syncer_rows_c.py fails when it was not built).
+
+Optional: a machine without a C compiler still installs. The server image compiles both
 (images/server.Dockerfile).
 """
 
@@ -18,6 +24,11 @@ setup(
             "eventfleet_server.bus._zmqio",
             sources=["server/eventfleet_server/bus/_zmqio.c"],
             optional=True,
-        )
+        ),
+        Extension(
+            "eventfleet_server.syncer._rows",
+            sources=["server/eventfleet_server/syncer/_rows.c"],
+            optional=True,
+        ),
     ]
 )

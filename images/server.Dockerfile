@@ -10,8 +10,9 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A C compiler for the project's one C extension (the Event BUS's frame loops,
-# server/eventfleet_server/bus/_zmqio.c), and Python's headers where the base lacks them
+# A C compiler for the project's two C extensions (the Event BUS's frame loops,
+# server/eventfleet_server/bus/_zmqio.c, and the Syncer's walk of received events,
+# server/eventfleet_server/syncer/_rows.c), and Python's headers where the base lacks them
 # (python:3.11-slim has them; Debian's python3 needs python3-dev). This stage only: the
 # runtime stage gets the built venv. Every dependency ships a manylinux wheel.
 RUN apt-get update -q \
@@ -28,9 +29,9 @@ COPY server/ server/
 COPY operator/ operator/
 COPY spark/ spark/
 RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]" \
- # The extension is optional in setup.py (a machine without a compiler still
- # installs); this image never ships without it.
- && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._zmqio"
+ # The extensions are optional in setup.py (a machine without a compiler still
+ # installs); this image never ships without them.
+ && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._zmqio, eventfleet_server.syncer._rows"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet server" \

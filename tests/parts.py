@@ -32,7 +32,9 @@ PARTS = {
     "spark": "pyspark and pyarrow (the `spark` extra: ./scripts/bootstrap ...,spark)",
     "uvloop": "uvloop (the `server` extra, on CPython/Linux)",
     "cc": "a C compiler (gcc): the install builds the Event BUS's C frame loops "
-    "(server/eventfleet_server/bus/_zmqio.c); without it the BUS falls back to pyzmq",
+    "(server/eventfleet_server/bus/_zmqio.c) and the Syncer's C walk of received events "
+    "(server/eventfleet_server/syncer/_rows.c); without it the BUS falls back to pyzmq "
+    "and the Syncer to its Python walk",
     "mounts": "root, mount/losetup (util-linux), mkfs.ext4/e2fsck (e2fsprogs): the real "
     "storage-fault tests mount tmpfs and loop ext4 file systems",
 }
