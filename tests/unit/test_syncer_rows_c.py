@@ -385,6 +385,9 @@ def test_only_bytes():
             _c.walk(other, 1, {})
     with pytest.raises(TypeError):
         _c.walk(data, "1", {})
+    # decode_rows takes any bytes-like message (as bytes), with the same rows.
+    types = warm(data)
+    assert decode_rows(bytearray(data), 1, types) == decode_rows(data, 1, types, use_c=False)
 
 
 # -- references ---------------------------------------------------------------------------

@@ -60,6 +60,8 @@ def decode_rows(
     Python walk only). Raises `ProtocolError` naming the bad event and value.
     `use_c=False`: the Python walk alone (the tests compare the two).
     """
+    if type(data) is not bytes:
+        data = bytes(data)  # both walks slice it into the cache's bytes keys
     if use_c and _c is not None:
         rows = _c.walk(data, server_id, types)
         if rows is not None:
