@@ -1,9 +1,9 @@
-"""The project's two C extensions; everything else about the package is in pyproject.toml.
+"""The project's three C extensions; everything else about the package is in pyproject.toml.
 
 Here and not in pyproject.toml's ``[tool.setuptools] ext-modules``, which setuptools still
 calls experimental (and says so on every install).
 
-Both are hot loops of the replica (docs/decisions.md, "Two small C extensions"):
+All three are hot loops of the replica (docs/decisions.md, "Three small C extensions"):
 
 - ``bus/_zmqio.c``: the Event BUS's per-event ZeroMQ loops; without it the BUS falls
   back to pyzmq (the replica logs which it uses; tests/unit/test_bus_zmqio.py fails when
@@ -11,8 +11,11 @@ Both are hot loops of the replica (docs/decisions.md, "Two small C extensions"):
 - ``syncer/_rows.c``: the Syncer's walk of a received MsgEvents into merge rows; without
   it ``syncer/rows.py`` walks in Python, with the same result
   (tests/unit/test_syncer_rows_c.py fails when it was not built).
+- ``eventer/_register.c``: the Eventer's decode of a one-slice MsgRegisterReq into
+  events; without it ``eventer/wire.py`` walks and decodes in Python, with the same
+  result (tests/unit/test_eventer_register_c.py fails when it was not built).
 
-Optional: a machine without a C compiler still installs. The server image compiles both
+Optional: a machine without a C compiler still installs. The server image compiles all three
 (images/server.Dockerfile).
 """
 
@@ -28,6 +31,11 @@ setup(
         Extension(
             "eventfleet_server.syncer._rows",
             sources=["server/eventfleet_server/syncer/_rows.c"],
+            optional=True,
+        ),
+        Extension(
+            "eventfleet_server.eventer._register",
+            sources=["server/eventfleet_server/eventer/_register.c"],
             optional=True,
         ),
     ]

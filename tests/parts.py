@@ -32,9 +32,10 @@ PARTS = {
     "spark": "pyspark and pyarrow (the `spark` extra: ./scripts/bootstrap ...,spark)",
     "uvloop": "uvloop (the `server` extra, on CPython/Linux)",
     "cc": "a C compiler (gcc): the install builds the Event BUS's C frame loops "
-    "(server/eventfleet_server/bus/_zmqio.c) and the Syncer's C walk of received events "
-    "(server/eventfleet_server/syncer/_rows.c); without it the BUS falls back to pyzmq "
-    "and the Syncer to its Python walk",
+    "(server/eventfleet_server/bus/_zmqio.c), the Syncer's C walk of received events "
+    "(server/eventfleet_server/syncer/_rows.c) and the Eventer's C decode of register "
+    "requests (server/eventfleet_server/eventer/_register.c); without it the BUS falls "
+    "back to pyzmq, the Syncer to its Python walk and the Eventer to its Python decode",
     "mounts": "root, mount/losetup (util-linux), mkfs.ext4/e2fsck (e2fsprogs): the real "
     "storage-fault tests mount tmpfs and loop ext4 file systems",
 }
