@@ -18,7 +18,7 @@ every event of the stream's server id and of the first event's session, ids in
 truncated and nothing after the last event. Nothing of a message that fails is stored:
 the stream is closed instead.
 
-The same walk in C (`_rows.c`, docs/decisions.md "Two small C extensions") runs first:
+The same walk in C (`_rows.c`, docs/decisions.md "Three small C extensions") runs first:
 `_walk` costs ~4 µs of Python per event in a catch-up, about a fifth of the receiving
 replica's CPU, and the C walk is ~6 times faster. It gives exactly the rows `_walk`
 gives, or None for anything off its fast path (bad or truncated data, a type not yet in
