@@ -43,9 +43,15 @@ _CLASSES = (RegisterEvent, Timestamp, EventPayloadJson, EventPayloadBinary)
 
 @pytest.fixture(autouse=True)
 def c_decode(request):
-    """The C decode, or a skip: `test_the_c_decode_is_built` fails instead when missing."""
+    """The C decode; without it each test fails through part `cc` (as
+    `test_the_c_decode_is_built`)."""
     if _c is None and request.function is not test_the_c_decode_is_built:
-        pytest.skip("eventer/_register.c was not built (test_the_c_decode_is_built fails on it)")
+        parts.skip_missing(
+            "cc",
+            "the Eventer decodes register requests in Python only (eventer/_register.c "
+            "was not built)",
+            "install a C compiler and reinstall: ./scripts/bootstrap",
+        )
     return _c
 
 
