@@ -15,11 +15,16 @@ All three are hot loops of the replica (docs/decisions.md, "Three small C extens
   events; without it ``eventer/wire.py`` walks and decodes in Python, with the same
   result (tests/unit/test_eventer_register_c.py fails when it was not built).
 
+The last two read untrusted SBS with the readers of ``common/sbs_read.h`` (a header,
+listed in their ``depends`` so that a change to it rebuilds them).
+
 Optional: a machine without a C compiler still installs. The server image compiles all three
 (images/server.Dockerfile).
 """
 
 from setuptools import Extension, setup
+
+_SBS_READ = "server/eventfleet_server/common/sbs_read.h"
 
 setup(
     ext_modules=[
@@ -31,11 +36,13 @@ setup(
         Extension(
             "eventfleet_server.syncer._rows",
             sources=["server/eventfleet_server/syncer/_rows.c"],
+            depends=[_SBS_READ],
             optional=True,
         ),
         Extension(
             "eventfleet_server.eventer._register",
             sources=["server/eventfleet_server/eventer/_register.c"],
+            depends=[_SBS_READ],
             optional=True,
         ),
     ]

@@ -1,4 +1,5 @@
-"""Events to encode and decode in the Syncer's wire and merge-row tests."""
+"""Events to encode and decode in the Syncer's wire and merge-row tests, and SBS bytes
+the encoders refuse to write."""
 
 from __future__ import annotations
 
@@ -44,3 +45,17 @@ def varied(n: int, session: int | None = 7) -> list[Event]:
             )
         )
     return out
+
+
+def sbs_int(n: int) -> bytes:
+    """Any int as an SBS Integer, also beyond 64 bits (the encoder refuses what no int64
+    holds): for the decoders' bounds."""
+    groups = []
+    while True:
+        groups.append(n & 0x7F)
+        n >>= 7
+        if n == (-1 if groups[-1] & 0x40 else 0):
+            break
+    groups.reverse()
+    groups[-1] |= 0x80
+    return bytes(groups)

@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 
 from tests import parts
 from tests.fuzz.test_decoders import mutated, register_events
+from tests.sample_events import sbs_int
 
 _c = wire._c
 LIMITS = RegisterLimits()
@@ -271,19 +272,6 @@ def test_repeated_types_and_timestamps_are_equal_objects_of_their_values():
     check_valid(events)
 
 
-def _sbs_int(n: int) -> bytes:
-    """Any int as an SBS Integer (the encoder refuses what no int64 holds)."""
-    groups = []
-    while True:
-        groups.append(n & 0x7F)
-        n >>= 7
-        if n == (-1 if groups[-1] & 0x40 else 0):
-            break
-    groups.reverse()
-    groups[-1] |= 0x80
-    return bytes(groups)
-
-
 @pytest.mark.parametrize(
     "s",
     [
@@ -298,7 +286,7 @@ def _sbs_int(n: int) -> bytes:
     ],
 )
 def test_integers_at_and_beyond_int64(s):
-    for tail in [_sbs_int(s) + b"\x80", b"\x80" + _sbs_int(s)]:
+    for tail in [sbs_int(s) + b"\x80", b"\x80" + sbs_int(s)]:
         data = b"\x81\x81\x81a\x81" + tail + b"\x80"
         got = check(data)
         assert (got is not None) == (-_I64 - 1 <= s <= _I64)

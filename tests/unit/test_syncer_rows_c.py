@@ -30,7 +30,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import parts
-from tests.sample_events import ev, varied
+from tests.sample_events import ev, sbs_int, varied
 from tests.unit.test_syncer_rows import expected_rows
 
 _c = rows_module._c
@@ -302,19 +302,6 @@ def test_ids_and_timestamps_at_the_bounds(events):
     check(data, 1, warm(data))
 
 
-def _sbs_int(n: int) -> bytes:
-    """Any int as an SBS Integer (the encoder refuses what no int64 holds)."""
-    groups = []
-    while True:
-        groups.append(n & 0x7F)
-        n >>= 7
-        if n == (-1 if groups[-1] & 0x40 else 0):
-            break
-    groups.reverse()
-    groups[-1] |= 0x80
-    return bytes(groups)
-
-
 @pytest.mark.parametrize(
     ("session", "instance", "sts_s"),
     [
@@ -331,14 +318,14 @@ def _sbs_int(n: int) -> bytes:
 def test_integers_beyond_int64(session, instance, sts_s):
     element = codec.encode_event(ev()._replace(source_timestamp=Timestamp(7, 1)))
     assert element[:3] == b"\x81\x81\x81" and element.endswith(b"\x81\x87\x81\x80")
-    assert _sbs_int(1) == b"\x81" and _sbs_int(MAX_ID) == encode_int(MAX_ID)
+    assert sbs_int(1) == b"\x81" and sbs_int(MAX_ID) == encode_int(MAX_ID)
     element = (
         b"\x81"
-        + _sbs_int(session)
-        + _sbs_int(instance)
+        + sbs_int(session)
+        + sbs_int(instance)
         + element[3:-4]
         + b"\x81"
-        + _sbs_int(sts_s)
+        + sbs_int(sts_s)
         + b"\x81\x80"
     )
     data = codec.events_array([element])

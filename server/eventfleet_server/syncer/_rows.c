@@ -21,6 +21,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "../common/sbs_read.h" /* cursor, read_int, read_len, decode_text */
+
 /* rows.py's constants: ids are stored as SQLite 64-bit integers (wire.MAX_ID), and
  * the cheap timestamp bounds of `_us`. */
 #define US 1000000
@@ -38,52 +40,6 @@
  * is a memcmp against its earlier bytes instead of a bytes object and a dict lookup. */
 #define TYPE_SLOTS 8
 
-typedef struct {
-    const unsigned char *buf;
-    Py_ssize_t pos, end;
-} cursor;
-
-/* The SBS Integer at the cursor (sbsint.read_int's rule: big-endian 7-bit groups, the
- * last with 0x80 set, the sign in bit 0x40 of the first byte, at most 10 bytes), if it
- * fits an int64. 0, or -1 when truncated, too long or too large (off the fast path). */
-static inline int
-read_int(cursor *c, int64_t *out)
-{
-    if (c->pos >= c->end)
-        return -1;
-    unsigned char b = c->buf[c->pos];
-    if ((b & 0xC0) == 0x80) { /* one non-negative byte, nearly always */
-        c->pos++;
-        *out = b & 0x3F;
-        return 0;
-    }
-    Py_ssize_t last = c->end - c->pos > 10 ? c->pos + 10 : c->end;
-    int64_t v = (b & 0x40) ? -1 : 0;
-    for (Py_ssize_t p = c->pos; p < last; p++) {
-        b = c->buf[p];
-        if (v > INT64_MAX / 128 || v < INT64_MIN / 128)
-            return -1;
-        v = v * 128 + (b & 0x7F); /* == (v << 7) | group, without shifting a negative */
-        if (b & 0x80) {
-            c->pos = p + 1;
-            *out = v;
-            return 0;
-        }
-    }
-    return -1;
-}
-
-/* A length or count: non-negative and within the bytes left. */
-static inline int
-read_len(cursor *c, Py_ssize_t *out)
-{
-    int64_t v;
-    if (read_int(c, &v) < 0 || v < 0 || v > c->end - c->pos)
-        return -1;
-    *out = (Py_ssize_t)v;
-    return 0;
-}
-
 /* A Timestamp {s, us} in microseconds, within `_us`'s cheap bounds (`_us` decides the
  * rest, near the edges of the storable range). */
 static inline int
@@ -98,18 +54,6 @@ read_timestamp(cursor *c, int64_t *out)
     return 0;
 }
 
-/* A str of the `n` UTF-8 bytes at `p`; NULL with *off set when they are not valid UTF-8
- * (no Python error left set), NULL with a Python error otherwise. */
-static PyObject *
-decode_text(const unsigned char *p, Py_ssize_t n, int *off)
-{
-    PyObject *s = PyUnicode_DecodeUTF8((const char *)p, n, NULL);
-    if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) {
-        PyErr_Clear();
-        *off = 1;
-    }
-    return s;
-}
 
 typedef struct {
     Py_ssize_t start, size; /* the encoded type, in the message */
@@ -337,7 +281,7 @@ rows_walk(PyObject *Py_UNUSED(self), PyObject *args)
         return NULL;
     walk_state w = {.types = types, .server_id = sid};
     int off = 0;
-    event e;
+    event e = {0}; /* every field is set before use; zeroed for the compiler's flow analysis */
     for (Py_ssize_t i = 0; i < (Py_ssize_t)count; i++) {
         if (parse_event(&c, &w, i, &e) < 0) {
             off = 1;
