@@ -8,7 +8,9 @@ in order, and stops at the first failure with a line saying what is wrong:
 2. the operator Deployment has all its replicas available (replicaCount 0 is a failure:
    nothing reconciles);
 3. each running operator pod answers GET /healthz on the health port (Kopf's liveness
-   endpoint, the same one the kubelet probes).
+   endpoint, the same one the kubelet probes). A pod being deleted is left out: right
+   after an upgrade or a reinstall the old pod still reads "Running" while its network
+   is already gone, and it no longer serves anything.
 
 Settings come from the environment the chart's test pod sets.
 """
@@ -81,7 +83,14 @@ def main():
 
     query = urllib.parse.urlencode({"labelSelector": SELECTOR})
     pods = (api(f"/api/v1/namespaces/{NAMESPACE}/pods?{query}") or {}).get("items", [])
-    running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+    running = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") != "Running":
+            continue
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            print(f"skipped: operator pod {pod['metadata']['name']} is being deleted", flush=True)
+            continue
+        running.append(pod)
     if not running:
         fail(f"no running operator pod matches {SELECTOR} in {NAMESPACE}")
     for pod in running:

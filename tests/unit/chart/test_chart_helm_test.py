@@ -94,6 +94,7 @@ class StandIn:
         self.served = ["eventservers", "eventserverbackups"]
         self.available = 1
         self.healthy = True
+        self.terminating = False  # an old operator pod, being deleted, listed first
         self.requests: list[str] = []
         self.sa_dir = tmp / "sa"
         self.sa_dir.mkdir()
@@ -138,7 +139,18 @@ class StandIn:
                 "metadata": {"name": "ef-eventfleet-operator-abc"},
                 "status": {"phase": "Running", "podIP": "127.0.0.1"},
             }
-            return 200, {"kind": "PodList", "items": [pod]}
+            items = [pod]
+            if self.terminating:
+                # Its network is gone: nothing answers on 127.0.0.2 (refused at once).
+                old = {
+                    "metadata": {
+                        "name": "ef-eventfleet-operator-old",
+                        "deletionTimestamp": "2026-11-30T02:48:00Z",
+                    },
+                    "status": {"phase": "Running", "podIP": "127.0.0.2"},
+                }
+                items = [old, pod]
+            return 200, {"kind": "PodList", "items": items}
         return 404, {"kind": "Status", "code": 404}
 
     def run(self, pod) -> subprocess.CompletedProcess:
@@ -181,6 +193,17 @@ def test_script_passes_when_everything_answers(hooks, stand_in):
         f"http://127.0.0.1:{stand_in.port}/healthz",
     ]
     assert stand_in.requests[-1] == "/healthz"
+
+
+def test_script_leaves_out_a_pod_being_deleted(hooks, stand_in):
+    # Right after an upgrade or a reinstall the old pod still reads Running (seen on the
+    # real cluster: its /healthz gave "No route to host" and the test failed).
+    stand_in.terminating = True
+    proc = stand_in.run(one(hooks[0], "Pod"))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert "skipped: operator pod ef-eventfleet-operator-old is being deleted" in lines
+    assert lines[-1].startswith("ok: operator pod ef-eventfleet-operator-abc answers")
 
 
 @pytest.mark.parametrize(
