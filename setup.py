@@ -1,9 +1,9 @@
-"""The project's three C extensions; everything else about the package is in pyproject.toml.
+"""The project's four C extensions; everything else about the package is in pyproject.toml.
 
 Here and not in pyproject.toml's ``[tool.setuptools] ext-modules``, which setuptools still
 calls experimental (and says so on every install).
 
-All three are hot loops of the replica (docs/decisions.md, "Three small C extensions"):
+All four are hot loops of the replica (docs/decisions.md, "Four small C extensions"):
 
 - ``bus/_zmqio.c``: the Event BUS's per-event ZeroMQ loops; without it the BUS falls
   back to pyzmq (the replica logs which it uses; tests/unit/test_bus_zmqio.py fails when
@@ -14,11 +14,14 @@ All three are hot loops of the replica (docs/decisions.md, "Three small C extens
 - ``eventer/_register.c``: the Eventer's decode of a one-slice MsgRegisterReq into
   events; without it ``eventer/wire.py`` walks and decodes in Python, with the same
   result (tests/unit/test_eventer_register_c.py fails when it was not built).
+- ``chatter/_frame.c``: the parse of each received chatter message and the head of each
+  sent one; without it ``chatter/connection.py`` does both in Python, with the same
+  messages and bytes (tests/unit/test_chatter_frame_c.py fails when it was not built).
 
-The last two read untrusted SBS with the readers of ``common/sbs_read.h`` (a header,
+The last three read untrusted SBS with the readers of ``common/sbs_read.h`` (a header,
 listed in their ``depends`` so that a change to it rebuilds them).
 
-Optional: a machine without a C compiler still installs. The server image compiles all three
+Optional: a machine without a C compiler still installs. The server image compiles all four
 (images/server.Dockerfile).
 """
 
@@ -42,6 +45,12 @@ setup(
         Extension(
             "eventfleet_server.eventer._register",
             sources=["server/eventfleet_server/eventer/_register.c"],
+            depends=[_SBS_READ],
+            optional=True,
+        ),
+        Extension(
+            "eventfleet_server.chatter._frame",
+            sources=["server/eventfleet_server/chatter/_frame.c"],
             depends=[_SBS_READ],
             optional=True,
         ),

@@ -10,10 +10,11 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# A C compiler for the project's three C extensions (the Event BUS's frame loops,
+# A C compiler for the project's four C extensions (the Event BUS's frame loops,
 # server/eventfleet_server/bus/_zmqio.c, the Syncer's walk of received events,
-# server/eventfleet_server/syncer/_rows.c, and the Eventer's decode of register requests,
-# server/eventfleet_server/eventer/_register.c), and Python's headers where the base lacks them
+# server/eventfleet_server/syncer/_rows.c, the Eventer's decode of register requests,
+# server/eventfleet_server/eventer/_register.c, and the chatter frame's parse and head,
+# server/eventfleet_server/chatter/_frame.c), and Python's headers where the base lacks them
 # (python:3.11-slim has them; Debian's python3 needs python3-dev). This stage only: the
 # runtime stage gets the built venv. Every dependency ships a manylinux wheel.
 RUN apt-get update -q \
@@ -32,7 +33,7 @@ COPY spark/ spark/
 RUN pip --python /opt/eventfleet/venv/bin/python install --no-cache-dir --compile ".[server,backup]" \
  # The extensions are optional in setup.py (a machine without a compiler still
  # installs); this image never ships without them.
- && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._zmqio, eventfleet_server.syncer._rows, eventfleet_server.eventer._register"
+ && /opt/eventfleet/venv/bin/python -c "import eventfleet_server.bus._zmqio, eventfleet_server.syncer._rows, eventfleet_server.eventer._register, eventfleet_server.chatter._frame"
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="eventfleet server" \

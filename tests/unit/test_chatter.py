@@ -69,11 +69,16 @@ async def test_listener_port_is_known_after_stop():
     assert listener.port == port
 
 
-def test_hand_built_frames_are_the_codecs_and_parse_back():
-    """`send` builds frames without the C codec and `_read` parses them by hand: both
-    must be byte for byte what hat's chatter (the C codec) writes and reads."""
+@pytest.mark.parametrize("c_frame", [True, False], ids=["c-frame", "python-frame"])
+def test_hand_built_frames_are_the_codecs_and_parse_back(c_frame, monkeypatch):
+    """`send` builds frames without hat's C codec and `_read` parses them by hand (in
+    our C, `chatter/_frame.c`, and in Python): both must be byte for byte what hat's
+    chatter (its C codec) writes and reads."""
     from eventfleet_server.chatter.connection import _frame_head, parse_msg
     from eventfleet_server.common.codec import repo
+
+    if not c_frame:
+        monkeypatch.setattr(connection_module, "_c", None)
 
     for msg_id in (1, 63, 64, 127, 128, 8191, 8192, 2**40 + 3):
         for first in (1, 64, msg_id):
@@ -187,13 +192,25 @@ async def test_large_frames_split_anywhere_arrive_whole_and_in_order(monkeypatch
     whole-frame parse (three copies of it in one loop callback: a 16 MiB request held
     the loop ~40 ms when its frame began at the end of a read)."""
     parsed_whole: list[int] = []
-    parse_msg = connection_module.parse_msg
+    parse_python = connection_module._parse_msg_python
 
     def parse_counted(body):
         parsed_whole.append(len(body))
-        return parse_msg(body)
+        return parse_python(body)
 
-    monkeypatch.setattr(connection_module, "parse_msg", parse_counted)
+    monkeypatch.setattr(connection_module, "_parse_msg_python", parse_counted)
+    c_frame = connection_module._c
+    if c_frame is not None:  # the C parse of whole frames, counted the same way
+
+        class Counted:
+            @staticmethod
+            def parse(buf, start, end):
+                parsed_whole.append(end - start)
+                return c_frame.parse(buf, start, end)
+
+            head = staticmethod(c_frame.head)
+
+        monkeypatch.setattr(connection_module, "_c", Counted)
     rng = random.Random(5)
     payloads = [rng.randbytes(n) for n in (200_000, 70_000, 10, 1_000_000, 65_537, 3)]
     frames = [_frame(i + 1, f"T.Big{i}", data) for i, data in enumerate(payloads)]

@@ -239,7 +239,9 @@ class Connection(asyncio.Protocol):
                 self._keep(data[pos:], end - pos)
                 return
             try:
-                msg = parse_msg(data[head:end])
+                msg = _c.parse(data, head, end) if _c is not None else None
+                if msg is None:
+                    msg = _parse_msg_python(data[head:end])
             except Exception as e:
                 self._frame_error(FrameError(f"undecodable chatter message: {e}"))
                 return
@@ -522,7 +524,15 @@ def parse_msg(body: bytes) -> Msg:
     replaces the C decoder's dict of dicts and a schema lookup per message (every
     request pays it) and, for large bodies, a whole-message pass holding the GIL.
     Raises `SbsIntError` (a ValueError) or `UnicodeDecodeError` for bytes that are not
-    one message."""
+    one message. Parsed in C when it is built (`_frame.c`), the same `Msg`."""
+    if _c is not None:
+        msg = _c.parse(body, 0, len(body))
+        if msg is not None:
+            return msg
+    return _parse_msg_python(body)
+
+
+def _parse_msg_python(body: bytes) -> Msg:
     fields, pos = _parse_head(body, 0, len(body))
     return Msg(data=body[pos:], **fields)
 
@@ -573,6 +583,10 @@ def _frame_head(
     if encoded_type is None:
         raw = msg_type.encode()
         encoded_type = _TYPE_BYTES.setdefault(msg_type, encode_int(len(raw)) + raw)
+    if _c is not None:
+        head = _c.head(msg_id, first, owner, token, last, encoded_type, size)
+        if head is not None:
+            return head
     body = b"".join(
         (
             encode_int(msg_id),
@@ -587,6 +601,16 @@ def _frame_head(
     total = len(body) + size
     total_bytes = total.to_bytes(max((total.bit_length() + 7) // 8, 1), "big")
     return bytes((len(total_bytes),)) + total_bytes + body
+
+
+try:
+    # The parse and the head above in C (`_frame.c`): the same messages and bytes, or
+    # None for what only the Python code judges (errors, integers beyond 64 bits).
+    from eventfleet_server.chatter import _frame as _c
+
+    _c.setup(Msg, Conversation)
+except ImportError:  # not built (no C compiler): the Python code alone
+    _c = None
 
 
 ConnectionCb = Callable[[Connection], Awaitable[None]]
