@@ -33,8 +33,9 @@ def make_events(n: int, start: int = 1) -> list[Event]:
 
 
 class FailingCommit:
-    """The writer's sqlite3 connection, whose COMMIT fails as on a device that fails
-    its writes; everything else passes through."""
+    """The writer's sqlite3 connection, whose commits fail as on a device that fails
+    its writes: a COMMIT, and an INSERT outside a transaction (a one-row write is its
+    own transaction, `Storage._insert_alone`); everything else passes through."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
@@ -43,7 +44,7 @@ class FailingCommit:
         return getattr(self._conn, name)
 
     def execute(self, sql: str, *args):
-        if sql == "COMMIT":
+        if sql == "COMMIT" or (sql.startswith("INSERT") and not self._conn.in_transaction):
             raise sqlite3.OperationalError("disk I/O error")
         return self._conn.execute(sql, *args)
 
