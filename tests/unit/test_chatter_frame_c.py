@@ -5,10 +5,7 @@ head gives exactly the Python head's bytes or None (the Python code then takes i
 
 from __future__ import annotations
 
-import gc
 import random
-import sys
-import tracemalloc
 
 import pytest
 from eventfleet_server.chatter import connection
@@ -18,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import parts
+from tests.leaks import assert_no_leak
 
 _c = connection._c
 
@@ -261,16 +259,4 @@ def test_no_reference_or_memory_is_leaked():
             _c.head(7, 7, True, True, True, b"\x81T", 100)
             _c.head(-1, 7, True, True, True, b"\x81T", 100)
 
-    run(50)  # warm up every cache of the interpreter
-    gc.collect()
-    counts = [sys.getrefcount(cls) for cls in (Msg, Conversation)]
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        run(500)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert grown < 10_000, f"{grown} bytes more after 3,500 calls"
-    assert [sys.getrefcount(cls) for cls in (Msg, Conversation)] == counts
+    assert_no_leak(run, (Msg, Conversation), "parses and heads")

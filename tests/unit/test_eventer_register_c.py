@@ -7,11 +7,8 @@ path)."""
 
 from __future__ import annotations
 
-import gc
 import pathlib
 import random
-import sys
-import tracemalloc
 
 import pytest
 from eventfleet_server.common import codec
@@ -35,6 +32,7 @@ from hypothesis import strategies as st
 
 from tests import parts
 from tests.fuzz.test_decoders import mutated, register_events
+from tests.leaks import assert_no_leak
 from tests.sample_events import sbs_int
 
 _c = wire._c
@@ -486,17 +484,4 @@ def test_no_reference_or_memory_is_leaked():
             for data in inputs:
                 c(data)
 
-    run(50)  # warm up every cache of the interpreter
-    # Every instance holds its class: counted once earlier tests' garbage is gone.
-    gc.collect()
-    counts = [sys.getrefcount(cls) for cls in _CLASSES]
-    tracemalloc.start()
-    try:
-        before = tracemalloc.get_traced_memory()[0]
-        run(300)
-        gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
-    finally:
-        tracemalloc.stop()
-    assert grown < 10_000, f"{grown} bytes more after 2,100 decodes"
-    assert [sys.getrefcount(cls) for cls in _CLASSES] == counts
+    assert_no_leak(run, _CLASSES, "decodes of 7 requests")
