@@ -9,7 +9,7 @@ pyzmq otherwise, with the same result.
   data))`` as one six-frame message, never waiting. C: ~0.7 µs per BROADCAST; pyzmq:
   ~3 µs (a Python call per frame).
 
-The C module is `_zmqio` (`_zmqio.c`, docs/decisions.md "Three small C extensions"). It is
+The C module is `_zmqio` (`_zmqio.c`, docs/decisions.md "Four small C extensions"). It is
 bound to the libzmq that pyzmq loaded, so it works on pyzmq's own sockets. When it is
 missing (no compiler at install) or cannot be bound, both fall back to pyzmq; `kind` and
 `describe` say which, and the server logs it at start. Socket errors raise

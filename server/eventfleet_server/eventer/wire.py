@@ -16,7 +16,7 @@ segment length, payload bytes) before any decoding, then the C decoder decodes a
 bounded slice of elements at a time and the caller yields to the loop between slices.
 
 A request that fits one slice (nearly all) is first decoded in C (`_register.c`,
-docs/decisions.md "Three small C extensions"): the walk, the hat-sbs decode and the
+docs/decisions.md "Four small C extensions"): the walk, the hat-sbs decode and the
 model conversion cost ~4.1 µs per event in Python, the C decode a fraction of that. It
 gives exactly the events and spans of the Python path, or None for anything off its
 fast path (an error, a limit, more than one slice, ...); the Python path then handles

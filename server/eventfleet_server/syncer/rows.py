@@ -18,7 +18,7 @@ every event of the stream's server id and of the first event's session, ids in
 truncated and nothing after the last event. Nothing of a message that fails is stored:
 the stream is closed instead.
 
-The same walk in C (`_rows.c`, docs/decisions.md "Three small C extensions") runs first:
+The same walk in C (`_rows.c`, docs/decisions.md "Four small C extensions") runs first:
 with it a 200,000-event catch-up went from 108,644 to 209,066 events/s, the receiving
 replica from 15.1 to 10.3 µs of CPU per event (docs/performance.md, run AE). It gives
 exactly the rows `_walk` gives, or None for anything off its fast path (bad or truncated
