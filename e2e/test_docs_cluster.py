@@ -161,8 +161,19 @@ def event_lines(out: str) -> list[dict]:
 
 
 def test_chart_readme_installs_from_the_checkout_and_from_the_packaged_chart(
-    reader: DocShell, system: ClusterKubectl, real_cluster: Cluster
+    reader: DocShell, system: ClusterKubectl, default: ClusterKubectl, real_cluster: Cluster
 ):
+    try:
+        _chart_readme_journey(reader, system, real_cluster)
+    except BaseException:
+        # A failed journey leaves its release, fleet and volumes behind: every later one
+        # then failed with "cannot reuse a name" (a cascade of ten). Cleared, the first
+        # failure is the one reported.
+        remove_everything(real_cluster, system, default, reader.workdir)
+        raise
+
+
+def _chart_readme_journey(reader: DocShell, system: ClusterKubectl, real_cluster: Cluster) -> None:
     quick, packaged, helm_test = (b for _, b in cluster_blocks(CHART_README, RELEASE))
     reader.run(quick, where="the chart README's install")
     assert ready(system), system.get("eventserver", "demo")
