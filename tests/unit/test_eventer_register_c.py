@@ -13,6 +13,8 @@ import random
 import pytest
 from eventfleet_server.common import codec
 from eventfleet_server.common.model import (
+    Event,
+    EventId,
     EventPayloadBinary,
     EventPayloadJson,
     RegisterEvent,
@@ -26,6 +28,7 @@ from eventfleet_server.eventer.wire import (
     RegisterLimits,
     decode_register_now,
     slices,
+    splice_elements,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -463,6 +466,89 @@ def test_only_bytes_and_ints():
     assert decode_register_now(bytearray(data), LIMITS) == decode_register_now(data, LIMITS)
 
 
+# -- the splice of the stored bytes (`_register.splice`) ---------------------------------
+
+
+def python_splice(data: bytes, spans: list, first: EventId, ts: Timestamp):
+    saved, wire._c = wire._c, None
+    try:
+        return splice_elements(data, spans, first, ts)
+    finally:
+        wire._c = saved
+
+
+_INSTANCES = (0, 1, 63, 64, 126, 127, 128, 8190, 8191, 8192, 16383, 2**40, 2**63 - 5000)
+
+
+def test_splices_are_the_python_splices_and_the_codecs_events():
+    rng = random.Random(21)
+    for n in (1, 2, 3, 60, 120):
+        events = [
+            RegisterEvent(
+                tuple(rng.choice(["a", "é" * 30, "x" * 200, ""]) for _ in range(rng.randrange(4))),
+                rng.choice([None, Timestamp(rng.randrange(1 << 34), rng.randrange(10**6))]),
+                rng.choice(
+                    [None, EventPayloadJson(f'{{"v": {i}}}'), EventPayloadBinary("t", b"\x00" * i)]
+                ),
+            )
+            for i in range(n)
+        ]
+        data = encode(events)
+        decoded, spans = c(data)
+        assert decoded == events
+        for instance in _INSTANCES:
+            for server, session in [(1, 1), (64, 2**33), (2**63 - 1, 0)]:
+                for ts in (Timestamp(0, 0), Timestamp(1_796_000_000, 999_999)):
+                    first = EventId(server, session, instance)
+                    got = splice_elements(data, spans, first, ts)
+                    assert type(got) is list and all(type(b) is bytes for b in got)
+                    assert got == python_splice(data, spans, first, ts)
+        # ... and each is the codec's encoding of the event registered with that id
+        first, ts = EventId(7, 9, 126), Timestamp(5, 6)
+        for i, (element, e) in enumerate(
+            zip(splice_elements(data, spans, first, ts), events, strict=True)
+        ):
+            made = Event(EventId(7, 9, 126 + i), e.type, ts, e.source_timestamp, e.payload)
+            assert element == codec.encode_event(made)
+
+
+def test_splices_off_the_fast_path_are_left_to_python():
+    data = encode([RegisterEvent(("a",), None, None), RegisterEvent(("b", "c"), None, None)])
+    spans: list = []
+    decode_register_now(data, LIMITS, spans)
+    ts = Timestamp(5, 6)
+    for first, stamp in [
+        (EventId(-1, 1, 1), ts),
+        (EventId(1, 1, -1), ts),
+        (EventId(1, 1, 1), Timestamp(-1, 0)),
+        (EventId(2**64, 1, 1), ts),
+        (EventId(1, 1, 2**63 - 1), ts),  # the second event's instance is beyond int64
+        (EventId(1, 1, 1), Timestamp(2**63, 0)),
+    ]:
+        args = (data, spans, *first, stamp.s, stamp.us)
+        assert _c.splice(*args) is None
+        # ... which the Python code splices (non-negative) or refuses (negative) alone
+        assert splice_elements(data, spans, first, stamp) == python_splice(
+            data, spans, first, stamp
+        )
+    for bad_spans in [
+        [(0, 1, len(data) + 1)],
+        [(2, 1, 3)],
+        [(-1, 0, 1)],
+        [(0, 1)],
+        [[0, 1, 2]],
+        [(0, 1, 2.0)],
+        [(0, 1, 2**70)],
+    ]:
+        assert _c.splice(data, bad_spans, 1, 1, 1, 5, 6) is None
+    assert _c.splice(data, [], 1, 1, 1, 5, 6) == []
+    for args in [(bytearray(data), spans, 1, 1, 1, 5, 6), (data, tuple(spans), 1, 1, 1, 5, 6)]:
+        with pytest.raises(TypeError):
+            _c.splice(*args)
+    with pytest.raises(TypeError):
+        _c.splice(data, spans, 1, 1, 1, 5)
+
+
 # -- references ---------------------------------------------------------------------------
 
 
@@ -479,9 +565,13 @@ def test_no_reference_or_memory_is_leaked():
         encode([RegisterEvent(("a",), None, None)] * (CHUNK_EVENTS + 1)),
     ]
 
+    _, spans = c(good)
+
     def run(times: int) -> None:
         for _ in range(times):
             for data in inputs:
                 c(data)
+            _c.splice(good, spans, 1, 2, 3, 4, 5)
+            _c.splice(good, [*spans, (0, 1)], 1, 2, 3, 4, 5)  # off the path after 50
 
-    assert_no_leak(run, _CLASSES, "decodes of 7 requests")
+    assert_no_leak(run, _CLASSES, "decodes of 7 requests and 2 splices")

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "../common/sbs_read.h"
+#include "../common/sbs_write.h" /* put_uint, nonneg_int64 */
 
 /* The namedtuple classes of connection.py (`setup`): messages are built as theirs. */
 static PyObject *msg_cls = NULL;
@@ -123,40 +124,6 @@ frame_parse(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     return make(msg_cls, items);
 }
 
-/* Writes the SBS Integer encoding of the non-negative `v` at `out`; returns its length
- * (at most 10). The layout of sbsint.encode_int. */
-static int
-put_int(unsigned char *out, uint64_t v)
-{
-    unsigned char groups[10];
-    int n = 0;
-    do {
-        groups[n++] = v & 0x7F;
-        v >>= 7;
-    } while (v);
-    if (groups[n - 1] & 0x40)
-        groups[n++] = 0; /* keep the sign bit of the first byte clear */
-    for (int i = 0; i < n; i++)
-        out[i] = groups[n - 1 - i];
-    out[n - 1] |= 0x80;
-    return n;
-}
-
-/* A non-negative int64 argument, or -1 (with no error set) when it is not one. */
-static int64_t
-nonneg(PyObject *o)
-{
-    if (!PyLong_CheckExact(o))
-        return -1;
-    int overflow = 0;
-    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
-    if (overflow || v < 0) {
-        PyErr_Clear();
-        return -1;
-    }
-    return v;
-}
-
 /* head(msg_id, first, owner, token, last, encoded_type, size) -> bytes | None: the
  * frame's length prefix and the message up to its payload (`_frame_head`). */
 static PyObject *
@@ -167,9 +134,9 @@ frame_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
                         "head(msg_id, first, owner, token, last, encoded_type: bytes, size)");
         return NULL;
     }
-    int64_t msg_id = nonneg(args[0]);
-    int64_t first = nonneg(args[1]);
-    int64_t size = nonneg(args[6]);
+    int64_t msg_id = nonneg_int64(args[0]);
+    int64_t first = nonneg_int64(args[1]);
+    int64_t size = nonneg_int64(args[6]);
     if (msg_id < 0 || first < 0 || size < 0)
         Py_RETURN_NONE;
     int flags[3];
@@ -182,14 +149,14 @@ frame_head(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (type_len > 4096) /* a type name, not a payload: the Python path takes it */
         Py_RETURN_NONE;
     unsigned char body[10 + 10 + 3 + 4096 + 10];
-    int pos = put_int(body, (uint64_t)msg_id);
-    pos += put_int(body + pos, (uint64_t)first);
+    int pos = put_uint(body, (uint64_t)msg_id);
+    pos += put_uint(body + pos, (uint64_t)first);
     body[pos++] = flags[0];
     body[pos++] = flags[1];
     body[pos++] = flags[2];
     memcpy(body + pos, PyBytes_AS_STRING(args[5]), type_len);
     pos += type_len;
-    pos += put_int(body + pos, (uint64_t)size);
+    pos += put_uint(body + pos, (uint64_t)size);
     if ((uint64_t)size > UINT64_MAX - (uint64_t)pos)
         Py_RETURN_NONE;
     uint64_t total = (uint64_t)size + pos;

@@ -17,6 +17,9 @@
  * then runs the Python path, which handles it or raises its precise error: every error
  * message stays in wire.py. Only Python's own errors are raised here (a wrong argument
  * type, MemoryError).
+ *
+ * `splice(...)` builds the registered events' stored bytes from the request's bytes
+ * (wire.splice_elements, below).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +27,7 @@
 #include <string.h>
 
 #include "../common/sbs_read.h" /* cursor, read_int, read_len, decode_text */
+#include "../common/sbs_write.h" /* put_uint, nonneg_int64 */
 
 /* The smallest event: an empty type and the two Optional bytes, one byte each. */
 #define MIN_EVENT 3
@@ -340,6 +344,86 @@ fail:
     return NULL;
 }
 
+/* splice(request, spans, server, session, instance, ts_s, ts_us) -> list[bytes] | None:
+ * wire.splice_elements in C. Each registered event's SBS `Event` bytes from the
+ * request's bytes of its span `(start, end of type, end)`: its id (server, session and
+ * `instance` counting up from the first), the request's bytes of its type, the
+ * registration's timestamp, the request's bytes of the rest. None for anything the
+ * Python code must judge: a number negative or beyond int64, a span that is not three
+ * ints inside the request. */
+static PyObject *
+register_splice(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 7 || !PyBytes_CheckExact(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "splice(request: bytes, spans: list, server, session, instance, ts_s, "
+                        "ts_us)");
+        return NULL;
+    }
+    int64_t v[5]; /* server, session, instance, ts_s, ts_us */
+    for (int i = 0; i < 5; i++) {
+        v[i] = nonneg_int64(args[2 + i]);
+        if (v[i] < 0)
+            Py_RETURN_NONE;
+    }
+    const char *request = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t size = PyBytes_GET_SIZE(args[0]);
+    PyObject *spans = args[1];
+    Py_ssize_t count = PyList_GET_SIZE(spans);
+    if (v[2] > INT64_MAX - count) /* the last instance stays an int64 */
+        Py_RETURN_NONE;
+    unsigned char id[2 * SBS_INT_MAX_BYTES], ts[2 * SBS_INT_MAX_BYTES];
+    unsigned char instance[SBS_INT_MAX_BYTES];
+    int id_len = put_uint(id, (uint64_t)v[0]);
+    id_len += put_uint(id + id_len, (uint64_t)v[1]);
+    int ts_len = put_uint(ts, (uint64_t)v[3]);
+    ts_len += put_uint(ts + ts_len, (uint64_t)v[4]);
+    PyObject *out = PyList_New(count);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *span = PyList_GET_ITEM(spans, i);
+        Py_ssize_t at[3]; /* start, end of type, end */
+        if (!PyTuple_CheckExact(span) || PyTuple_GET_SIZE(span) != 3)
+            goto off;
+        for (int k = 0; k < 3; k++) {
+            PyObject *o = PyTuple_GET_ITEM(span, k);
+            if (!PyLong_CheckExact(o))
+                goto off;
+            at[k] = PyLong_AsSsize_t(o);
+            if (at[k] == -1 && PyErr_Occurred()) {
+                PyErr_Clear();
+                goto off;
+            }
+        }
+        if (at[0] < 0 || at[1] < at[0] || at[2] < at[1] || at[2] > size)
+            goto off;
+        int instance_len = put_uint(instance, (uint64_t)v[2] + (uint64_t)i);
+        Py_ssize_t type_len = at[1] - at[0], rest_len = at[2] - at[1];
+        PyObject *element =
+            PyBytes_FromStringAndSize(NULL, id_len + instance_len + type_len + ts_len + rest_len);
+        if (element == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        char *p = PyBytes_AS_STRING(element);
+        memcpy(p, id, id_len);
+        p += id_len;
+        memcpy(p, instance, instance_len);
+        p += instance_len;
+        memcpy(p, request + at[0], type_len);
+        p += type_len;
+        memcpy(p, ts, ts_len);
+        p += ts_len;
+        memcpy(p, request + at[1], rest_len);
+        PyList_SET_ITEM(out, i, element);
+    }
+    return out;
+off:
+    Py_DECREF(out); /* the items not set yet are NULL, which the list's dealloc skips */
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef register_methods[] = {
     {"decode", (PyCFunction)(void (*)(void))register_decode, METH_FASTCALL,
      "decode(data, max_events, max_type_segments, max_segment_bytes, max_payload_bytes, "
@@ -347,6 +431,10 @@ static PyMethodDef register_methods[] = {
      "EventPayloadBinary): (events, spans) of the one-slice MsgRegisterReq `data`, exactly "
      "as wire.py's Python path gives them before check_client_event, or None when anything "
      "is off the fast path (then the Python path handles it or raises its error)."},
+    {"splice", (PyCFunction)(void (*)(void))register_splice, METH_FASTCALL,
+     "splice(request, spans, server, session, instance, ts_s, ts_us): the registered "
+     "events' SBS Event bytes spliced from the request, exactly as wire.splice_elements "
+     "gives them, or None when its Python code must judge the arguments."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -439,7 +439,14 @@ def splice_elements(
 
     Instances are consecutive: an instance's encoding differs from the previous one's
     only in its last 7-bit group until that group wraps, so most are a prefix and a
-    byte from a table instead of an `encode_int` call."""
+    byte from a table instead of an `encode_int` call. In C when it is built
+    (`_register.splice`, the same bytes); this code takes what the C code leaves to it."""
+    if _c is not None and type(request) is bytes and type(spans) is list:
+        spliced = _c.splice(
+            request, spans, first.server, first.session, first.instance, ts.s, ts.us
+        )
+        if spliced is not None:
+            return spliced
     server, session, n = first.server, first.session, first.instance
     if server < 0 or session < 0 or n < 0 or ts.s < 0 or ts.us < 0:
         return None
