@@ -69,13 +69,29 @@ async def test_listener_port_is_known_after_stop():
     assert listener.port == port
 
 
+def codec_msg(msg_id, first, owner, token, last, msg_type, data) -> bytes:
+    """A ``HatChatter.Msg`` as hat's C codec writes it."""
+    from eventfleet_server.common.codec import repo
+
+    return repo.encode(
+        "HatChatter.Msg",
+        {
+            "id": msg_id,
+            "first": first,
+            "owner": owner,
+            "token": token,
+            "last": last,
+            "data": {"type": msg_type, "data": data},
+        },
+    )
+
+
 @pytest.mark.parametrize("c_frame", [True, False], ids=["c-frame", "python-frame"])
 def test_hand_built_frames_are_the_codecs_and_parse_back(c_frame, monkeypatch):
     """`send` builds frames without hat's C codec and `_read` parses them by hand (in
     our C, `chatter/_frame.c`, and in Python): both must be byte for byte what hat's
     chatter (its C codec) writes and reads."""
     from eventfleet_server.chatter.connection import _frame_head, parse_msg
-    from eventfleet_server.common.codec import repo
 
     if not c_frame:
         monkeypatch.setattr(connection_module, "_c", None)
@@ -86,17 +102,7 @@ def test_hand_built_frames_are_the_codecs_and_parse_back(c_frame, monkeypatch):
                 for msg_type in ("HatEventer.MsgRegisterRes", "", "é" * 70):
                     for data in (b"", b"\x00x", bytes(range(256)) * 300):
                         owner, token, last = flags
-                        body = repo.encode(
-                            "HatChatter.Msg",
-                            {
-                                "id": msg_id,
-                                "first": first,
-                                "owner": owner,
-                                "token": token,
-                                "last": last,
-                                "data": {"type": msg_type, "data": data},
-                            },
-                        )
+                        body = codec_msg(msg_id, first, owner, token, last, msg_type, data)
                         size = len(body).to_bytes((len(body).bit_length() + 7) // 8, "big")
                         head = _frame_head(msg_id, first, owner, token, last, msg_type, len(data))
                         assert head + data == bytes((len(size),)) + size + body

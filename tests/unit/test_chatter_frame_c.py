@@ -10,12 +10,12 @@ import random
 import pytest
 from eventfleet_server.chatter import connection
 from eventfleet_server.chatter.connection import Conversation, Msg
-from eventfleet_server.common.codec import repo
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests import parts
 from tests.leaks import assert_no_leak
+from tests.unit.test_chatter import codec_msg as encode
 
 _c = connection._c
 
@@ -44,21 +44,6 @@ def test_the_c_frame_is_built():
     msg = connection.parse_msg(body)
     assert msg == Msg("T.A", b"xy", Conversation(False, 5), True, False, True)
     assert _c.parse(body, 0, len(body)) == msg
-
-
-def encode(msg_id, first, owner, token, last, msg_type, data) -> bytes:
-    """A ``HatChatter.Msg`` as hat's C codec writes it."""
-    return repo.encode(
-        "HatChatter.Msg",
-        {
-            "id": msg_id,
-            "first": first,
-            "owner": owner,
-            "token": token,
-            "last": last,
-            "data": {"type": msg_type, "data": data},
-        },
-    )
 
 
 def python_parse(body: bytes):
